@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Prepare .venv with sapo-node and its test tools. Idempotent: a second run with an unchanged
+# pyproject.toml does nothing. Used by scripts/demo.sh and scripts/test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "setup: sapo-node needs Python >= 3.10 (found: $("$PY" --version 2>&1 || echo none)); set PYTHON=/path/to/python3" >&2
+  exit 1
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  if ! "$PY" -m venv .venv 2>/dev/null; then
+    rm -rf .venv
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "setup: installing python3-venv" >&2
+      apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+      "$PY" -m venv .venv
+    else
+      echo "setup: '$PY -m venv' failed; install your distribution's python3-venv package" >&2
+      exit 1
+    fi
+  fi
+fi
+
+stamp=.venv/.sapo-installed
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing sapo-node into .venv (first run takes a few minutes)" >&2
+  .venv/bin/python -m pip install -q --upgrade pip
+  # torch first and pinned: on a CPU-only machine point pip at a CPU wheel (PIP_FIND_LINKS or
+  # PIP_EXTRA_INDEX_URL) so that it does not fetch a CUDA build.
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q -e ".[dev]"
+  echo "$want" > "$stamp"
+fi
