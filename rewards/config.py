@@ -1,0 +1,57 @@
+"""Which tasks a node trains and evaluates on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rewards.source import DatasetMix
+from rewards.tasks import TaskError, check_dataset
+
+
+class DatasetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="built-in (arith, reverse, count) or reasoning-gym as 'rg/<name>'")
+    config: dict[str, Any] = Field(default_factory=dict, description="the dataset's difficulty knobs")
+    weight: float = Field(1.0, gt=0, description="relative share of draws")
+
+    @model_validator(mode="after")
+    def _regenerates(self) -> "DatasetSpec":
+        try:
+            check_dataset(self.name, self.config)
+        except TaskError as e:
+            raise ValueError(str(e)) from None
+        return self
+
+    def mix(self) -> DatasetMix:
+        return DatasetMix(self.name, self.config, self.weight)
+
+
+class TasksConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    datasets: list[DatasetSpec] = Field(
+        default_factory=lambda: [DatasetSpec(name=n) for n in ("arith", "reverse", "count")],
+        min_length=1,
+        description="weighted task mix; on the command line also 'arith,reverse:2,rg/leg_counting'",
+    )
+    eval_size: int = Field(200, ge=1, description="held-out tasks in the fixed evaluation set")
+    eval_seed: int = Field(7, description="seed of the evaluation set (keep it apart from run.seed)")
+    format_weight: float = Field(0.0, ge=0, description="extra reward for a well-formed <answer> block")
+
+    @field_validator("datasets", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        """'arith,reverse:2' -> [{'name': 'arith'}, {'name': 'reverse', 'weight': 2}]."""
+        if not isinstance(value, str):
+            return value
+        specs = []
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            name, _, weight = part.partition(":")
+            specs.append({"name": name, **({"weight": weight} if weight else {})})
+        return specs
+
+    def mix(self) -> list[DatasetMix]:
+        return [d.mix() for d in self.datasets]

@@ -1,0 +1,48 @@
+"""Strict answer extraction and scoring.
+
+The documented format: a completion holds exactly one `<answer>...</answer>` block, with nothing
+but whitespace after it; free text before it (reasoning) is allowed. The extracted answer is
+compared whole, so stuffing, repeating or listing several answers earns nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rewards.tasks import Task
+
+OPEN, CLOSE = "<answer>", "</answer>"
+ANSWER_INSTRUCTION = f"Reply with {OPEN}final answer{CLOSE}."
+MAX_ANSWER_CHARS = 256
+
+
+@dataclass(frozen=True)
+class Score:
+    reward: float
+    correct: bool
+    formatted: bool
+
+
+def extract_answer(completion: str, max_chars: int = MAX_ANSWER_CHARS) -> str | None:
+    """The single answer in `completion`, or None when the format is not met exactly."""
+    if completion.count(OPEN) != 1 or completion.count(CLOSE) != 1:
+        return None
+    head, _, rest = completion.partition(OPEN)
+    answer, _, tail = rest.partition(CLOSE)
+    if CLOSE in head or tail.strip():
+        return None
+    answer = answer.strip()
+    if not answer or len(answer) > max_chars:
+        return None
+    return answer
+
+
+def score_completion(task: "Task", completion: str, format_weight: float = 0.0) -> Score:
+    """Reward = correctness (0 or 1) + `format_weight` if the answer format is met."""
+    answer = extract_answer(completion)
+    if answer is None:
+        return Score(reward=0.0, correct=False, formatted=False)
+    correct = (task.verify(answer) >= 1.0) if task.verify else (answer == task.answer.strip())
+    return Score(reward=float(correct) + format_weight, correct=correct, formatted=True)
