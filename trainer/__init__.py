@@ -1,0 +1,1 @@
+"""The policy: model loading, generation backends, batch building, the GRPO update, checkpoints."""

@@ -1,0 +1,65 @@
+"""Rollout groups and the padded tensors the trainer runs on.
+
+Prompts are left-padded and completions right-padded, so every completion starts at the same
+column and the LM head only runs over the completion region.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rewards import Task
+
+
+@dataclass
+class RolloutGroup:
+    """G completions of one task. Rewards are always this node's own scores."""
+
+    task: Task
+    completions: list[str]
+    rewards: list[float]
+    truncated: list[bool]
+    # Token ids from this node's own generator; None for text that came from elsewhere.
+    completion_ids: list[list[int]] | None = None
+    source: str = "local"
+    correct: list[bool] = field(default_factory=list)
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # (B, P + C)
+    attention_mask: torch.Tensor  # (B, P + C)
+    completion_mask: torch.Tensor  # (B, C) float, 1 on real completion tokens
+    prompt_len: int  # P
+
+    def select(self, rows: torch.Tensor) -> "Batch":
+        return Batch(self.input_ids[rows], self.attention_mask[rows], self.completion_mask[rows], self.prompt_len)
+
+
+def collate(prompts: list[list[int]], completions: list[list[int]], pad_id: int, device: torch.device) -> Batch:
+    P = max(len(p) for p in prompts)
+    C = max(1, max(len(c) for c in completions))
+    ids = torch.full((len(prompts), P + C), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    cmask = torch.zeros((len(prompts), C))
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
+        ids[i, P : P + len(c)] = torch.tensor(c, dtype=torch.long)
+        attn[i, P - len(p) : P + len(c)] = 1
+        cmask[i, : len(c)] = 1
+    return Batch(ids.to(device), attn.to(device), cmask.to(device), P)
+
+
+def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """Log-probs (B, C) of each completion token under `model`; gradients flow if enabled."""
+    C = batch.completion_mask.shape[1]
+    positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=positions, use_cache=False,
+                   logits_to_keep=C + 1).logits[:, :-1]
+    targets = batch.input_ids[:, batch.prompt_len :]
+    # Row by row: a full (B, C, vocab) float32 log-softmax is GBs for real vocabularies.
+    return torch.stack([
+        row.float().gather(-1, tgt[:, None])[:, 0] - row.float().logsumexp(-1) for row, tgt in zip(logits, targets)
+    ])

@@ -1,0 +1,73 @@
+"""Typed knobs of the policy, its generator and the GRPO update. Defaults suit a laptop CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "sapo-node"
+
+
+class LoraConfig(Section):
+    enabled: bool = Field(False, description="train LoRA adapters instead of all weights (needs the 'lora' extra)")
+    r: int = Field(16, ge=1, description="adapter rank")
+    alpha: int = Field(32, ge=1, description="LoRA scaling numerator (scale = alpha / r)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input")
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+                                      description="module names that get adapters")
+
+
+class ModelConfig(Section):
+    name: str = Field("tiny-a", description="a tiny preset (tiny-a, tiny-b), a local HF model folder, or a hub id")
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="where tiny presets are built and cached")
+    device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="auto: cuda, then mps, then cpu")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on GPUs that support it, else fp32")
+    chat_template: bool = Field(True, description="wrap prompts in the tokenizer's chat template when it has one")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
+    trust_remote_code: bool = Field(False, description="allow model code shipped with a hub model (runs that code)")
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
+class GenerationConfig(Section):
+    backend: Literal["transformers"] = Field("transformers", description="generation engine (vLLM arrives as a second backend)")
+    completions_per_group: int = Field(8, ge=1, le=256, description="G: completions sampled per task")
+    temperature: float = Field(1.0, ge=0, description="0 means greedy")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass (1 disables)")
+    max_new_tokens: int = Field(16, ge=1, description="completion length cap; longer ones count as truncated")
+    stop: list[str] = Field(default_factory=lambda: ["</answer>"], description="stop strings, kept in the output")
+    batch_size: int = Field(256, ge=1, description="sequences per generation forward pass")
+
+
+class GRPOConfig(Section):
+    lr: float = Field(2e-4, gt=0, description="AdamW learning rate (the default suits the tiny presets; 0.5B models want ~1e-6)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    adam_betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="decay after warmup, over run.rounds x epochs x minibatches steps")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warmup")
+    advantage_scale: Literal["group", "batch", "none"] = Field("group", description="divide advantages by the group std, the batch std, or nothing (Dr. GRPO)")
+    loss_aggregation: Literal["token", "sequence", "constant"] = Field(
+        "token", description="token: mean over all tokens of the batch (DAPO); sequence: mean of per-sequence means (GRPO); constant: sum / (sequences x max_new_tokens) (Dr. GRPO)"
+    )
+    clip_eps_low: float = Field(0.2, ge=0, lt=1, description="ratio clipped below at 1 - eps_low")
+    clip_eps_high: float = Field(0.28, ge=0, description="ratio clipped above at 1 + eps_high (DAPO clip-higher)")
+    dual_clip: float | None = Field(3.0, gt=1, description="upper bound on the ratio's pull for negative advantages; null disables")
+    kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL penalty to a frozen reference model; 0 loads no reference")
+    drop_uniform_groups: bool = Field(True, description="skip groups whose rewards are all equal (no signal)")
+    mask_truncated: bool = Field(True, description="exclude completions that hit max_new_tokens from the loss")
+    epochs: int = Field(1, ge=1, description="optimisation passes over each round's batch")
+    minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
+    max_grad_norm: float = Field(1.0, gt=0, description="clip the global gradient norm")
+
+    @model_validator(mode="after")
+    def _check(self) -> "GRPOConfig":
+        if any(not 0 < b < 1 for b in self.adam_betas):
+            raise ValueError("adam_betas must both lie in (0, 1)")
+        return self

@@ -1,0 +1,131 @@
+"""Load a causal LM and its tokenizer from a tiny preset, a local folder or a hub id."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from trainer.config import ModelConfig
+
+log = logging.getLogger(__name__)
+transformers.utils.logging.disable_progress_bar()
+
+
+class ModelLoadError(RuntimeError):
+    """The model named in the config cannot be loaded; the message says why."""
+
+
+@dataclass
+class Policy:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    use_chat_template: bool
+
+    def format_prompt(self, prompt: str) -> str:
+        """The text this node's model sees for a task prompt (chat template when it has one)."""
+        if not self.use_chat_template:
+            return prompt
+        messages = [{"role": "user", "content": prompt}]
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        eos = self.tokenizer.eos_token_id
+        return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+def pick_device(name: str) -> torch.device:
+    if name != "auto":
+        return torch.device(name)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def resolve_model_path(cfg: ModelConfig) -> str:
+    """A tiny preset name becomes its cached folder (built on first use); anything else passes through."""
+    from trainer.tiny import PRESETS, ensure_preset
+
+    if cfg.name in PRESETS:
+        return str(ensure_preset(cfg.name, cfg.cache_dir))
+    return cfg.name
+
+
+def load_tokenizer(source: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """AutoTokenizer, unless it ignores the folder's own tokenizer.json.
+
+    transformers 5 rebuilds some model types' tokenizers (Qwen2 among them) from vocab and merges
+    with the family's pre-tokenizer, whatever tokenizer.json says. A model trained with another
+    pre-tokenizer would then see different ids; the saved file is the truth.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    saved = Path(source) / "tokenizer.json"
+    if saved.is_file() and hasattr(tokenizer, "backend_tokenizer"):
+        wanted = json.loads(saved.read_text()).get("pre_tokenizer")
+        if json.loads(tokenizer.backend_tokenizer.to_str()).get("pre_tokenizer") != wanted:
+            log.info("%s: %s would re-tokenize differently from tokenizer.json; loading tokenizer.json as saved",
+                        source, type(tokenizer).__name__)
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
+    return tokenizer
+
+
+def load_policy(cfg: ModelConfig, weights_from: Path | None = None) -> Policy:
+    """Load the policy; `weights_from` (a checkpoint's model folder) replaces the starting weights."""
+    source = resolve_model_path(cfg)
+    device = pick_device(cfg.device)
+    dtype = pick_dtype(cfg.dtype, device)
+    full_weights = weights_from if weights_from is not None and not cfg.lora.enabled else None
+    try:
+        tokenizer = load_tokenizer(source, cfg.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(full_weights or source), dtype=dtype, trust_remote_code=cfg.trust_remote_code
+        )
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"cannot load model {source!r}: {str(e).splitlines()[0]}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model.to(device)
+    if cfg.gradient_checkpointing:
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
+    if cfg.lora.enabled:
+        model = _with_lora(model, cfg, weights_from)
+    log.info("loaded %s (%.2fM parameters, %s, %s)", source, sum(p.numel() for p in model.parameters()) / 1e6, device, dtype)
+    use_template = cfg.chat_template and bool(getattr(tokenizer, "chat_template", None))
+    return Policy(model=model, tokenizer=tokenizer, device=device, use_chat_template=use_template)
+
+
+def _with_lora(model: PreTrainedModel, cfg: ModelConfig, adapter_from: Path | None) -> PreTrainedModel:
+    try:
+        from peft import LoraConfig, PeftModel, get_peft_model
+    except ImportError:
+        raise ModelLoadError("model.lora.enabled needs peft: pip install 'sapo-node[lora]'") from None
+    if adapter_from is not None:
+        return PeftModel.from_pretrained(model, str(adapter_from), is_trainable=True)
+    lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                      target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+def encode_prompts(policy: Policy, prompts: list[str]) -> list[list[int]]:
+    """Token ids of formatted prompts; the chat template already carries any special tokens."""
+    texts = [policy.format_prompt(p) for p in prompts]
+    return policy.tokenizer(texts, add_special_tokens=not policy.use_chat_template)["input_ids"]

@@ -1,0 +1,38 @@
+"""Sample completions for tasks and score them with this node's own verifier."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rewards import Task, score_completion
+from trainer.batch import RolloutGroup
+from trainer.generation import Generator, SamplingParams
+from trainer.policy import Policy, encode_prompts
+
+
+def rollout(generator: Generator, policy: Policy, tasks: Sequence[Task], params: SamplingParams,
+            format_weight: float = 0.0) -> list[RolloutGroup]:
+    outputs = generator.generate(encode_prompts(policy, [t.prompt for t in tasks]), params)
+    groups = []
+    for task, completions in zip(tasks, outputs):
+        scores = [score_completion(task, c.text, format_weight) for c in completions]
+        groups.append(RolloutGroup(
+            task=task,
+            completions=[c.text for c in completions],
+            rewards=[s.reward for s in scores],
+            truncated=[c.finish_reason == "length" for c in completions],
+            completion_ids=[c.token_ids for c in completions],
+            correct=[s.correct for s in scores],
+        ))
+    return groups
+
+
+def accuracy(groups: Sequence[RolloutGroup]) -> float:
+    flags = [c for g in groups for c in g.correct]
+    return sum(flags) / max(1, len(flags))
+
+
+def evaluate(generator: Generator, policy: Policy, tasks: Sequence[Task], max_new_tokens: int, stop: Sequence[str]) -> float:
+    """Greedy accuracy on a fixed task set: the number the README's learning claims rest on."""
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=tuple(stop))
+    return accuracy(rollout(generator, policy, tasks, params))
