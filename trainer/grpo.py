@@ -1,0 +1,106 @@
+"""One GRPO update per round: the whole training step reads top to bottom in `GRPOTrainer.step`."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+
+from trainer.batch import Batch, RolloutGroup, collate, token_logprobs
+from trainer.config import GRPOConfig
+from trainer.loss import group_advantages, grpo_loss
+from trainer.policy import Policy, encode_prompts
+
+
+@dataclass
+class StepStats:
+    groups_used: int
+    groups_dropped_uniform: int
+    sequences: int
+    optimizer_steps: int
+    loss: float = 0.0
+    ratio_mean: float = 1.0
+    clip_frac: float = 0.0
+    kl: float = 0.0
+    grad_norm: float = 0.0
+    lr: float = 0.0
+
+
+def make_scheduler(opt: torch.optim.Optimizer, cfg: GRPOConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+        if cfg.lr_schedule == "linear":
+            return 1.0 - progress
+        if cfg.lr_schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+class GRPOTrainer:
+    def __init__(self, policy: Policy, cfg: GRPOConfig, max_new_tokens: int, total_rounds: int):
+        self.policy, self.cfg, self.max_tokens = policy, cfg, max_new_tokens
+        params = [p for p in policy.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
+        self.scheduler = make_scheduler(self.optimizer, cfg, total_rounds * cfg.epochs * cfg.minibatches)
+        self.reference = None
+        if cfg.kl_coef > 0:
+            self.reference = copy.deepcopy(policy.model).eval().requires_grad_(False)
+
+    def step(self, groups: list[RolloutGroup]) -> StepStats:
+        cfg, model = self.cfg, self.policy.model
+        kept = [g for g in groups if not (cfg.drop_uniform_groups and len(set(g.rewards)) == 1)]
+        stats = StepStats(groups_used=len(kept), groups_dropped_uniform=len(groups) - len(kept), sequences=0, optimizer_steps=0)
+        if not kept:
+            return stats
+
+        batch, rewards, group_ids, truncated = self._tensors(kept)
+        advantages = group_advantages(rewards, group_ids, cfg.advantage_scale)
+        loss_mask = batch.completion_mask * (~truncated if cfg.mask_truncated else torch.ones_like(truncated))[:, None]
+        with torch.no_grad():  # the "old" policy for every epoch is the model before this round's update
+            old_logps = token_logprobs(model, batch)
+            ref_logps = token_logprobs(self.reference, batch) if self.reference is not None else None
+
+        model.train()
+        n = len(rewards)
+        history = []
+        for _ in range(cfg.epochs):
+            for rows in torch.randperm(n, device=rewards.device).chunk(cfg.minibatches):
+                logps = token_logprobs(model, batch.select(rows))
+                loss, info = grpo_loss(logps, old_logps[rows], advantages[rows], loss_mask[rows], cfg, self.max_tokens,
+                                       None if ref_logps is None else ref_logps[rows])
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                info["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item()
+                info["lr"] = self.scheduler.get_last_lr()[0]
+                self.optimizer.step()
+                self.scheduler.step()
+                history.append(info)
+        model.eval()
+
+        stats.sequences, stats.optimizer_steps = n, len(history)
+        for key in ("loss", "ratio_mean", "clip_frac", "kl", "grad_norm", "lr"):
+            setattr(stats, key, sum(h[key] for h in history) / len(history))
+        return stats
+
+    def _tensors(self, groups: list[RolloutGroup]) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Tokenize with this node's own tokenizer: text from peers is re-tokenized, local ids are reused."""
+        tok, device = self.policy.tokenizer, self.policy.device
+        prompt_ids = encode_prompts(self.policy, [g.task.prompt for g in groups])
+        prompts, completions, rewards, group_ids, truncated = [], [], [], [], []
+        for gi, g in enumerate(groups):
+            ids = g.completion_ids or tok(g.completions, add_special_tokens=False)["input_ids"]
+            for c_ids, r, t in zip(ids, g.rewards, g.truncated):
+                prompts.append(prompt_ids[gi])
+                completions.append(c_ids)
+                rewards.append(r)
+                group_ids.append(gi)
+                truncated.append(t)
+        batch = collate(prompts, completions, tok.pad_token_id, device)
+        return (batch, torch.tensor(rewards, dtype=torch.float32, device=device),
+                torch.tensor(group_ids, dtype=torch.long, device=device), torch.tensor(truncated, dtype=torch.bool, device=device))

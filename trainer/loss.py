@@ -1,0 +1,74 @@
+"""The GRPO-family objective as pure functions of tensors, so each knob can be checked by hand."""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.config import GRPOConfig
+
+EPS = 1e-6
+
+
+def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale: str) -> torch.Tensor:
+    """Reward minus its group mean, divided by the group std ('group'), the batch std ('batch') or 1 ('none').
+
+    Standard deviations are population ones (divide by n), so a group of two rewards 0 and 1 gets +-1.
+    """
+    adv = torch.empty_like(rewards)
+    group_std = torch.empty_like(rewards)
+    for g in group_ids.unique():
+        rows = group_ids == g
+        adv[rows] = rewards[rows] - rewards[rows].mean()
+        group_std[rows] = rewards[rows].std(unbiased=False)
+    if scale == "group":
+        return adv / (group_std + EPS)
+    if scale == "batch":
+        return adv / (rewards.std(unbiased=False) + EPS)
+    return adv
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int) -> torch.Tensor:
+    """Reduce (B, C) token losses to a scalar: DAPO 'token', GRPO 'sequence' or Dr. GRPO 'constant'."""
+    masked = per_token * mask
+    if mode == "token":
+        return masked.sum() / mask.sum().clamp(min=1)
+    if mode == "sequence":
+        counts = mask.sum(-1)
+        has = counts > 0
+        return (masked.sum(-1)[has] / counts[has]).sum() / has.sum().clamp(min=1)
+    return masked.sum() / (mask.shape[0] * max_tokens)
+
+
+def grpo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: GRPOConfig,
+    max_tokens: int,
+    ref_logps: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped policy-gradient loss over (B, C) token log-probs with per-sequence advantages (B,)."""
+    adv = advantages[:, None]
+    ratio = torch.exp(logps - old_logps)
+    clipped_ratio = ratio.clamp(1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
+    per_token = -torch.minimum(ratio * adv, clipped_ratio * adv)
+    if cfg.dual_clip is not None:
+        # For negative advantages the plain clip leaves the loss unbounded as the ratio grows:
+        # cap it at dual_clip * |A| (Ye et al. 2020).
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -cfg.dual_clip * adv), per_token)
+    kl = torch.zeros_like(per_token)
+    if ref_logps is not None and cfg.kl_coef > 0:
+        delta = ref_logps - logps
+        kl = torch.exp(delta) - delta - 1  # k3 estimator: unbiased, always >= 0
+        per_token = per_token + cfg.kl_coef * kl
+    loss = aggregate(per_token, mask, cfg.loss_aggregation, max_tokens)
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1)
+        stats = {
+            "loss": loss.item(),
+            "ratio_mean": ((ratio * mask).sum() / n).item(),
+            "clip_frac": ((((ratio < 1 - cfg.clip_eps_low) | (ratio > 1 + cfg.clip_eps_high)).float() * mask).sum() / n).item(),
+            "kl": ((kl * mask).sum() / n).item(),
+        }
+    return loss, stats
