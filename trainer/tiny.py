@@ -1,0 +1,176 @@
+"""The offline tiny-model recipe: a locally trained tokenizer, a 2-3 layer causal LM, and a short
+supervised warm start on the built-in tasks that stops once held-out accuracy reaches a target,
+leaving room for RL to show. Built presets are cached and reused.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from rewards import TaskSource
+from rewards.scoring import CLOSE, OPEN
+from rewards.source import DatasetMix
+
+log = logging.getLogger(__name__)
+
+RECIPE_VERSION = 2
+PAD, EOS = "<|pad|>", "<|eos|>"
+TASK_MIX = (DatasetMix("arith"), DatasetMix("reverse"), DatasetMix("count"))
+SFT_SEED, VALIDATION_SEED = 1_000_003, 1_000_033  # disjoint from node seeds used for RL and eval
+META_FILE = "sapo_preset.json"
+
+
+@dataclass(frozen=True)
+class TinyPreset:
+    arch: Literal["qwen2", "llama"]
+    vocab_size: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    # The warm start stops once held-out greedy accuracy reaches `target_accuracy` and every task
+    # reaches `min_task_accuracy`: RL needs some correct samples on each task to learn from it.
+    target_accuracy: float
+    # Pieces the BPE may not merge across: letters stay single characters so that reversing and
+    # counting stay learnable; tiny-b lets digit runs merge, tiny-a keeps digits single too.
+    split_pattern: str
+    min_task_accuracy: float = 0.1
+    max_sft_steps: int = 3000
+    sft_lr: float = 1e-3
+    sft_batch: int = 64
+    seed: int = 0
+
+
+PRESETS: dict[str, TinyPreset] = {
+    "tiny-a": TinyPreset(arch="qwen2", vocab_size=512, hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256,
+                         target_accuracy=0.15, split_pattern=r"</?answer>|[A-Za-z0-9]"),
+    "tiny-b": TinyPreset(arch="llama", vocab_size=320, hidden=96, layers=3, heads=4, kv_heads=4, intermediate=192,
+                         target_accuracy=0.15, split_pattern=r"</?answer>|[A-Za-z]|[0-9]+"),
+}
+
+
+def target_text(answer: str) -> str:
+    return f"{OPEN}{answer}{CLOSE}"
+
+
+def train_tokenizer(preset: TinyPreset) -> PreTrainedTokenizerFast:
+    corpus_tasks = TaskSource(list(TASK_MIX), seed=SFT_SEED).draw(4000)
+    corpus = [t.prompt + target_text(t.answer) for t in corpus_tasks]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(preset.split_pattern), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=preset.vocab_size, special_tokens=[PAD, EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, padding_side="left")
+
+
+def make_model(preset: TinyPreset, tokenizer: PreTrainedTokenizerFast) -> torch.nn.Module:
+    common = dict(vocab_size=len(tokenizer), hidden_size=preset.hidden, intermediate_size=preset.intermediate,
+                  num_hidden_layers=preset.layers, num_attention_heads=preset.heads,
+                  num_key_value_heads=preset.kv_heads, max_position_embeddings=256, tie_word_embeddings=True,
+                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    torch.manual_seed(preset.seed)
+    if preset.arch == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**common))
+    return LlamaForCausalLM(LlamaConfig(**common))
+
+
+def build_preset(name: str, out: Path, preset: TinyPreset | None = None) -> dict:
+    """Build preset `name` (or a variant of it) into `out`, which must not exist yet; returns its metadata."""
+    from trainer.batch import collate, token_logprobs
+    from trainer.generation.hf import TransformersGenerator
+    from trainer.policy import Policy, encode_prompts
+    from trainer.generation import SamplingParams
+    from trainer.rollout import accuracy, rollout
+
+    preset = preset or PRESETS[name]
+    started = time.time()
+    tokenizer = train_tokenizer(preset)
+    model = make_model(preset, tokenizer)
+    policy = Policy(model=model, tokenizer=tokenizer, device=torch.device("cpu"), use_chat_template=False)
+    generator = TransformersGenerator(policy)
+    source = TaskSource(list(TASK_MIX), seed=SFT_SEED)
+    validation = TaskSource(list(TASK_MIX), seed=VALIDATION_SEED).draw(200)
+    opt = torch.optim.AdamW(model.parameters(), lr=preset.sft_lr)
+
+    def held_out_accuracy() -> tuple[float, float]:
+        """Overall accuracy and that of the weakest task."""
+        generator.load_weights(model.state_dict())
+        greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=16, stop=(CLOSE,))
+        groups = rollout(generator, policy, validation, greedy)
+        per_task = [accuracy([g for g in groups if g.task.ref.dataset == m.name]) for m in TASK_MIX]
+        return accuracy(groups), min(per_task)
+
+    (acc, weakest), step = held_out_accuracy(), 0
+    while (acc < preset.target_accuracy or weakest < preset.min_task_accuracy) and step < preset.max_sft_steps:
+        tasks = source.draw(preset.sft_batch)
+        targets = tokenizer([target_text(t.answer) for t in tasks], add_special_tokens=False)["input_ids"]
+        batch = collate(encode_prompts(policy, [t.prompt for t in tasks]), [ids + [tokenizer.eos_token_id] for ids in targets],
+                        tokenizer.pad_token_id, policy.device)
+        model.train()
+        logps = token_logprobs(model, batch)
+        loss = -(logps * batch.completion_mask).sum() / batch.completion_mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        model.eval()
+        step += 1
+        if step % 10 == 0:
+            acc, weakest = held_out_accuracy()
+            log.info("%s warm start: step %d, loss %.3f, held-out accuracy %.3f (weakest task %.3f)",
+                     name, step, loss.item(), acc, weakest)
+
+    meta = {"preset": name, "recipe_version": RECIPE_VERSION, **asdict(preset), "sft_steps": step,
+            "held_out_accuracy": acc, "weakest_task_accuracy": weakest, "parameters": sum(p.numel() for p in model.parameters()),
+            "build_seconds": round(time.time() - started, 1)}
+    out.mkdir(parents=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    # Reload as the generic fast tokenizer: the model type alone would pick a Qwen2/Llama class
+    # whose own pre-tokenizer rules differ from the one trained here.
+    config_path = out / "tokenizer_config.json"
+    tok_cfg = json.loads(config_path.read_text())
+    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(tok_cfg, indent=2))
+    (out / META_FILE).write_text(json.dumps(meta, indent=2))
+    return meta
+
+
+def preset_dir(name: str, cache_dir: Path) -> Path:
+    return Path(cache_dir) / "models" / f"{name}-r{RECIPE_VERSION}"
+
+
+def ensure_preset(name: str, cache_dir: Path) -> Path:
+    """The cached folder of preset `name`, built first if needed. Safe for concurrent callers."""
+    path = preset_dir(name, cache_dir)
+    if (path / META_FILE).exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second node waits for the first build instead of repeating it
+        if (path / META_FILE).exists():
+            return path
+        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.info("building tiny preset %s into %s (once; cached afterwards)", name, path)
+        build_preset(name, tmp)
+        shutil.rmtree(path, ignore_errors=True)  # a folder without metadata is an interrupted build
+        os.replace(tmp, path)
+    return path
