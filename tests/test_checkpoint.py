@@ -1,0 +1,54 @@
+import json
+
+import pytest
+import torch
+
+from trainer import checkpoint
+
+
+def save(policy, directory, round_, keep=3):
+    return checkpoint.save(directory, round_, policy.model, policy.tokenizer, {"x": torch.arange(3)}, {"task_position": round_ * 8}, keep)
+
+
+def test_round_trip(policy, tmp_path):
+    save(policy, tmp_path, 7)
+    ckpt = checkpoint.load_latest(tmp_path)
+    assert ckpt.round == 7 and ckpt.state["task_position"] == 56
+    assert torch.equal(ckpt.trainer_state["x"], torch.arange(3))
+    assert (ckpt.model_dir / "config.json").exists() and (ckpt.model_dir / "tokenizer.json").exists()
+
+
+def test_keeps_only_the_newest_k(policy, tmp_path):
+    for r in (1, 2, 3, 4, 5):
+        save(policy, tmp_path, r, keep=2)
+    assert [p.name for p in checkpoint.complete(tmp_path)] == ["round-000004", "round-000005"]
+
+
+def test_an_interrupted_write_is_ignored_and_cleared(policy, tmp_path):
+    save(policy, tmp_path, 3)
+    torn = tmp_path / ".round-000004.tmp"
+    (torn / "model").mkdir(parents=True)
+    assert checkpoint.load_latest(tmp_path).round == 3
+    save(policy, tmp_path, 4)
+    assert not torn.exists()
+    assert checkpoint.load_latest(tmp_path).round == 4
+
+
+def test_saving_the_same_round_twice_replaces_it(policy, tmp_path):
+    save(policy, tmp_path, 3)
+    save(policy, tmp_path, 3)
+    assert [p.name for p in checkpoint.complete(tmp_path)] == ["round-000003"]
+
+
+def test_an_unreadable_latest_checkpoint_is_a_clear_error_and_is_not_deleted(policy, tmp_path):
+    save(policy, tmp_path, 1)
+    path = save(policy, tmp_path, 2)
+    (path / "state.json").write_text("{not json")
+    with pytest.raises(checkpoint.CheckpointError, match="round-000002"):
+        checkpoint.load_latest(tmp_path)
+    assert path.exists()
+
+
+def test_no_checkpoint_means_a_fresh_start(tmp_path):
+    assert checkpoint.load_latest(tmp_path / "missing") is None
+    assert json.dumps(checkpoint.complete(tmp_path)) == "[]"

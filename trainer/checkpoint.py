@@ -1,0 +1,91 @@
+"""Atomic checkpoints: written to a temporary folder, fsynced, then renamed into place.
+
+A folder named `round-NNNNNN` is always complete; a crash mid-write leaves only a `.tmp` folder,
+which the next save clears. The newest K complete checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+NAME = re.compile(r"^round-(\d{6,})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint exists but cannot be used; the message names it."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    round: int
+    state: dict[str, Any]  # node state: JSON-serialisable
+    trainer_state: dict[str, Any]  # optimizer, scheduler, RNG
+
+    @property
+    def model_dir(self) -> Path:
+        return self.path / "model"
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in [*root.rglob("*"), root]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def save(directory: Path, round_: int, model, tokenizer, trainer_state: dict[str, Any], state: dict[str, Any], keep: int) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"round-{round_:06d}"
+    tmp = directory / f".round-{round_:06d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp / "model")
+    tokenizer.save_pretrained(tmp / "model")
+    torch.save(trainer_state, tmp / "trainer.pt")
+    (tmp / "state.json").write_text(json.dumps({"round": round_, **state}, indent=2))
+    _fsync_tree(tmp)
+    if final.exists():  # the same round saved twice (stop right after a periodic save): replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_tree(directory)
+    for old in complete(directory)[:-keep]:
+        shutil.rmtree(old)
+    log.info("checkpoint %s written", final)
+    return final
+
+
+def complete(directory: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if p.is_dir() and NAME.match(p.name)]
+    return sorted(found, key=lambda p: int(NAME.match(p.name).group(1)))
+
+
+def load_latest(directory: Path) -> Checkpoint | None:
+    found = complete(directory)
+    if not found:
+        return None
+    path = found[-1]
+    try:
+        state = json.loads((path / "state.json").read_text())
+        trainer_state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
+        if not (path / "model" / "config.json").exists() and not (path / "model" / "adapter_config.json").exists():
+            raise FileNotFoundError("model/ holds no config")
+        return Checkpoint(path=path, round=int(state["round"]), state=state, trainer_state=trainer_state)
+    except (OSError, ValueError, KeyError, RuntimeError, EOFError) as e:
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable ({e}); move it aside to resume from an older one"
+        ) from None
