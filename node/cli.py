@@ -1,0 +1,155 @@
+"""The `sapo` command line. Every config knob is also a flag: `--<section>.<field> VALUE`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from pydantic import BaseModel
+
+from node.config import ConfigError, NodeConfig, leaf_fields, load_config
+
+log = logging.getLogger("sapo")
+
+# Short flags for the knobs people change most; each is also reachable under its dotted name.
+ALIASES = {
+    "--model": "model.name",
+    "--out": "run.out_dir",
+    "--rounds": "run.rounds",
+    "--local": "run.local_groups",
+    "--seed": "run.seed",
+    "--tasks": "tasks.datasets",
+}
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML or YAML config file (env SAPO_* and flags override it)")
+    for flag, dotted in ALIASES.items():
+        parser.add_argument(flag, dest=dotted, default=argparse.SUPPRESS, metavar="VALUE", help=f"same as --{dotted}")
+    group = parser.add_argument_group("config knobs (see docs/CONFIG.md)")
+    for dotted, info in leaf_fields(NodeConfig):
+        default = info.get_default(call_default_factory=True)
+        shown = json.dumps(default, default=str) if not isinstance(default, BaseModel) else "..."
+        help_text = f"{info.description or ''} [default: {shown}]".strip()
+        group.add_argument(f"--{dotted}", dest=dotted, default=argparse.SUPPRESS, metavar="VALUE",
+                           help=help_text.replace("%", "%%"))
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Nest dotted CLI values; JSON lists/objects are parsed, 'null' means None, the rest stays text for pydantic."""
+    nested: dict[str, Any] = {}
+    for dotted, raw in vars(args).items():
+        if "." not in dotted:
+            continue
+        value: Any = raw
+        if raw.strip()[:1] in "[{":
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{dotted}: not valid JSON ({e.msg}) (got {raw!r})") from None
+        elif raw.strip().lower() in ("null", "none"):
+            value = None
+        section, _, key = dotted.rpartition(".")
+        target = nested
+        for part in section.split("."):
+            target = target.setdefault(part, {})
+        target[key] = value
+    return nested
+
+
+def _setup_logging(level: str) -> None:
+    from rich.console import Console
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=Console(stderr=True, soft_wrap=True), show_path=False, rich_tracebacks=False)
+    logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]", handlers=[handler], force=True)
+    for noisy in ("transformers", "httpx", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from node.lifecycle import StopSignal
+    from node.loop import Node
+    from trainer.checkpoint import CheckpointError
+    from trainer.policy import ModelLoadError
+
+    cfg = load_config(args.config, _overrides(args))
+    _setup_logging(cfg.run.log_level)
+    with StopSignal() as stop:
+        try:
+            node = Node(cfg)
+        except ModelLoadError as e:
+            raise ConfigError(f"model.name: {e}") from None
+        except CheckpointError as e:
+            print(f"sapo: {e}", file=sys.stderr)
+            return 1
+        node.run(stop)
+    log.info("done: round %d, metrics in %s", node.round, node.metrics.path)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, _overrides(args))
+    print(cfg.model_dump_json(indent=2))
+    return 0
+
+
+def cmd_init_model(args: argparse.Namespace) -> int:
+    from trainer.tiny import META_FILE, PRESETS, ensure_preset
+
+    if args.preset not in PRESETS:
+        raise ConfigError(f"--preset: unknown preset {args.preset!r} (choose from {', '.join(PRESETS)})")
+    _setup_logging("INFO")
+    built = ensure_preset(args.preset, args.cache_dir or NodeConfig().model.cache_dir)
+    target = built
+    if args.out is not None:
+        if args.out.exists() and any(args.out.iterdir()):
+            raise ConfigError(f"--out: {args.out} exists and is not empty; choose a new folder")
+        shutil.copytree(built, args.out, dirs_exist_ok=True)
+        target = args.out
+    meta = json.loads((target / META_FILE).read_text())
+    print(f"{args.preset}: {target} ({meta['parameters']:,} parameters, warm-start held-out accuracy "
+          f"{meta['held_out_accuracy']:.3f} after {meta['sft_steps']} steps, built in {meta['build_seconds']} s)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sapo", description="SAPO swarm node: RL post-training that shares rollouts, not weights.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a node (silo until p2p lands): sample, score, train, repeat",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_config_flags(run)
+    run.set_defaults(func=cmd_run)
+
+    show = sub.add_parser("config", help="print the resolved config (defaults < file < env < flags) as JSON")
+    _add_config_flags(show)
+    show.set_defaults(func=cmd_config)
+
+    init = sub.add_parser("init-model", help="build (or reuse) an offline tiny model preset")
+    init.add_argument("--preset", required=True, help="tiny-a or tiny-b")
+    init.add_argument("--out", type=Path, help="copy the built model here (a new folder); default: print the cache path")
+    init.add_argument("--cache-dir", type=Path, help="preset cache (default: model.cache_dir)")
+    init.set_defaults(func=cmd_init_model)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"sapo: config error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("sapo: interrupted; the last complete checkpoint is kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

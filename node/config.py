@@ -1,0 +1,113 @@
+"""The one typed config of a node: defaults < file (TOML/YAML) < SAPO_* environment < CLI flags."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from rewards.config import TasksConfig
+from trainer.config import GenerationConfig, GRPOConfig, ModelConfig
+
+
+class ConfigError(ValueError):
+    """A config problem, worded for the user: names the field and what is wrong."""
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    out_dir: Path = Field(Path("runs/node"), description="metrics.jsonl, checkpoints/ and config.json go here")
+    rounds: int = Field(200, ge=1, description="stop after this many rounds (a resumed run counts from its checkpoint)")
+    local_groups: int = Field(8, ge=1, description="I: tasks drawn per round, each sampled G times")
+    seed: int = Field(0, description="seeds task draws and sampling")
+    eval_every: int = Field(10, ge=1, description="greedy evaluation on the held-out set every K rounds")
+    checkpoint_every: int = Field(25, ge=1, description="checkpoint every K rounds, and always on stop")
+    keep_checkpoints: int = Field(3, ge=1, description="keep the newest K checkpoints")
+    log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="DEBUG, INFO, WARNING or ERROR")
+
+
+_config_file: ContextVar[Path | None] = ContextVar("sapo_config_file", default=None)
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """Values from the TOML or YAML file named by `load_config` (lowest precedence after defaults)."""
+
+    def get_field_value(self, field, field_name):  # pragma: no cover - whole-file source, see __call__
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = _config_file.get()
+        return read_config_file(path) if path else {}
+
+
+class NodeConfig(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SAPO_", env_nested_delimiter="__", extra="forbid", validate_assignment=True)
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+        return init_settings, env_settings, _FileSource(settings_cls)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        data = tomllib.loads(text) if Path(path).suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"config file {path} is not valid {'TOML' if Path(path).suffix == '.toml' else 'YAML'}: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}")
+    return data
+
+
+def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> NodeConfig:
+    """Build the node config; `overrides` are nested CLI values. Raises `ConfigError`."""
+    token = _config_file.set(path)
+    try:
+        return NodeConfig(**(overrides or {}))
+    except ValidationError as e:
+        raise ConfigError(describe(e)) from None
+    except ValueError as e:  # pydantic-settings reports undecodable env values as SettingsError
+        raise ConfigError(str(e)) from None
+    finally:
+        _config_file.reset(token)
+
+
+def describe(e: ValidationError) -> str:
+    """One line per problem: 'grpo.lr: Input should be greater than 0 (got -1)'."""
+    lines = []
+    for err in e.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "config"
+        got = err.get("input")
+        shown = "" if isinstance(got, (dict, list)) or err["type"] == "missing" else f" (got {json.dumps(got, default=str)})"
+        lines.append(f"{where}: {err['msg']}{shown}")
+    return "; ".join(lines)
+
+
+def leaf_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
+    """Dotted names and FieldInfo of every knob, for CLI flags and docs."""
+    out = []
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out += leaf_fields(ann, f"{prefix}{name}.")
+        else:
+            out.append((f"{prefix}{name}", info))
+    return out

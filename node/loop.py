@@ -1,0 +1,130 @@
+"""The node's round loop (silo mode): draw tasks, sample, score, train, sync weights, evaluate."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import torch
+
+from node.config import NodeConfig
+from node.lifecycle import StopSignal
+from node.metrics import MetricsLog, RoundMetrics
+from node.progress import Progress
+from rewards import TaskSource
+from trainer import checkpoint
+from trainer.generation import SamplingParams, make_generator
+from trainer.grpo import GRPOTrainer
+from trainer.policy import load_policy
+from trainer.rollout import accuracy, evaluate, rollout
+
+log = logging.getLogger(__name__)
+
+
+def round_seed(seed: int, round_: int) -> int:
+    """Sampling seed of a round: a resumed run samples exactly what an uninterrupted one would."""
+    return (seed * 1_000_003 + round_) % (2**63)
+
+
+class Node:
+    def __init__(self, cfg: NodeConfig, progress: Progress | None = None):
+        self.cfg = cfg
+        out = cfg.run.out_dir
+        out.mkdir(parents=True, exist_ok=True)
+        self.checkpoints = out / "checkpoints"
+        self.metrics = MetricsLog(out / "metrics.jsonl")
+        self.progress = progress or Progress(cfg.run.rounds)
+
+        resumed = checkpoint.load_latest(self.checkpoints)
+        self.policy = load_policy(cfg.model, weights_from=resumed.model_dir if resumed else None)
+        self.generator = make_generator(cfg.generation, self.policy)
+        self.trainer = GRPOTrainer(self.policy, cfg.grpo, cfg.generation.max_new_tokens, cfg.run.rounds)
+        self.tasks = TaskSource(cfg.tasks.mix(), seed=cfg.run.seed)
+        self.eval_tasks = TaskSource(cfg.tasks.mix(), seed=cfg.tasks.eval_seed).draw(cfg.tasks.eval_size)
+        self.round = 0
+        if resumed:
+            self._restore(resumed)
+        (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+
+    def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
+        self.round = ckpt.round
+        self.tasks.position = ckpt.state["task_position"]
+        self.trainer.optimizer.load_state_dict(ckpt.trainer_state["optimizer"])
+        self.trainer.scheduler.load_state_dict(ckpt.trainer_state["scheduler"])
+        torch.set_rng_state(ckpt.trainer_state["torch_rng"])
+        self.generator.load_weights(self.policy.model.state_dict())
+        self.generator.weight_version = ckpt.state["weight_version"]
+        self.metrics.rewind(ckpt.round)
+        log.info("resumed from %s at round %d", ckpt.path, ckpt.round)
+
+    def save_checkpoint(self) -> None:
+        trainer_state = {
+            "optimizer": self.trainer.optimizer.state_dict(),
+            "scheduler": self.trainer.scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        state = {"task_position": self.tasks.position, "weight_version": self.generator.weight_version}
+        checkpoint.save(self.checkpoints, self.round, self.policy.model, self.policy.tokenizer, trainer_state, state,
+                        keep=self.cfg.run.keep_checkpoints)
+
+    def evaluate(self) -> float:
+        gen = self.cfg.generation
+        return evaluate(self.generator, self.policy, self.eval_tasks, gen.max_new_tokens, gen.stop)
+
+    def run(self, stop: StopSignal) -> None:
+        cfg = self.cfg
+        if self.round == 0:
+            self._record(RoundMetrics(round=0, time=time.time(), reward_mean=None, accuracy_train=None,
+                                      eval_accuracy=self.evaluate(), n_local=0, n_external=0, tokens_generated=0,
+                                      seconds_generate=0.0, seconds_train=0.0, seconds_other=0.0))
+        saved_round = self.round
+        while self.round < cfg.run.rounds and not stop.requested:
+            if self._one_round(stop) and self.round % cfg.run.checkpoint_every == 0:
+                self.save_checkpoint()
+                saved_round = self.round
+        if self.round != saved_round or not checkpoint.complete(self.checkpoints):
+            self.save_checkpoint()
+
+    def _one_round(self, stop: StopSignal) -> bool:
+        """Run the next round; False if a stop request made it abandon the round before training."""
+        cfg, r = self.cfg, self.round + 1
+        started = time.perf_counter()
+        position = self.tasks.position
+        tasks = self.tasks.draw(cfg.run.local_groups)
+
+        t0 = time.perf_counter()
+        params = SamplingParams.from_config(cfg.generation, seed=round_seed(cfg.run.seed, r))
+        groups = rollout(self.generator, self.policy, tasks, params, cfg.tasks.format_weight)
+        seconds_generate = time.perf_counter() - t0
+        if stop.requested:
+            self.tasks.position = position  # the abandoned round is drawn again after a restart
+            return False
+
+        t0 = time.perf_counter()
+        stats = self.trainer.step(groups)
+        if stats.optimizer_steps:
+            self.generator.load_weights(self.policy.model.state_dict())
+        seconds_train = time.perf_counter() - t0
+
+        self.round = r
+        eval_acc = self.evaluate() if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else None
+        rewards = [x for g in groups for x in g.rewards]
+        trained = stats.optimizer_steps > 0
+        self._record(RoundMetrics(
+            round=r, time=time.time(), reward_mean=sum(rewards) / len(rewards), accuracy_train=accuracy(groups),
+            eval_accuracy=eval_acc, n_local=len(groups), n_external=0,
+            tokens_generated=sum(len(ids) for g in groups for ids in g.completion_ids or []),
+            seconds_generate=seconds_generate, seconds_train=seconds_train,
+            seconds_other=time.perf_counter() - started - seconds_generate - seconds_train,
+            groups_trained=stats.groups_used, groups_dropped_uniform=stats.groups_dropped_uniform,
+            loss=stats.loss if trained else None, kl=stats.kl if trained else None,
+            clip_frac=stats.clip_frac if trained else None, grad_norm=stats.grad_norm if trained else None,
+            lr=stats.lr if trained else None, weight_version=self.generator.weight_version,
+        ))
+        return True
+
+    def _record(self, m: RoundMetrics) -> None:
+        self.metrics.append(m)
+        self.progress.round(m)
+        log.debug("round %d: %s", m.round, json.dumps(m.__dict__))

@@ -1,0 +1,71 @@
+"""Per-round metrics, one JSON object per line in `metrics.jsonl`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundMetrics:
+    round: int
+    time: float
+    reward_mean: float | None
+    accuracy_train: float | None
+    eval_accuracy: float | None
+    n_local: int
+    n_external: int
+    tokens_generated: int
+    seconds_generate: float
+    seconds_train: float
+    seconds_other: float
+    groups_trained: int = 0
+    groups_dropped_uniform: int = 0
+    loss: float | None = None
+    kl: float | None = None
+    clip_frac: float | None = None
+    grad_norm: float | None = None
+    lr: float | None = None
+    weight_version: int = 0
+
+
+class MetricsLog:
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, m: RoundMetrics) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(asdict(m)) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def rewind(self, to_round: int) -> int:
+        """On resume, set aside lines of rounds after the checkpoint (they will be run again).
+
+        Nothing is deleted: those lines move to `metrics.rolled-back.jsonl`. Returns how many moved.
+        """
+        if not self.path.exists():
+            return 0
+        keep, later = [], []
+        for line in self.path.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                target = later if json.loads(line).get("round", 0) > to_round else keep
+            except json.JSONDecodeError:  # a line torn by a crash mid-write
+                target = later
+            target.append(line)
+        if later:
+            with open(self.path.with_name("metrics.rolled-back.jsonl"), "a") as f:
+                f.write("\n".join(later) + "\n")
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(line + "\n" for line in keep))
+            os.replace(tmp, self.path)
+            log.warning("moved %d metrics lines after round %d to metrics.rolled-back.jsonl", len(later), to_round)
+        return len(later)

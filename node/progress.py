@@ -1,0 +1,25 @@
+"""A line per round that a person can read while the node runs."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from node.metrics import RoundMetrics
+
+
+class Progress:
+    def __init__(self, total_rounds: int, console: Console | None = None):
+        self.total = total_rounds
+        self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
+
+    def round(self, m: RoundMetrics) -> None:
+        width = len(str(self.total))
+        parts = [f"[bold]round {m.round:>{width}}/{self.total}[/]"]
+        if m.reward_mean is not None:
+            parts.append(f"reward {m.reward_mean:5.3f}  train acc {m.accuracy_train:5.3f}")
+        if m.eval_accuracy is not None:
+            parts.append(f"[cyan]eval acc {m.eval_accuracy:5.3f}[/]")
+        if m.n_local:
+            parts.append(f"groups {m.groups_trained}/{m.n_local + m.n_external} trained")
+            parts.append(f"gen {m.seconds_generate:4.1f}s train {m.seconds_train:4.1f}s other {m.seconds_other:4.1f}s")
+        self.console.print("  ".join(parts))

@@ -1,0 +1,101 @@
+import re
+
+import pytest
+
+from node.config import ConfigError, load_config
+from tests.conftest import run_sapo
+
+
+def test_defaults_work_without_any_input():
+    cfg = load_config()
+    assert cfg.model.name == "tiny-a" and cfg.run.local_groups == 8 and cfg.generation.completions_per_group == 8
+
+
+def test_precedence_is_file_then_env_then_flags(tmp_path, monkeypatch):
+    f = tmp_path / "node.toml"
+    f.write_text('[grpo]\nlr = 0.1\nepochs = 2\nminibatches = 3\n[run]\nrounds = 5\n')
+    monkeypatch.setenv("SAPO_GRPO__EPOCHS", "4")
+    monkeypatch.setenv("SAPO_GRPO__MINIBATCHES", "5")
+    cfg = load_config(f, {"grpo": {"minibatches": "6"}})
+    assert (cfg.grpo.lr, cfg.grpo.epochs, cfg.grpo.minibatches, cfg.run.rounds) == (0.1, 4, 6, 5)
+
+
+def test_yaml_files_work(tmp_path):
+    f = tmp_path / "node.yaml"
+    f.write_text("tasks:\n  datasets:\n    - name: arith\n      config: {max_operand: 9}\n      weight: 2\n")
+    cfg = load_config(f)
+    assert cfg.tasks.datasets[0].config == {"max_operand": 9} and cfg.tasks.datasets[0].weight == 2
+
+
+@pytest.mark.parametrize("overrides,field", [
+    ({"grpo": {"lr": "-1"}}, "grpo.lr"),
+    ({"grpo": {"loss_aggregation": "mean"}}, "grpo.loss_aggregation"),
+    ({"run": {"rounds": "many"}}, "run.rounds"),
+    ({"tasks": {"datasets": "arith,nosuchset"}}, "tasks.datasets.1: Value error, unknown dataset 'nosuchset'"),
+    ({"tasks": {"datasets": [{"name": "arith", "config": {"max_operand": -3}}]}}, "max_operand"),
+    ({"grpo": {"typo_knob": "1"}}, "grpo.typo_knob"),
+])
+def test_invalid_values_name_the_field(overrides, field):
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        load_config(None, overrides)
+
+
+def test_task_shorthand_sets_names_and_weights():
+    cfg = load_config(None, {"tasks": {"datasets": "arith, reverse:2 ,rg/leg_counting"}})
+    assert [(d.name, d.weight) for d in cfg.tasks.datasets] == [("arith", 1.0), ("reverse", 2.0), ("rg/leg_counting", 1.0)]
+
+
+def test_file_problems_are_clear(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[grpo\nlr=")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(lst)
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("[grpoo]\nlr = 1\n")
+    with pytest.raises(ConfigError, match="grpoo"):
+        load_config(unknown)
+
+
+def test_cli_reports_a_bad_flag_in_one_line_with_status_2():
+    r = run_sapo("config", "--grpo.lr", "-1")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["sapo: config error: grpo.lr: Input should be greater than 0 (got \"-1\")"]
+
+
+def test_cli_reports_a_bad_env_value_with_status_2():
+    r = run_sapo("config", env={"SAPO_RUN__ROUNDS": "zero"})
+    assert r.returncode == 2 and "run.rounds" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_rejects_unknown_flags_with_status_2():
+    r = run_sapo("run", "--grpo.nope", "1")
+    assert r.returncode == 2 and "unrecognized arguments: --grpo.nope" in r.stderr
+
+
+def test_cli_flags_env_and_file_reach_the_config(tmp_path):
+    import json
+
+    f = tmp_path / "n.toml"
+    f.write_text("[run]\nrounds = 3\nseed = 9\n")
+    r = run_sapo("config", "--config", str(f), "--seed", "11", "--grpo.dual_clip", "null",
+                 "--generation.stop", '["</answer>", "\\n"]', env={"SAPO_RUN__ROUNDS": "4"})
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads(r.stdout)
+    assert (cfg["run"]["rounds"], cfg["run"]["seed"], cfg["grpo"]["dual_clip"]) == (4, 11, None)
+    assert cfg["generation"]["stop"] == ["</answer>", "\n"]
+
+
+def test_config_reference_is_up_to_date():
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    r = subprocess.run([sys.executable, "scripts/gen_config_docs.py", "--check"], cwd=ROOT)
+    assert r.returncode == 0, "docs/CONFIG.md is stale: run scripts/gen_config_docs.py"

@@ -1,0 +1,149 @@
+"""The silo node end to end, through the CLI as a user runs it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from node.metrics import MetricsLog, RoundMetrics
+from tests.conftest import ROOT, run_sapo
+from trainer import checkpoint
+
+pytestmark = pytest.mark.slow
+REQUIRED = {"round", "time", "reward_mean", "accuracy_train", "eval_accuracy", "n_local", "n_external",
+            "tokens_generated", "seconds_generate", "seconds_train", "seconds_other"}
+
+
+def small_run(cache_dir, out, rounds, *extra):
+    return ["run", "--model.cache_dir", str(cache_dir), "--out", str(out), "--rounds", str(rounds),
+            "--local", "3", "--generation.completions_per_group", "4", "--tasks.eval_size", "40",
+            "--run.eval_every", "2", "--run.checkpoint_every", "2", *extra]
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_silo_run_writes_metrics_and_checkpoints(tiny_a, cache_dir, tmp_path):
+    r = run_sapo(*small_run(cache_dir, tmp_path, 3))
+    assert r.returncode == 0, r.stderr
+    rows = metrics(tmp_path)
+    assert [m["round"] for m in rows] == [0, 1, 2, 3]
+    assert all(REQUIRED <= m.keys() for m in rows)
+    assert rows[0]["reward_mean"] is None and rows[0]["eval_accuracy"] is not None
+    assert [m["eval_accuracy"] is None for m in rows[1:]] == [True, False, False]  # every 2 rounds and at the end
+    assert all(m["n_local"] == 3 and m["n_external"] == 0 and m["tokens_generated"] > 0 for m in rows[1:])
+    assert all(0.0 <= m["reward_mean"] <= 1.0 for m in rows[1:])
+    assert [p.name for p in checkpoint.complete(tmp_path / "checkpoints")] == ["round-000002", "round-000003"]
+    assert json.loads((tmp_path / "config.json").read_text())["run"]["rounds"] == 3
+
+
+def test_a_resumed_run_continues_exactly_where_it_stopped(tiny_a, cache_dir, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run_sapo(*small_run(cache_dir, straight, 4)).returncode == 0
+    assert run_sapo(*small_run(cache_dir, split, 2)).returncode == 0
+    r = run_sapo(*small_run(cache_dir, split, 4))
+    assert r.returncode == 0, r.stderr
+    a, b = metrics(straight), metrics(split)
+    assert [m["round"] for m in b] == [0, 1, 2, 3, 4]
+    for key in ("reward_mean", "accuracy_train", "tokens_generated", "eval_accuracy", "weight_version"):
+        assert [m[key] for m in a] == [m[key] for m in b], key
+    assert [m["loss"] for m in a[1:]] == pytest.approx([m["loss"] for m in b[1:]], abs=1e-6)
+
+
+def test_sigint_checkpoints_exits_zero_and_the_restart_resumes(tiny_a, cache_dir, tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "node.cli", *small_run(cache_dir, tmp_path, 100000)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and not (
+            (tmp_path / "metrics.jsonl").exists() and len(metrics(tmp_path)) >= 4
+        ):
+            assert proc.poll() is None, proc.communicate()[1]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    last = metrics(tmp_path)[-1]["round"]
+    assert checkpoint.load_latest(tmp_path / "checkpoints").round == last
+    r = run_sapo(*small_run(cache_dir, tmp_path, last + 2))
+    assert r.returncode == 0, r.stderr
+    rounds = [m["round"] for m in metrics(tmp_path)]
+    assert rounds == list(range(last + 3))
+
+
+def test_tiny_presets_differ_in_size_and_tokenizer_and_start_with_room_to_learn(tiny_a, tiny_b):
+    from transformers import AutoConfig
+
+    from trainer.policy import load_tokenizer
+
+    meta = {p: json.loads((p / "sapo_preset.json").read_text()) for p in (tiny_a, tiny_b)}
+    assert AutoConfig.from_pretrained(tiny_a).model_type == "qwen2"
+    assert AutoConfig.from_pretrained(tiny_b).model_type == "llama"
+    assert meta[tiny_a]["parameters"] != meta[tiny_b]["parameters"]
+    text = "12+34=?\nReply with <answer>final answer</answer>.\n"
+    assert load_tokenizer(str(tiny_a))(text)["input_ids"] != load_tokenizer(str(tiny_b))(text)["input_ids"]
+    for m in meta.values():
+        assert 0.05 <= m["held_out_accuracy"] <= 0.40, m
+
+
+def test_preset_build_is_deterministic(tmp_path):
+    from dataclasses import replace
+
+    from trainer.tiny import PRESETS, build_preset
+
+    short = replace(PRESETS["tiny-b"], max_sft_steps=12, target_accuracy=1.0)
+    a = build_preset("tiny-b", tmp_path / "a", short)
+    b = build_preset("tiny-b", tmp_path / "b", short)
+    assert a["sft_steps"] == b["sft_steps"] == 12
+    wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
+    assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "b" / "tokenizer.json").read_text()
+
+
+def test_init_model_copies_the_cached_preset_and_refuses_to_overwrite(tiny_b, cache_dir, tmp_path):
+    r = run_sapo("init-model", "--preset", "tiny-b", "--cache-dir", str(cache_dir), "--out", str(tmp_path / "m"))
+    assert r.returncode == 0, r.stderr
+    assert "tiny-b" in r.stdout and (tmp_path / "m" / "model.safetensors").exists()
+    again = run_sapo("init-model", "--preset", "tiny-b", "--cache-dir", str(cache_dir), "--out", str(tmp_path / "m"))
+    assert again.returncode == 2 and "not empty" in again.stderr
+    bad = run_sapo("init-model", "--preset", "huge", "--cache-dir", str(cache_dir))
+    assert bad.returncode == 2 and "unknown preset 'huge'" in bad.stderr
+
+
+def test_a_model_that_cannot_load_is_a_clear_error(tmp_path):
+    r = run_sapo("run", "--model", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2
+    assert "model.name: cannot load model" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_unreadable_checkpoint_stops_the_node_without_touching_it(tiny_a, cache_dir, tmp_path):
+    assert run_sapo(*small_run(cache_dir, tmp_path, 2)).returncode == 0
+    ckpt = checkpoint.complete(tmp_path / "checkpoints")[-1]
+    (ckpt / "trainer.pt").write_bytes(b"garbage")
+    r = run_sapo(*small_run(cache_dir, tmp_path, 4))
+    assert r.returncode == 1 and ckpt.name in r.stderr and "Traceback" not in r.stderr
+    assert (ckpt / "trainer.pt").read_bytes() == b"garbage"
+
+
+def test_metrics_rewind_sets_later_rounds_aside(tmp_path):
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for r in range(5):
+        log.append(RoundMetrics(round=r, time=0, reward_mean=0, accuracy_train=0, eval_accuracy=None, n_local=1,
+                                n_external=0, tokens_generated=0, seconds_generate=0, seconds_train=0, seconds_other=0))
+    with open(log.path, "a") as f:
+        f.write('{"round": 5, "tim')  # torn by a crash
+    assert log.rewind(2) == 3
+    assert [json.loads(x)["round"] for x in log.path.read_text().splitlines()] == [0, 1, 2]
+    assert len((tmp_path / "metrics.rolled-back.jsonl").read_text().splitlines()) == 3
