@@ -52,7 +52,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
                 value = json.loads(raw)
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{dotted}: not valid JSON ({e.msg}) (got {raw!r})") from None
-        elif raw.strip().lower() in ("null", "none"):
+        elif raw.strip() == "null":  # not "none": that is a valid choice of some knobs
             value = None
         section, _, key = dotted.rpartition(".")
         target = nested

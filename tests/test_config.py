@@ -83,11 +83,12 @@ def test_cli_flags_env_and_file_reach_the_config(tmp_path):
 
     f = tmp_path / "n.toml"
     f.write_text("[run]\nrounds = 3\nseed = 9\n")
-    r = run_sapo("config", "--config", str(f), "--seed", "11", "--grpo.dual_clip", "null",
+    r = run_sapo("config", "--config", str(f), "--seed", "11", "--grpo.dual_clip", "null", "--grpo.advantage_scale", "none",
                  "--generation.stop", '["</answer>", "\\n"]', env={"SAPO_RUN__ROUNDS": "4"})
     assert r.returncode == 0, r.stderr
     cfg = json.loads(r.stdout)
     assert (cfg["run"]["rounds"], cfg["run"]["seed"], cfg["grpo"]["dual_clip"]) == (4, 11, None)
+    assert cfg["grpo"]["advantage_scale"] == "none"
     assert cfg["generation"]["stop"] == ["</answer>", "\n"]
 
 
