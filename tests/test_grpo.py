@@ -166,7 +166,7 @@ def test_gradient_checkpointing_trains(tiny_a, cache_dir):
     from trainer.policy import load_policy
 
     policy = load_policy(ModelConfig(name="tiny-a", cache_dir=cache_dir, gradient_checkpointing=True))
-    assert policy.model.is_gradient_checkpointing
+    assert getattr(policy.model, "is_activation_checkpointing", None) or policy.model.is_gradient_checkpointing
     before = params(policy.model)
     GRPOTrainer(policy, GRPOConfig(), 16, 10).step([group([1, 0])])
     assert not unchanged(before, policy.model)
