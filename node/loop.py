@@ -17,7 +17,7 @@ from trainer import checkpoint
 from trainer.generation import SamplingParams, make_generator
 from trainer.grpo import GRPOTrainer
 from trainer.policy import load_policy
-from trainer.rollout import accuracy, evaluate, rollout
+from trainer.rollout import accuracy, accuracy_by_dataset, evaluate, rollout
 
 log = logging.getLogger(__name__)
 
@@ -68,16 +68,20 @@ class Node:
         checkpoint.save(self.checkpoints, self.round, self.policy.model, self.policy.tokenizer, trainer_state, state,
                         keep=self.cfg.run.keep_checkpoints)
 
-    def evaluate(self) -> float:
+    def evaluate(self) -> tuple[float, dict[str, float]]:
+        """Greedy accuracy on the held-out set, overall and per dataset."""
         gen = self.cfg.generation
-        return evaluate(self.generator, self.policy, self.eval_tasks, gen.max_new_tokens, gen.stop)
+        groups = evaluate(self.generator, self.policy, self.eval_tasks, gen.max_new_tokens, gen.stop)
+        return accuracy(groups), accuracy_by_dataset(groups)
 
     def run(self, stop: StopSignal) -> None:
         cfg = self.cfg
         if self.round == 0:
+            eval_acc, eval_by_dataset = self.evaluate()
             self._record(RoundMetrics(round=0, time=time.time(), reward_mean=None, accuracy_train=None,
-                                      eval_accuracy=self.evaluate(), n_local=0, n_external=0, tokens_generated=0,
-                                      seconds_generate=0.0, seconds_train=0.0, seconds_other=0.0))
+                                      eval_accuracy=eval_acc, eval_by_dataset=eval_by_dataset, n_local=0,
+                                      n_external=0, tokens_generated=0, seconds_generate=0.0, seconds_train=0.0,
+                                      seconds_other=0.0))
         saved_round = self.round
         while self.round < cfg.run.rounds and not stop.requested:
             if self._one_round(stop) and self.round % cfg.run.checkpoint_every == 0:
@@ -108,12 +112,12 @@ class Node:
         seconds_train = time.perf_counter() - t0
 
         self.round = r
-        eval_acc = self.evaluate() if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else None
+        eval_acc, eval_by_dataset = self.evaluate() if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else (None, None)
         rewards = [x for g in groups for x in g.rewards]
         trained = stats.optimizer_steps > 0
         self._record(RoundMetrics(
             round=r, time=time.time(), reward_mean=sum(rewards) / len(rewards), accuracy_train=accuracy(groups),
-            eval_accuracy=eval_acc, n_local=len(groups), n_external=0,
+            eval_accuracy=eval_acc, eval_by_dataset=eval_by_dataset, n_local=len(groups), n_external=0,
             tokens_generated=sum(len(ids) for g in groups for ids in g.completion_ids or []),
             seconds_generate=seconds_generate, seconds_train=seconds_train,
             seconds_other=time.perf_counter() - started - seconds_generate - seconds_train,

@@ -24,6 +24,7 @@ class RoundMetrics:
     seconds_generate: float
     seconds_train: float
     seconds_other: float
+    eval_by_dataset: dict[str, float] | None = None
     groups_trained: int = 0
     groups_dropped_uniform: int = 0
     loss: float | None = None

@@ -32,7 +32,13 @@ def accuracy(groups: Sequence[RolloutGroup]) -> float:
     return sum(flags) / max(1, len(flags))
 
 
-def evaluate(generator: Generator, policy: Policy, tasks: Sequence[Task], max_new_tokens: int, stop: Sequence[str]) -> float:
-    """Greedy accuracy on a fixed task set: the number the README's learning claims rest on."""
+def accuracy_by_dataset(groups: Sequence[RolloutGroup]) -> dict[str, float]:
+    names = sorted({g.task.ref.dataset for g in groups})
+    return {n: accuracy([g for g in groups if g.task.ref.dataset == n]) for n in names}
+
+
+def evaluate(generator: Generator, policy: Policy, tasks: Sequence[Task], max_new_tokens: int,
+             stop: Sequence[str]) -> list[RolloutGroup]:
+    """Greedy completions of a fixed task set, scored: the numbers the learning claims rest on."""
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=tuple(stop))
-    return accuracy(rollout(generator, policy, tasks, params))
+    return rollout(generator, policy, tasks, params)
