@@ -24,10 +24,10 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     out_dir: Path = Field(Path("runs/node"), description="metrics.jsonl, checkpoints/ and config.json go here")
-    rounds: int = Field(200, ge=1, description="stop after this many rounds (a resumed run counts from its checkpoint)")
+    rounds: int = Field(600, ge=1, description="stop after this many rounds (a resumed run counts from its checkpoint)")
     local_groups: int = Field(8, ge=1, description="I: tasks drawn per round, each sampled G times")
     seed: int = Field(0, description="seeds task draws and sampling")
-    eval_every: int = Field(10, ge=1, description="greedy evaluation on the held-out set every K rounds")
+    eval_every: int = Field(25, ge=1, description="greedy evaluation on the held-out set every K rounds")
     checkpoint_every: int = Field(25, ge=1, description="checkpoint every K rounds, and always on stop")
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K checkpoints")
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="DEBUG, INFO, WARNING or ERROR")
