@@ -37,6 +37,11 @@ class Node:
         self.progress = progress or Progress(cfg.run.rounds)
 
         resumed = checkpoint.load_latest(self.checkpoints)
+        if resumed and resumed.state.get("model") != cfg.model.name:
+            raise checkpoint.CheckpointError(
+                f"{resumed.path} continues model {resumed.state.get('model')!r}, not {cfg.model.name!r}: "
+                "resume with the same model.name or choose a new --out"
+            )
         self.policy = load_policy(cfg.model, weights_from=resumed.model_dir if resumed else None)
         self.generator = make_generator(cfg.generation, self.policy)
         self.trainer = GRPOTrainer(self.policy, cfg.grpo, cfg.generation.max_new_tokens, cfg.run.rounds)
@@ -53,7 +58,6 @@ class Node:
         self.trainer.optimizer.load_state_dict(ckpt.trainer_state["optimizer"])
         self.trainer.scheduler.load_state_dict(ckpt.trainer_state["scheduler"])
         torch.set_rng_state(ckpt.trainer_state["torch_rng"])
-        self.generator.load_weights(self.policy.model.state_dict())
         self.generator.weight_version = ckpt.state["weight_version"]
         self.metrics.rewind(ckpt.round)
         log.info("resumed from %s at round %d", ckpt.path, ckpt.round)
@@ -64,7 +68,8 @@ class Node:
             "scheduler": self.trainer.scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
         }
-        state = {"task_position": self.tasks.position, "weight_version": self.generator.weight_version}
+        state = {"model": self.cfg.model.name, "task_position": self.tasks.position,
+                 "weight_version": self.generator.weight_version}
         checkpoint.save(self.checkpoints, self.round, self.policy.model, self.policy.tokenizer, trainer_state, state,
                         keep=self.cfg.run.keep_checkpoints)
 

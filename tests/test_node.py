@@ -137,6 +137,12 @@ def test_an_unreadable_checkpoint_stops_the_node_without_touching_it(tiny_a, cac
     assert (ckpt / "trainer.pt").read_bytes() == b"garbage"
 
 
+def test_resuming_with_another_model_is_refused(tiny_a, tiny_b, cache_dir, tmp_path):
+    assert run_sapo(*small_run(cache_dir, tmp_path, 1)).returncode == 0
+    r = run_sapo(*small_run(cache_dir, tmp_path, 2, "--model", "tiny-b"))
+    assert r.returncode == 1 and "continues model 'tiny-a', not 'tiny-b'" in r.stderr
+
+
 def test_metrics_rewind_sets_later_rounds_aside(tmp_path):
     log = MetricsLog(tmp_path / "metrics.jsonl")
     for r in range(5):
