@@ -10,9 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from pydantic import BaseModel
-
-from node.config import ConfigError, NodeConfig, leaf_fields, load_config
+from node.config import ConfigError, NodeConfig, leaf_fields, load_config, shown_default
 
 log = logging.getLogger("sapo")
 
@@ -33,9 +31,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, dest=dotted, default=argparse.SUPPRESS, metavar="VALUE", help=f"same as --{dotted}")
     group = parser.add_argument_group("config knobs (see docs/CONFIG.md)")
     for dotted, info in leaf_fields(NodeConfig):
-        default = info.get_default(call_default_factory=True)
-        shown = json.dumps(default, default=str) if not isinstance(default, BaseModel) else "..."
-        help_text = f"{info.description or ''} [default: {shown}]".strip()
+        help_text = f"{info.description or ''} [default: {shown_default(dotted, info)}]".strip()
         group.add_argument(f"--{dotted}", dest=dotted, default=argparse.SUPPRESS, metavar="VALUE",
                            help=help_text.replace("%", "%%"))
 

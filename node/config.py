@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import to_jsonable_python
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from rewards.config import TasksConfig
@@ -99,6 +100,13 @@ def describe(e: ValidationError) -> str:
         shown = "" if isinstance(got, (dict, list)) or err["type"] == "missing" else f" (got {json.dumps(got, default=str)})"
         lines.append(f"{where}: {err['msg']}{shown}")
     return "; ".join(lines)
+
+
+def shown_default(dotted: str, info: Any) -> str:
+    """A knob's default as JSON, for --help and docs (machine-specific paths shown generically)."""
+    if dotted == "model.cache_dir":
+        return "~/.cache/sapo-node"
+    return json.dumps(to_jsonable_python(info.get_default(call_default_factory=True)))
 
 
 def leaf_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:

@@ -6,14 +6,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-from pydantic_core import to_jsonable_python
 
 from node.cli import ALIASES
-from node.config import NodeConfig, leaf_fields
+from node.config import NodeConfig, leaf_fields, shown_default
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "CONFIG.md"
 
@@ -34,8 +32,7 @@ def render() -> str:
         "| --- | --- | --- |",
     ]
     for dotted, info in leaf_fields(NodeConfig):
-        default = info.get_default(call_default_factory=True)
-        shown = "(home)/.cache/sapo-node" if dotted == "model.cache_dir" else json.dumps(to_jsonable_python(default))
+        shown = shown_default(dotted, info)
         alias = f" (also `{aliases[dotted]}`)" if dotted in aliases else ""
         lines.append(f"| `{dotted}`{alias} | `{shown}` | {(info.description or '').replace('|', '/')} |")
     return "\n".join(lines) + "\n"
