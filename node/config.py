@@ -29,7 +29,7 @@ class RunConfig(BaseModel):
     local_groups: int = Field(8, ge=1, description="I: tasks drawn per round, each sampled G times")
     seed: int = Field(0, description="seeds task draws and sampling")
     eval_every: int = Field(25, ge=1, description="greedy evaluation on the held-out set every K rounds")
-    checkpoint_every: int = Field(25, ge=1, description="checkpoint every K rounds, and always on stop")
+    checkpoint_every: int = Field(100, ge=1, description="checkpoint every K rounds, and always on stop")
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K checkpoints")
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="DEBUG, INFO, WARNING or ERROR")
 
@@ -69,8 +69,12 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
     try:
         data = tomllib.loads(text) if Path(path).suffix == ".toml" else yaml.safe_load(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"config file {path} is not valid {'TOML' if Path(path).suffix == '.toml' else 'YAML'}: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -52,6 +52,11 @@ def test_file_problems_are_clear(tmp_path):
     bad.write_text("[grpo\nlr=")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("grpo:\n  lr: [1\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML at line 3, column 1: .*") as e:
+        load_config(broken)
+    assert "\n" not in str(e.value)
     lst = tmp_path / "list.yaml"
     lst.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
