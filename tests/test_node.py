@@ -57,7 +57,8 @@ def test_a_resumed_run_continues_exactly_where_it_stopped(tiny_a, cache_dir, tmp
     assert [m["loss"] for m in a[1:]] == pytest.approx([m["loss"] for m in b[1:]], abs=1e-6)
 
 
-def test_sigint_checkpoints_exits_zero_and_the_restart_resumes(tiny_a, cache_dir, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_checkpoints_exits_zero_and_the_restart_resumes(sig, tiny_a, cache_dir, tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "node.cli", *small_run(cache_dir, tmp_path, 100000)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -68,7 +69,7 @@ def test_sigint_checkpoints_exits_zero_and_the_restart_resumes(tiny_a, cache_dir
         ):
             assert proc.poll() is None, proc.communicate()[1]
             time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -122,8 +123,10 @@ def test_init_model_copies_the_cached_preset_and_refuses_to_overwrite(tiny_b, ca
     assert bad.returncode == 2 and "unknown preset 'huge'" in bad.stderr
 
 
-def test_a_model_that_cannot_load_is_a_clear_error(tmp_path):
-    r = run_sapo("run", "--model", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "out"))
+@pytest.mark.parametrize("name", ["{tmp}/no-such-model", "no-such-org/no-such-model"])
+def test_a_model_that_cannot_load_is_a_clear_error(name, tmp_path):
+    r = run_sapo("run", "--model", name.format(tmp=tmp_path), "--out", str(tmp_path / "out"),
+                 env={"HF_HUB_OFFLINE": "1"})
     assert r.returncode == 2
     assert "model.name: cannot load model" in r.stderr and "Traceback" not in r.stderr
 

@@ -1,0 +1,44 @@
+"""Device, dtype and prompt formatting choices of the policy loader."""
+
+import torch
+
+from trainer import policy as policy_module
+from trainer.policy import encode_prompts, pick_device, pick_dtype
+
+
+def test_auto_device_prefers_cuda_then_mps_then_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pick_device("auto").type == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert pick_device("auto").type == "mps"
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert pick_device("auto").type == "cpu"
+    assert pick_device("cpu").type == "cpu"
+
+
+def test_auto_dtype_is_bf16_only_on_gpus_that_support_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert pick_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert pick_dtype("auto", torch.device("cuda")) == torch.float32
+    assert pick_dtype("auto", torch.device("cpu")) == torch.float32
+    assert pick_dtype("float16", torch.device("cpu")) == torch.float16
+
+
+def test_prompts_use_the_chat_template_when_the_tokenizer_has_one(policy):
+    plain = encode_prompts(policy, ["2+2=?"])[0]
+    assert policy.tokenizer.decode(plain) == "2+2=?"
+    policy.tokenizer.chat_template = "{% for m in messages %}<user>{{ m['content'] }}</user>{% endfor %}<bot>"
+    policy.use_chat_template = True
+    assert policy.format_prompt("2+2=?") == "<user>2+2=?</user><bot>"
+    assert policy.tokenizer.decode(encode_prompts(policy, ["2+2=?"])[0]) == "<user>2+2=?</user><bot>"
+
+
+def test_a_saved_tokenizer_is_loaded_as_saved(tiny_a):
+    """transformers would rebuild this Qwen2 tokenizer with Qwen2's own pre-tokenizer."""
+    from trainer.tiny import PRESETS, train_tokenizer
+
+    text = "reverse abcde\nReply with <answer>final answer</answer>.\n"
+    loaded = policy_module.load_tokenizer(str(tiny_a))
+    assert loaded(text)["input_ids"] == train_tokenizer(PRESETS["tiny-a"])(text)["input_ids"]
