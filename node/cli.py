@@ -101,7 +101,7 @@ def cmd_init_model(args: argparse.Namespace) -> int:
     if args.preset not in PRESETS:
         raise ConfigError(f"--preset: unknown preset {args.preset!r} (choose from {', '.join(PRESETS)})")
     _setup_logging("INFO")
-    built = ensure_preset(args.preset, args.cache_dir or NodeConfig().model.cache_dir)
+    built = ensure_preset(args.preset, args.cache_dir or NodeConfig().model.cache_dir, seed=args.seed)
     target = built
     if args.out is not None:
         if args.out.exists() and any(args.out.iterdir()):
@@ -131,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--preset", required=True, help="tiny-a or tiny-b")
     init.add_argument("--out", type=Path, help="copy the built model here (a new folder); default: print the cache path")
     init.add_argument("--cache-dir", type=Path, help="preset cache (default: model.cache_dir)")
+    init.add_argument("--seed", type=int, default=0, help="initialisation seed; the same seed builds the same model "
+                      "(`sapo run --model tiny-a` uses seed 0)")
     init.set_defaults(func=cmd_init_model)
     return parser
 

@@ -113,6 +113,19 @@ def test_preset_build_is_deterministic(tmp_path):
     assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "b" / "tokenizer.json").read_text()
 
 
+def test_the_seed_changes_the_model_and_gets_its_own_cache_folder(tmp_path):
+    from dataclasses import replace
+
+    from trainer.tiny import PRESETS, build_preset, preset_dir
+
+    short = replace(PRESETS["tiny-b"], max_sft_steps=2, target_accuracy=1.0)
+    build_preset("tiny-b", tmp_path / "s0", short)
+    build_preset("tiny-b", tmp_path / "s1", replace(short, seed=1))
+    w0, w1 = load_file(tmp_path / "s0" / "model.safetensors"), load_file(tmp_path / "s1" / "model.safetensors")
+    assert any(not (w0[k] == w1[k]).all() for k in w0)
+    assert preset_dir("tiny-b", tmp_path, 0) != preset_dir("tiny-b", tmp_path, 1)
+
+
 def test_init_model_copies_the_cached_preset_and_refuses_to_overwrite(tiny_b, cache_dir, tmp_path):
     r = run_sapo("init-model", "--preset", "tiny-b", "--cache-dir", str(cache_dir), "--out", str(tmp_path / "m"))
     assert r.returncode == 0, r.stderr

@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -134,14 +134,17 @@ def build_preset(name: str, out: Path, preset: TinyPreset | None = None) -> dict
             log.info("%s warm start: step %d, loss %.3f, held-out accuracy %.3f (weakest task %.3f)",
                      name, step, loss.item(), acc, weakest)
 
+    if acc < preset.target_accuracy or weakest < preset.min_task_accuracy:
+        log.warning("%s warm start stopped at its step cap (%d) below its target: held-out accuracy %.3f, weakest task %.3f",
+                    name, step, acc, weakest)
     meta = {"preset": name, "recipe_version": RECIPE_VERSION, **asdict(preset), "sft_steps": step,
             "held_out_accuracy": acc, "weakest_task_accuracy": weakest, "parameters": sum(p.numel() for p in model.parameters()),
             "build_seconds": round(time.time() - started, 1)}
     out.mkdir(parents=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    # Reload as the generic fast tokenizer: the model type alone would pick a Qwen2/Llama class
-    # whose own pre-tokenizer rules differ from the one trained here.
+    # Declare the generic fast tokenizer: a Llama folder then loads tokenizer.json as trained. transformers
+    # 5 still forces its own class on Qwen2 folders; `trainer.policy.load_tokenizer` corrects that.
     config_path = out / "tokenizer_config.json"
     tok_cfg = json.loads(config_path.read_text())
     tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
@@ -150,13 +153,14 @@ def build_preset(name: str, out: Path, preset: TinyPreset | None = None) -> dict
     return meta
 
 
-def preset_dir(name: str, cache_dir: Path) -> Path:
-    return Path(cache_dir) / "models" / f"{name}-r{RECIPE_VERSION}"
+def preset_dir(name: str, cache_dir: Path, seed: int = 0) -> Path:
+    suffix = f"-s{seed}" if seed else ""
+    return Path(cache_dir) / "models" / f"{name}-r{RECIPE_VERSION}{suffix}"
 
 
-def ensure_preset(name: str, cache_dir: Path) -> Path:
-    """The cached folder of preset `name`, built first if needed. Safe for concurrent callers."""
-    path = preset_dir(name, cache_dir)
+def ensure_preset(name: str, cache_dir: Path, seed: int = 0) -> Path:
+    """The cached folder of preset `name` built with `seed`, built first if needed. Safe for concurrent callers."""
+    path = preset_dir(name, cache_dir, seed)
     if (path / META_FILE).exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -167,7 +171,7 @@ def ensure_preset(name: str, cache_dir: Path) -> Path:
         tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         log.info("building tiny preset %s into %s (once; cached afterwards)", name, path)
-        build_preset(name, tmp)
+        build_preset(name, tmp, replace(PRESETS[name], seed=seed))
         shutil.rmtree(path, ignore_errors=True)  # a folder without metadata is an interrupted build
         os.replace(tmp, path)
     return path
