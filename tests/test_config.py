@@ -45,26 +45,20 @@ def test_task_shorthand_sets_names_and_weights():
     assert [(d.name, d.weight) for d in cfg.tasks.datasets] == [("arith", 1.0), ("reverse", 2.0), ("rg/leg_counting", 1.0)]
 
 
-def test_file_problems_are_clear(tmp_path):
-    with pytest.raises(ConfigError, match="cannot read"):
-        load_config(tmp_path / "absent.toml")
-    bad = tmp_path / "bad.toml"
-    bad.write_text("[grpo\nlr=")
-    with pytest.raises(ConfigError, match="not valid TOML"):
-        load_config(bad)
-    broken = tmp_path / "broken.yaml"
-    broken.write_text("grpo:\n  lr: [1\n")
-    with pytest.raises(ConfigError, match=r"not valid YAML at line 3, column 1: .*") as e:
-        load_config(broken)
+@pytest.mark.parametrize("name,text,message", [
+    ("absent.toml", None, "cannot read"),
+    ("bad.toml", "[grpo\nlr=", "not valid TOML"),
+    ("broken.yaml", "grpo:\n  lr: [1\n", "not valid YAML at line 3, column 1: "),
+    ("list.yaml", "- 1\n- 2\n", "must hold a mapping"),
+    ("unknown.toml", "[grpoo]\nlr = 1\n", "grpoo"),
+])
+def test_file_problems_are_one_clear_line(tmp_path, name, text, message):
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)) as e:
+        load_config(path)
     assert "\n" not in str(e.value)
-    lst = tmp_path / "list.yaml"
-    lst.write_text("- 1\n- 2\n")
-    with pytest.raises(ConfigError, match="mapping"):
-        load_config(lst)
-    unknown = tmp_path / "unknown.toml"
-    unknown.write_text("[grpoo]\nlr = 1\n")
-    with pytest.raises(ConfigError, match="grpoo"):
-        load_config(unknown)
 
 
 def test_cli_reports_a_bad_flag_in_one_line_with_status_2():
