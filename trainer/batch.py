@@ -60,6 +60,8 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
                    logits_to_keep=C + 1).logits[:, :-1]
     targets = batch.input_ids[:, batch.prompt_len :]
     # Row by row: a full (B, C, vocab) float32 log-softmax is GBs for real vocabularies.
-    return torch.stack([
-        row.float().gather(-1, tgt[:, None])[:, 0] - row.float().logsumexp(-1) for row, tgt in zip(logits, targets)
-    ])
+    return torch.stack([_row_logprobs(row.float(), tgt) for row, tgt in zip(logits, targets)])
+
+
+def _row_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)

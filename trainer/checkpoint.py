@@ -56,7 +56,7 @@ def save(directory: Path, round_: int, model, tokenizer, trainer_state: dict[str
     torch.save(trainer_state, tmp / "trainer.pt")
     (tmp / "state.json").write_text(json.dumps({"round": round_, **state}, indent=2))
     _fsync_tree(tmp)
-    if final.exists():  # the same round saved twice (stop right after a periodic save): replace it
+    if final.exists():  # a round already on disk is replaced, so saving is idempotent
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_tree(directory)

@@ -81,7 +81,7 @@ def load_tokenizer(source: str, trust_remote_code: bool = False) -> PreTrainedTo
         wanted = json.loads(saved.read_text()).get("pre_tokenizer")
         if json.loads(tokenizer.backend_tokenizer.to_str()).get("pre_tokenizer") != wanted:
             log.info("%s: %s would re-tokenize differently from tokenizer.json; loading tokenizer.json as saved",
-                        source, type(tokenizer).__name__)
+                     source, type(tokenizer).__name__)
             tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
     return tokenizer
 

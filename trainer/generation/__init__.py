@@ -26,10 +26,10 @@ class SamplingParams:
     seed: int | None = None
 
     @classmethod
-    def from_config(cls, cfg: "GenerationConfig", seed: int | None = None, greedy: bool = False) -> "SamplingParams":
+    def from_config(cls, cfg: "GenerationConfig", seed: int | None = None) -> "SamplingParams":
         return cls(
-            n=1 if greedy else cfg.completions_per_group,
-            temperature=0.0 if greedy else cfg.temperature,
+            n=cfg.completions_per_group,
+            temperature=cfg.temperature,
             top_p=cfg.top_p,
             max_new_tokens=cfg.max_new_tokens,
             stop=tuple(cfg.stop),
