@@ -144,6 +144,18 @@ def test_a_model_that_cannot_load_is_a_clear_error(name, tmp_path):
     assert "model.name: cannot load model" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_truncated_model_weights_are_a_clear_error(tiny_a, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_a, model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    r = run_sapo("run", "--model", str(model), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2
+    assert f"cannot load model '{model}'" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_an_unreadable_checkpoint_stops_the_node_without_touching_it(tiny_a, cache_dir, tmp_path):
     assert run_sapo(*small_run(cache_dir, tmp_path, 2)).returncode == 0
     ckpt = checkpoint.complete(tmp_path / "checkpoints")[-1]

@@ -91,14 +91,13 @@ def load_policy(cfg: ModelConfig, weights_from: Path | None = None) -> Policy:
     source = resolve_model_path(cfg)
     device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, device)
-    full_weights = weights_from if weights_from is not None and not cfg.lora.enabled else None
+    weights = str(weights_from if weights_from is not None and not cfg.lora.enabled else source)
     try:
         tokenizer = load_tokenizer(source, cfg.trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(full_weights or source), dtype=dtype, trust_remote_code=cfg.trust_remote_code
-        )
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelLoadError(f"cannot load model {source!r}: {str(e).splitlines()[0]}") from None
+        model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype, trust_remote_code=cfg.trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - model files are input: any failure to read them is the user's to fix
+        first_line = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ModelLoadError(f"cannot load model {weights!r}: {first_line}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
