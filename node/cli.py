@@ -22,6 +22,8 @@ ALIASES = {
     "--local": "run.local_groups",
     "--seed": "run.seed",
     "--tasks": "tasks.datasets",
+    "--bootstrap": "p2p.bootstrap",
+    "--listen": "p2p.listen",
 }
 
 
@@ -71,6 +73,8 @@ def _setup_logging(level: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from node.lifecycle import StopSignal
     from node.loop import Node
+    from p2p.identity import IdentityError
+    from p2p.service import P2PError
     from trainer.checkpoint import CheckpointError
     from trainer.policy import ModelLoadError
 
@@ -79,12 +83,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     with StopSignal() as stop:
         try:
             node = Node(cfg)
+            node.run(stop)
         except ModelLoadError as e:
             raise ConfigError(f"model.name: {e}") from None
-        except CheckpointError as e:
+        except (CheckpointError, IdentityError, P2PError) as e:
             print(f"sapo: {e}", file=sys.stderr)
             return 1
-        node.run(stop)
     log.info("done: round %d, metrics in %s", node.round, node.metrics.path)
     return 0
 
@@ -92,6 +96,28 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, _overrides(args))
     print(cfg.model_dump_json(indent=2))
+    return 0
+
+
+def cmd_id(args: argparse.Namespace) -> int:
+    from multiaddr import Multiaddr
+
+    from p2p.host import advertised
+    from p2p.identity import IdentityError, load_or_create, peer_id
+
+    cfg = load_config(args.config, _overrides(args))
+    _setup_logging(cfg.run.log_level)
+    try:
+        pid = peer_id(load_or_create(cfg.key_file()))
+    except IdentityError as e:
+        print(f"sapo: {e}", file=sys.stderr)
+        return 1
+    print(f"peer id: {pid}")
+    print(f"key file: {cfg.key_file()}")
+    addrs = [Multiaddr(a) for a in cfg.p2p.announce] or advertised([Multiaddr(a) for a in cfg.p2p.listen])
+    for a in addrs:
+        note = "  (port chosen at start: see the node's log)" if str(a).endswith("/tcp/0") else ""
+        print(f"{a}/p2p/{pid}{note}")
     return 0
 
 
@@ -118,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sapo", description="SAPO swarm node: RL post-training that shares rollouts, not weights.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run a node (silo until p2p lands): sample, score, train, repeat",
+    run = sub.add_parser("run", help="run a node: sample, score, train, share rollouts with the swarm, repeat",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_config_flags(run)
     run.set_defaults(func=cmd_run)
@@ -126,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("config", help="print the resolved config (defaults < file < env < flags) as JSON")
     _add_config_flags(show)
     show.set_defaults(func=cmd_config)
+
+    ident = sub.add_parser("id", help="print the node's peer id and full multiaddrs (creates the key on first use)")
+    _add_config_flags(ident)
+    ident.set_defaults(func=cmd_id)
 
     init = sub.add_parser("init-model", help="build (or reuse) an offline tiny model preset")
     init.add_argument("--preset", required=True, help="tiny-a or tiny-b")

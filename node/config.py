@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import to_jsonable_python
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from p2p.config import P2PConfig
 from rewards.config import TasksConfig
 from trainer.config import GenerationConfig, GRPOConfig, ModelConfig
 
@@ -56,6 +57,10 @@ class NodeConfig(BaseSettings):
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    p2p: P2PConfig = Field(default_factory=P2PConfig)
+
+    def key_file(self) -> Path:
+        return self.p2p.key_file or self.run.out_dir / "node.key"
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):

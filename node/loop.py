@@ -1,7 +1,8 @@
-"""The node's round loop (silo mode): draw tasks, sample, score, train, sync weights, evaluate."""
+"""The node's round loop: draw tasks, sample, score, train, sync weights, share, evaluate."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -12,6 +13,9 @@ from node.config import NodeConfig
 from node.lifecycle import StopSignal
 from node.metrics import MetricsLog, RoundMetrics
 from node.progress import Progress
+from node.share import publish_round
+from p2p.pool import RolloutPool
+from p2p.service import Gossip
 from rewards import TaskSource
 from trainer import checkpoint
 from trainer.generation import SamplingParams, make_generator
@@ -48,6 +52,9 @@ class Node:
         self.tasks = TaskSource(cfg.tasks.mix(), seed=cfg.run.seed)
         self.eval_tasks = TaskSource(cfg.tasks.mix(), seed=cfg.tasks.eval_seed).draw(cfg.tasks.eval_size)
         self.round = 0
+        self.pool = RolloutPool(cfg.p2p.pool)
+        self.gossip: Gossip | None = None
+        self._pool_accepted = 0
         if resumed:
             self._restore(resumed)
         (out / "config.json").write_text(cfg.model_dump_json(indent=2))
@@ -80,6 +87,13 @@ class Node:
         return accuracy(groups), accuracy_by_dataset(groups)
 
     def run(self, stop: StopSignal) -> None:
+        """Join the swarm (unless p2p is off) and run rounds until done or asked to stop."""
+        with contextlib.ExitStack() as stack:
+            if self.cfg.p2p.enabled:
+                self.gossip = stack.enter_context(Gossip(self.cfg.p2p, self.cfg.key_file(), self.pool.add))
+            self._run_rounds(stop)
+
+    def _run_rounds(self, stop: StopSignal) -> None:
         cfg = self.cfg
         if self.round == 0:
             eval_acc, eval_by_dataset = self.evaluate()
@@ -117,6 +131,8 @@ class Node:
         seconds_train = time.perf_counter() - t0
 
         self.round = r
+        if self.gossip is not None:
+            publish_round(self.gossip, cfg.model.name, r, groups, cfg.p2p.limits)
         eval_acc, eval_by_dataset = self.evaluate() if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else (None, None)
         rewards = [x for g in groups for x in g.rewards]
         trained = stats.optimizer_steps > 0
@@ -130,8 +146,18 @@ class Node:
             loss=stats.loss if trained else None, kl=stats.kl if trained else None,
             clip_frac=stats.clip_frac if trained else None, grad_norm=stats.grad_norm if trained else None,
             lr=stats.lr if trained else None, weight_version=self.generator.weight_version,
+            **self._swarm_metrics(),
         ))
         return True
+
+    def _swarm_metrics(self) -> dict:
+        pool = self.pool.stats()
+        received, self._pool_accepted = pool["accepted"] - self._pool_accepted, pool["accepted"]
+        if self.gossip is None:
+            return {}
+        gossip = self.gossip.stats()
+        return {"peers": gossip.pop("peers"), "n_external_received": received,
+                "p2p": {**{k: v for k, v in gossip.items() if k != "peer_id"}, "pool": pool}}
 
     def _record(self, m: RoundMetrics) -> None:
         self.metrics.append(m)

@@ -33,6 +33,9 @@ class RoundMetrics:
     grad_norm: float | None = None
     lr: float | None = None
     weight_version: int = 0
+    peers: int = 0
+    n_external_received: int = 0  # groups other peers shared that entered the pool this round
+    p2p: dict | None = None  # cumulative gossip and pool counters, drops by reason included
 
 
 class MetricsLog:

@@ -26,8 +26,30 @@ fi
 
 stamp=.venv/.sapo-installed
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+# libp2p pins fastecdsa, which has no Linux wheel and compiles against GMP.
+build_deps_missing() {
+  local missing=()
+  command -v cc >/dev/null || missing+=("a C compiler (gcc)")
+  .venv/bin/python -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+    || missing+=("Python headers (python3-dev)")
+  echo '#include <gmp.h>' | cc -E - >/dev/null 2>&1 || missing+=("GMP headers (libgmp-dev)")
+  printf '%s\n' "${missing[@]}"
+}
+
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing sapo-node into .venv (first run takes a few minutes)" >&2
+  if [ -n "$(build_deps_missing)" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "setup: installing gcc, python3-dev and libgmp-dev (needed to build libp2p's fastecdsa)" >&2
+      apt-get update -qq && apt-get install -y -qq gcc python3-dev libgmp-dev >/dev/null
+    fi
+    if [ -n "$(build_deps_missing)" ]; then
+      echo "setup: libp2p needs to compile fastecdsa, and this machine lacks:" >&2
+      build_deps_missing | sed 's/^/  - /' >&2
+      echo "setup: on Debian/Ubuntu: sudo apt-get install gcc python3-dev libgmp-dev; on macOS: brew install gmp" >&2
+      exit 1
+    fi
+  fi
   .venv/bin/python -m pip install -q --upgrade pip
   # torch first and pinned: on a CPU-only machine point pip at a CPU wheel (PIP_FIND_LINKS or
   # PIP_EXTRA_INDEX_URL) so that it does not fetch a CUDA build.

@@ -1,0 +1,95 @@
+"""Typed knobs of the gossip layer: addresses, identity, wire limits and the rollout pool."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+from multiaddr import Multiaddr
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import NoDecode
+
+DEFAULT_PORT = 7420
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _addr_list(value: Any) -> Any:
+    """Accept 'a,b' or 'a b' as well as a (JSON) list, so env vars and flags need no JSON."""
+    if isinstance(value, str):
+        if value.strip().startswith("["):
+            return json.loads(value)
+        return [part for part in value.replace(",", " ").split() if part]
+    return value
+
+
+AddrList = Annotated[list[str], NoDecode]  # SAPO_P2P__BOOTSTRAP="a,b" reaches _addr_list undecoded
+
+
+def _check_multiaddrs(addrs: list[str], need_peer_id: bool) -> list[str]:
+    for a in addrs:
+        try:
+            parsed = Multiaddr(a)
+        except Exception as e:  # multiaddr raises several unrelated types for bad text
+            raise ValueError(f"not a multiaddr: {a!r} ({e})") from None
+        if need_peer_id and "p2p" not in [p.name for p in parsed.protocols()]:
+            raise ValueError(f"{a!r} has no /p2p/<peer id> part (run 'sapo id' on that node to get its full address)")
+    return addrs
+
+
+class Limits(Section):
+    """What a message may hold. Receivers enforce these; publishers split to stay inside them."""
+
+    max_message_bytes: int = Field(256 * 1024, ge=1024, le=1_000_000,
+                                   description="largest gossip message in bytes (libp2p silently drops ~1 MiB and up)")
+    max_groups: int = Field(64, ge=1, description="rollout groups per message")
+    max_completions: int = Field(64, ge=1, description="completions per group")
+    max_completion_chars: int = Field(8192, ge=1, description="characters per completion")
+    max_clock_skew_s: float = Field(30.0, ge=0, description="reject messages created further than this in the future")
+    max_message_age_s: float = Field(300.0, gt=0, description="reject messages created longer ago than this")
+
+
+class PoolConfig(Section):
+    size: int = Field(1024, ge=1, description="most rollout groups held from other peers")
+    max_peer_share: float = Field(0.25, gt=0, le=1, description="most of the pool one peer may hold (its oldest go first)")
+    max_age_s: float = Field(300.0, gt=0, description="drop received groups older than this")
+
+
+class P2PConfig(Section):
+    enabled: bool = Field(True, description="join the swarm; false runs a silo without any network")
+    network: str = Field("local", pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$",
+                         description="namespace of topics and protocols: swarms with different names never mix")
+    listen: AddrList = Field(default_factory=lambda: [f"/ip4/0.0.0.0/tcp/{DEFAULT_PORT}"],
+                              description="multiaddrs to listen on (tcp port 0 picks a free port)")
+    announce: AddrList = Field(default_factory=list,
+                                description="addresses to tell peers instead of the listen ones (a public IP or DNS name)")
+    bootstrap: AddrList = Field(default_factory=list, description="full multiaddrs (with /p2p/<id>) of peers to join through")
+    key_file: Path | None = Field(None, description="Ed25519 identity, created on first run (default: <run.out_dir>/node.key)")
+    max_peers: int = Field(32, ge=1, description="stop dialing discovered peers beyond this many connections")
+    heartbeat_s: float = Field(1.0, gt=0, le=60, description="GossipSub heartbeat interval")
+    peer_exchange_s: float = Field(3.0, gt=0, description="ask a random peer for its peers this often")
+    max_backoff_s: float = Field(60.0, ge=1, description="longest wait between redials of a lost bootstrap peer")
+    max_messages_per_s: float = Field(100.0, gt=0, description="GossipSub spam limit per neighbour, own publishes included")
+    limits: Limits = Field(default_factory=Limits)
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+
+    _split = field_validator("listen", "announce", "bootstrap", mode="before")(_addr_list)
+
+    @field_validator("listen", "announce")
+    @classmethod
+    def _valid(cls, v: list[str]) -> list[str]:
+        return _check_multiaddrs(v, need_peer_id=False)
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _valid_bootstrap(cls, v: list[str]) -> list[str]:
+        return _check_multiaddrs(v, need_peer_id=True)
+
+    def topic(self) -> str:
+        return f"/sapo/{self.network}/rollouts/1"
+
+    def peer_exchange_protocol(self) -> str:
+        return f"/sapo/{self.network}/peers/1.0.0"

@@ -1,0 +1,234 @@
+"""The trio side of the gossip layer: a Noise-only libp2p host, GossipSub v1.1 and discovery.
+
+Everything here runs inside one `trio.run` on the thread that `p2p.service.Gossip` owns. What to
+accept is decided by `p2p.policy`; what to do with an accepted message by the `on_message` callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from collections.abc import Callable
+
+import msgpack
+import trio
+from libp2p import NOISE_PROTOCOL_ID, YAMUX_PROTOCOL_ID, ConnectionConfig, NoiseTransport, Yamux, new_host
+from libp2p.crypto.keys import KeyPair
+from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.tools.anyio_service import background_trio_service
+from libp2p.utils.address_validation import expand_wildcard_address
+from multiaddr import Multiaddr
+
+from p2p.config import P2PConfig
+from p2p.policy import MessagePolicy
+from p2p.wire import Rejected, WireMessage, decode
+
+log = logging.getLogger(__name__)
+
+DIAL_TIMEOUT_S = 10.0
+EXCHANGE_MAX_PEERS = 32
+EXCHANGE_MAX_BYTES = 64 * 1024
+
+
+def advertised(addrs: list[Multiaddr]) -> list[Multiaddr]:
+    """Listening on 0.0.0.0 means every interface: tell peers the concrete addresses."""
+    out: list[Multiaddr] = []
+    for a in addrs:
+        out.extend(expand_wildcard_address(a) if "/ip4/0.0.0.0/" in str(a) or "/ip6/::/" in str(a) else [a])
+    return out
+
+
+class GossipHost:
+    def __init__(self, cfg: P2PConfig, key_pair: KeyPair, policy: MessagePolicy,
+                 on_message: Callable[[WireMessage], None]):
+        self.cfg = cfg
+        self.policy = policy
+        self.on_message = on_message
+        self.counts: Counter[str] = Counter()  # published, publish_failed, publish_dropped, dials, dial_failed
+        self.addrs: list[str] = []
+        self.n_peers = 0
+        announce = [Multiaddr(a) for a in cfg.announce] or None
+        self.host = new_host(
+            key_pair=key_pair,
+            sec_opt={NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=new_x25519_key_pair().private_key)},
+            muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
+            connection_config=ConnectionConfig(max_connections_per_peer=1),  # also skips a 250 ms dial delay
+            announce_addrs=announce, addrs_factory=None if announce else advertised,
+        )
+        self.me = self.host.get_id()
+        self.gossipsub = GossipSub(
+            protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
+            heartbeat_interval=cfg.heartbeat_s, adaptive_gossip_enabled=False,
+            max_messages_per_topic_per_second=cfg.max_messages_per_s,
+        )
+        self.pubsub = Pubsub(self.host, self.gossipsub, strict_signing=True)
+        self.outbox_send, self.outbox_recv = trio.open_memory_channel[bytes](64)
+
+    async def serve(self, stop: trio.Event, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        listen = [Multiaddr(a) for a in self.cfg.listen]
+        async with self.host.run(listen_addrs=listen), background_trio_service(self.pubsub), \
+                background_trio_service(self.gossipsub):
+            await self.pubsub.wait_until_ready()
+            self.pubsub.set_topic_validator(self.cfg.topic(), self._validate, False)
+            subscription = await self.pubsub.subscribe(self.cfg.topic())
+            self.host.set_stream_handler(TProtocol(self.cfg.peer_exchange_protocol()), self._serve_peer_list)
+            self.addrs = [str(a) for a in self.host.get_addrs()]
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read, subscription)
+                nursery.start_soon(self._publish_outbox)
+                nursery.start_soon(self._keep_bootstrap_peers)
+                nursery.start_soon(self._exchange_peers)
+                task_status.started()
+                await stop.wait()
+                nursery.cancel_scope.cancel()
+            await self.pubsub.unsubscribe(self.cfg.topic())
+
+    # -- gossip -------------------------------------------------------------------------------
+
+    def _validate(self, forwarder: ID, msg) -> bool:
+        if msg.from_id == self.me.to_bytes():
+            return True
+        try:
+            self.policy.check(msg.data, ID(msg.from_id).to_base58())
+        except Rejected as r:
+            log.debug("rejected message from %s via %s: %s", ID(msg.from_id), forwarder, r)
+            return False
+        return True
+
+    async def _read(self, subscription) -> None:
+        while True:
+            msg = await subscription.get()  # drain at once: the subscription queue drops when full
+            if msg.from_id == self.me.to_bytes():
+                continue
+            try:
+                self.on_message(decode(msg.data, self.cfg.limits))
+            except Exception:  # a consumer bug must not stop the gossip layer
+                log.exception("handling a received message failed")
+
+    async def _publish_outbox(self) -> None:
+        async for data in self.outbox_recv:
+            try:
+                await self.pubsub.publish(self.cfg.topic(), data)
+                self.counts["published"] += 1
+            except Exception as e:
+                self.counts["publish_failed"] += 1
+                log.warning("publishing %d bytes failed: %s", len(data), e)
+
+    def enqueue(self, data: bytes) -> None:
+        """Called on the trio thread (via TrioToken.run_sync_soon): never blocks the caller."""
+        try:
+            self.outbox_send.send_nowait(data)
+        except trio.WouldBlock:
+            self.counts["publish_dropped"] += 1
+            log.warning("publish queue full: dropped a %d-byte message", len(data))
+
+    # -- discovery ----------------------------------------------------------------------------
+
+    def _connected(self) -> set[ID]:
+        peers = set(self.host.get_connected_peers())
+        self.n_peers = len(peers)
+        return peers
+
+    async def _dial(self, info: PeerInfo) -> bool:
+        self.counts["dials"] += 1
+        with trio.move_on_after(DIAL_TIMEOUT_S):
+            try:
+                await self.host.connect(info)
+                return True
+            except Exception as e:
+                log.debug("dial %s failed: %s", info.peer_id, e)
+        self.counts["dial_failed"] += 1
+        return False
+
+    async def _keep_bootstrap_peers(self) -> None:
+        """Dial every bootstrap peer; redial lost ones with exponential backoff and jitter."""
+        infos = [i for i in (info_from_p2p_addr(Multiaddr(a)) for a in self.cfg.bootstrap) if i.peer_id != self.me]
+        delay = {i.peer_id: 1.0 for i in infos}
+        due = {i.peer_id: 0.0 for i in infos}
+        while True:
+            connected = self._connected()
+            for info in infos:
+                if info.peer_id in connected or trio.current_time() < due[info.peer_id]:
+                    continue
+                if await self._dial(info):
+                    log.info("connected to bootstrap peer %s", info.peer_id)
+                    delay[info.peer_id] = 1.0
+                else:
+                    wait = delay[info.peer_id] * random.uniform(0.8, 1.2)
+                    level = logging.WARNING if delay[info.peer_id] == 1.0 else logging.DEBUG
+                    log.log(level, "bootstrap peer %s unreachable; retrying in %.0f s (backoff up to %.0f s)",
+                            info.peer_id, wait, self.cfg.max_backoff_s)
+                    due[info.peer_id] = trio.current_time() + wait
+                    delay[info.peer_id] = min(2 * delay[info.peer_id], self.cfg.max_backoff_s)
+            await trio.sleep(0.5)
+
+    async def _serve_peer_list(self, stream) -> None:
+        """Peer exchange, responder side: the peers we are connected to, with their addresses."""
+        try:
+            asker = stream.muxed_conn.peer_id
+            store = self.host.get_peerstore()
+            entries = []
+            for pid in list(self._connected())[:EXCHANGE_MAX_PEERS + 1]:
+                addrs = [str(a) for a in store.addrs(pid)] if pid != asker else []
+                if addrs:
+                    entries.append({"id": pid.to_base58(), "addrs": addrs[:8]})
+            await stream.write(msgpack.packb(entries[:EXCHANGE_MAX_PEERS]))
+        except Exception as e:
+            log.debug("serving the peer list failed: %s", e)
+        finally:
+            await stream.close()
+
+    async def _exchange_peers(self) -> None:
+        """Peer exchange, asking side: learn peers from a random neighbour and dial the new ones."""
+        failed: dict[ID, float] = {}
+        while True:
+            await trio.sleep(self.cfg.peer_exchange_s * random.uniform(0.5, 1.0))
+            connected = self._connected()
+            if not connected or len(connected) >= self.cfg.max_peers:
+                continue
+            for info in await self._ask_peer_list(random.choice(list(connected))):
+                if len(self._connected()) >= self.cfg.max_peers:
+                    break
+                if info.peer_id == self.me or info.peer_id in connected or failed.get(info.peer_id, 0) > trio.current_time():
+                    continue
+                if await self._dial(info):
+                    log.info("discovered peer %s", info.peer_id)
+                else:
+                    failed[info.peer_id] = trio.current_time() + self.cfg.max_backoff_s
+
+    async def _ask_peer_list(self, peer: ID) -> list[PeerInfo]:
+        with trio.move_on_after(DIAL_TIMEOUT_S):
+            try:
+                stream = await self.host.new_stream(peer, [TProtocol(self.cfg.peer_exchange_protocol())])
+                data = b""
+                try:
+                    while len(data) <= EXCHANGE_MAX_BYTES and (chunk := await stream.read(EXCHANGE_MAX_BYTES)):
+                        data += chunk
+                except Exception:  # EOF ends the answer; py-libp2p raises rather than returning b""
+                    pass
+                await stream.close()
+                return _parse_peer_list(data)
+            except Exception as e:
+                log.debug("peer exchange with %s failed: %s", peer, e)
+        return []
+
+
+def _parse_peer_list(data: bytes) -> list[PeerInfo]:
+    """Untrusted input: anything malformed is skipped, never raised."""
+    try:
+        entries = msgpack.unpackb(data[:EXCHANGE_MAX_BYTES], raw=False)
+    except Exception:
+        return []
+    out = []
+    for e in entries[:EXCHANGE_MAX_PEERS] if isinstance(entries, list) else []:
+        try:
+            out.append(PeerInfo(ID.from_base58(e["id"]), [Multiaddr(a) for a in e["addrs"][:8]]))
+        except Exception:
+            continue
+    return out

@@ -1,0 +1,65 @@
+"""What a node accepts from the wire, kept apart from sockets: the gossip validator calls `check`.
+
+A rejected message is not forwarded by GossipSub either, so bad traffic dies at the first honest hop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import Counter, OrderedDict
+
+from p2p.config import Limits
+from p2p.wire import Rejected, WireMessage, decode
+
+MAX_REMEMBERED = 200_000
+
+
+class MessagePolicy:
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.accepted = 0
+        self.rejected: Counter[str] = Counter()
+        # content hash -> expiry; insertion order is expiry order because the TTL is fixed
+        self._seen: OrderedDict[bytes, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def remember_s(self) -> float:
+        """Long enough that a replay is either remembered or already too old."""
+        return self.limits.max_message_age_s + self.limits.max_clock_skew_s
+
+    def check(self, data: bytes, author: str, now: float | None = None) -> WireMessage:
+        """Accept or raise `Rejected`; either way the outcome is counted. `author` is the libp2p signer."""
+        now = time.time() if now is None else now
+        try:
+            msg = self._check(data, author, now)
+        except Rejected as r:
+            with self._lock:
+                self.rejected[r.reason] += 1
+            raise
+        with self._lock:
+            self.accepted += 1
+        return msg
+
+    def _check(self, data: bytes, author: str, now: float) -> WireMessage:
+        msg = decode(data, self.limits)
+        if msg.peer != author:
+            raise Rejected("sender_mismatch", f"payload names {msg.peer[:16]}…, signed by {author[:16]}…")
+        if msg.created > now + self.limits.max_clock_skew_s:
+            raise Rejected("from_future", f"created {msg.created - now:.0f} s ahead of this clock")
+        if msg.created < now - self.limits.max_message_age_s:
+            raise Rejected("too_old", f"created {now - msg.created:.0f} s ago")
+        digest = hashlib.sha256(data).digest()
+        with self._lock:
+            while self._seen and (next(iter(self._seen.values())) < now or len(self._seen) >= MAX_REMEMBERED):
+                self._seen.popitem(last=False)
+            if digest in self._seen:
+                raise Rejected("duplicate", "same bytes seen before")
+            self._seen[digest] = now + self.remember_s
+        return msg
+
+    def stats(self) -> dict[str, object]:
+        with self._lock:
+            return {"accepted": self.accepted, "rejected": dict(self.rejected)}

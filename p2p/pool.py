@@ -1,0 +1,116 @@
+"""The bounded pool of rollout groups received from other peers, and fair sampling from it.
+
+Bounded three ways: total size, each peer's share (a chatty or hostile peer cannot crowd out the
+others), and age (old groups come from policies long gone). Every group that leaves without being
+sampled is counted under a reason.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass
+
+from p2p.config import PoolConfig
+from p2p.wire import WireGroup, WireMessage
+
+DROP_REASONS = ("duplicate", "stale", "peer_quota", "overflow")
+
+
+@dataclass(frozen=True)
+class PooledGroup:
+    peer: str
+    model: str
+    round: int
+    created: float
+    group: WireGroup
+    key: str
+
+
+class RolloutPool:
+    def __init__(self, cfg: PoolConfig):
+        self.cfg = cfg
+        self.received = 0
+        self.accepted = 0
+        self.sampled = 0
+        self.dropped: Counter[str] = Counter()
+        self._by_peer: dict[str, deque[PooledGroup]] = {}
+        self._size = 0
+        self._seen: OrderedDict[str, float] = OrderedDict()  # group key -> expiry, in expiry order
+        self._lock = threading.Lock()
+
+    @property
+    def peer_quota(self) -> int:
+        return max(1, int(self.cfg.size * self.cfg.max_peer_share))
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, msg: WireMessage, now: float | None = None) -> int:
+        """Offer a message's groups; returns how many were accepted."""
+        now = time.time() if now is None else now
+        added = 0
+        with self._lock:
+            self._expire(now)
+            for g in msg.groups:
+                self.received += 1
+                key = g.key()
+                if key in self._seen:
+                    self.dropped["duplicate"] += 1
+                    continue
+                if msg.created < now - self.cfg.max_age_s:
+                    self.dropped["stale"] += 1
+                    continue
+                self._seen[key] = now + self.cfg.max_age_s
+                queue = self._by_peer.setdefault(msg.peer, deque())
+                if len(queue) >= self.peer_quota:
+                    self._pop(queue, "peer_quota")
+                elif self._size >= self.cfg.size:
+                    self._pop(min((q for q in self._by_peer.values() if q), key=lambda q: q[0].created), "overflow")
+                queue.append(PooledGroup(msg.peer, msg.model, msg.round, float(msg.created), g, key))
+                self._size += 1
+                self.accepted += 1
+                added += 1
+        return added
+
+    def sample(self, j: int, rng: random.Random, now: float | None = None) -> list[PooledGroup]:
+        """Take up to j groups out of the pool: one per peer in random order, round after round,
+        each peer's newest first, so J spreads over as many peers as hold groups."""
+        now = time.time() if now is None else now
+        out: list[PooledGroup] = []
+        with self._lock:
+            self._expire(now)
+            peers = [p for p, q in self._by_peer.items() if q]
+            rng.shuffle(peers)
+            while len(out) < j and peers:
+                for p in list(peers):
+                    if len(out) == j:
+                        break
+                    out.append(self._by_peer[p].pop())
+                    self._size -= 1
+                    if not self._by_peer[p]:
+                        peers.remove(p)
+            self.sampled += len(out)
+        return out
+
+    def stats(self) -> dict[str, object]:
+        with self._lock:
+            return {"size": self._size, "peers": sum(1 for q in self._by_peer.values() if q), "received": self.received,
+                    "accepted": self.accepted, "sampled": self.sampled, "dropped": dict(self.dropped)}
+
+    def _pop(self, queue: deque[PooledGroup], reason: str) -> None:
+        queue.popleft()
+        self._size -= 1
+        self.dropped[reason] += 1
+
+    def _expire(self, now: float) -> None:
+        while self._seen and next(iter(self._seen.values())) < now:
+            self._seen.popitem(last=False)
+        horizon = now - self.cfg.max_age_s
+        for peer, queue in list(self._by_peer.items()):
+            while queue and queue[0].created < horizon:
+                self._pop(queue, "stale")
+            if not queue:
+                del self._by_peer[peer]

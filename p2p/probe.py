@@ -1,0 +1,152 @@
+"""`python -m p2p.probe`: a gossip-only peer, no model, for tests, benchmarks and debugging a swarm.
+
+It joins like a node, optionally publishes synthetic rollout messages at a fixed rate, and writes
+one JSON line per event (ready, published, received, stats) so a harness can measure delivery,
+latency, CPU and memory. Its main loop is asyncio (uvloop when installed), bridged to the trio
+thread of `p2p.service.Gossip`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import resource
+import signal
+import string
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+from pydantic import ValidationError
+
+from p2p.config import P2PConfig
+from p2p.identity import IdentityError
+from p2p.service import Gossip, P2PError
+from p2p.wire import WireGroup, WireMessage, pack_groups
+
+log = logging.getLogger("sapo.probe")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m p2p.probe", description=__doc__.splitlines()[0])
+    p.add_argument("--key", type=Path, required=True, help="identity key file (created if missing)")
+    p.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
+    p.add_argument("--bootstrap", action="append", default=[], help="full multiaddr of a peer (repeatable)")
+    p.add_argument("--network", default="local")
+    p.add_argument("--rate", type=float, default=0.0, help="messages published per second (0: only listen)")
+    p.add_argument("--groups", type=int, default=8, help="rollout groups per message")
+    p.add_argument("--completions", type=int, default=8, help="completions per group")
+    p.add_argument("--chars", type=int, default=200, help="characters per completion")
+    p.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until SIGINT/SIGTERM)")
+    p.add_argument("--events", type=Path, help="JSON-lines event file (default: stdout)")
+    p.add_argument("--max-message-age", type=float, default=300.0, help="receiver's limits.max_message_age_s")
+    return p.parse_args(argv)
+
+
+def synthetic_groups(rng: random.Random, round_: int, n: int, completions: int, chars: int) -> list[WireGroup]:
+    alphabet = string.ascii_letters + string.digits + " "
+    return [WireGroup(dataset="arith", config={}, seed=0, index=round_ * n + i,
+                      completions=["".join(rng.choices(alphabet, k=chars)) for _ in range(completions)])
+            for i in range(n)]
+
+
+def usage() -> dict[str, float]:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    with open("/proc/self/statm") as f:
+        rss_pages = int(f.read().split()[1])
+    return {"cpu_s": ru.ru_utime + ru.ru_stime, "rss_mb": rss_pages * resource.getpagesize() / 2**20}
+
+
+async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue[tuple[WireMessage, float]] = asyncio.Queue()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    def emit(event: str, **fields) -> None:
+        out.write(json.dumps({"event": event, "t": time.time(), **fields}) + "\n")
+        out.flush()
+
+    def on_message(msg: WireMessage) -> None:  # trio thread: stamp now, hand over to asyncio
+        loop.call_soon_threadsafe(inbox.put_nowait, (msg, time.time()))
+
+    gossip = Gossip(cfg, args.key, on_message)
+    await asyncio.to_thread(gossip.start)
+    emit("ready", peer_id=gossip.peer_id, addrs=gossip.addrs)
+
+    async def receive() -> None:
+        while True:
+            msg, t = await inbox.get()
+            emit("received", peer=msg.peer, round=msg.round, created=msg.created, at=t, groups=len(msg.groups))
+
+    async def publish() -> None:
+        rng = random.Random(gossip.peer_id)
+        start, k = time.monotonic(), 0
+        while args.rate > 0:
+            await asyncio.sleep(max(0.0, start + k / args.rate - time.monotonic()))
+            created = time.time()
+            payloads, _ = pack_groups(gossip.peer_id, "probe", k, created,
+                                      synthetic_groups(rng, k, args.groups, args.completions, args.chars), cfg.limits)
+            for data in payloads:
+                gossip.publish(data)
+            emit("published", round=k, created=created, bytes=sum(map(len, payloads)), messages=len(payloads))
+            k += 1
+
+    async def report() -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            emit("stats", **usage(), **gossip.stats())
+
+    tasks = [asyncio.create_task(c()) for c in (receive, publish, report)]
+    try:
+        if args.duration > 0:
+            await asyncio.wait_for(stop.wait(), args.duration)
+        else:
+            await stop.wait()
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.to_thread(gossip.stop)
+        while not inbox.empty():  # messages that crossed the bridge before the stop
+            msg, t = inbox.get_nowait()
+            emit("received", peer=msg.peer, round=msg.round, created=msg.created, at=t, groups=len(msg.groups))
+        emit("stats", **usage(), **gossip.stats())
+        emit("stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        cfg = P2PConfig(network=args.network, listen=[args.listen], bootstrap=args.bootstrap,
+                        limits={"max_message_age_s": args.max_message_age})
+    except ValidationError as e:
+        err = e.errors()[0]
+        print(f"probe: {'.'.join(map(str, err['loc']))}: {err['msg']}", file=sys.stderr)
+        return 2
+    out = open(args.events, "a") if args.events else sys.stdout
+    try:
+        try:
+            import uvloop
+            uvloop.run(run(args, cfg, out))
+        except ImportError:
+            asyncio.run(run(args, cfg, out))
+    except (IdentityError, P2PError) as e:
+        print(f"probe: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""`Gossip`: the gossip layer as seen from the node, with trio kept on a thread of its own.
+
+py-libp2p only runs on trio; the node runs torch in its main thread and asyncio (uvloop) where it
+needs an event loop. This class owns the trio thread from start to join: `publish` hands bytes
+over without blocking (TrioToken.run_sync_soon), received messages come back through the
+`on_message` callback on the trio thread (asyncio callers wrap it in `loop.call_soon_threadsafe`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from p2p.config import P2PConfig
+from p2p.host import GossipHost
+from p2p.identity import load_or_create, peer_id
+from p2p.policy import MessagePolicy
+from p2p.wire import WireMessage
+
+log = logging.getLogger(__name__)
+
+
+class P2PError(RuntimeError):
+    """The gossip layer could not start (for example: the listen port is taken)."""
+
+
+class Gossip:
+    def __init__(self, cfg: P2PConfig, key_file: Path, on_message: Callable[[WireMessage], None]):
+        self.cfg = cfg
+        self.key_pair = load_or_create(key_file)
+        self.peer_id = peer_id(self.key_pair)
+        self.policy = MessagePolicy(cfg.limits)
+        self._on_message = on_message
+        self._host: GossipHost | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._thread_main, name="sapo-p2p", daemon=True)
+
+    @property
+    def addrs(self) -> list[str]:
+        return self._host.addrs if self._host else []
+
+    def start(self, timeout: float = 30.0) -> "Gossip":
+        quiet_libp2p_logs()
+        self._thread.start()
+        if not self._started.wait(timeout):
+            self.stop()
+            raise P2PError(f"the p2p host did not start within {timeout:.0f} s")
+        if self._error is not None:
+            self._thread.join(timeout)
+            raise P2PError(f"cannot start the p2p host on {', '.join(self.cfg.listen)}: {_why(self._error)}")
+        log.info("p2p: peer id %s, listening on %s", self.peer_id, " ".join(self.addrs))
+        return self
+
+    def publish(self, data: bytes) -> None:
+        """Hand a message to the trio thread; never blocks, a full queue is counted as a drop."""
+        host, token = self._host, self._token
+        if host is None or token is None:
+            raise RuntimeError("publish before start")
+        try:
+            token.run_sync_soon(host.enqueue, data)
+        except trio.RunFinishedError:
+            host.counts["publish_dropped"] += 1
+
+    def stats(self) -> dict[str, object]:
+        host = self._host
+        counts = dict(host.counts) if host else {}
+        return {"peer_id": self.peer_id, "peers": host.n_peers if host else 0, **counts, **self.policy.stats()}
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._token is not None and self._stop is not None and self._thread.is_alive():
+            try:
+                self._token.run_sync_soon(self._stop.set)
+            except trio.RunFinishedError:
+                pass
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("p2p thread did not stop within %.0f s; abandoning it", timeout)
+
+    def __enter__(self) -> "Gossip":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _thread_main(self) -> None:
+        try:
+            trio.run(self._trio_main)
+        except BaseException as e:  # reported to start(), or logged if it happens later
+            if not self._started.is_set():
+                self._error = e
+            else:
+                log.error("p2p layer stopped: %s", _why(e))
+        finally:
+            self._started.set()
+
+    async def _trio_main(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._stop = trio.Event()
+        self._host = GossipHost(self.cfg, self.key_pair, self.policy, self._on_message)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._host.serve, self._stop)
+            self._started.set()
+
+
+def _why(e: BaseException) -> str:
+    """The innermost useful message of an exception group or chain."""
+    while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+        e = e.exceptions[0]
+    text = str(e) or type(e).__name__
+    if isinstance(e, OSError) and e.strerror:
+        text = e.strerror
+    return text
+
+
+class _DropKnownNoise(logging.Filter):
+    """py-libp2p logs expected shutdown races at ERROR with tracebacks; they mean nothing to users."""
+
+    NOISE = ("Nursery is closed to new arrivals", "Failed to read DHT message", "Stream reset")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("libp2p"):
+            return True
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += str(record.exc_info[1])
+        return not any(n in text for n in self.NOISE)
+
+
+def quiet_libp2p_logs() -> None:
+    """libp2p's own logs at WARNING and up, minus known noise; ours stay at the node's level.
+
+    The filter sits on the root handlers because a logger's filters do not see its children's records.
+    """
+    lib = logging.getLogger("libp2p")
+    lib.setLevel(max(lib.getEffectiveLevel(), logging.WARNING))
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, _DropKnownNoise) for f in handler.filters):
+            handler.addFilter(_DropKnownNoise())

@@ -1,0 +1,118 @@
+"""Wire protocol v1 (docs/PROTOCOL.md): the rollout message, its msgpack codec and its limits.
+
+Nothing here is trusted by the receiver beyond its shape: there is no answer or reward field to
+trust. Every rejection carries one of `REASONS`, so the caller can count it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
+
+from p2p.config import Limits
+
+VERSION = 1
+INT64 = 2**63 - 1
+
+REASONS = ("too_large", "undecodable", "version", "schema", "too_many_groups", "too_many_completions",
+           "completion_too_long", "sender_mismatch", "from_future", "too_old", "duplicate")
+
+
+class Rejected(ValueError):
+    def __init__(self, reason: str, detail: str):
+        assert reason in REASONS, reason
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)  # unknown fields: forward compatibility
+
+
+class WireGroup(_Wire):
+    """A task reference (the receiver regenerates question and answer from it) and completion texts."""
+
+    dataset: StrictStr = Field(min_length=1, max_length=128)
+    config: dict[StrictStr, Any] = Field(default_factory=dict)
+    seed: StrictInt = Field(ge=-INT64, le=INT64)
+    index: StrictInt = Field(ge=0, le=INT64)
+    completions: list[StrictStr] = Field(min_length=1)
+
+    def key(self) -> str:
+        """Content hash of the group: the same task and completions from anyone is one group."""
+        body = msgpack.packb([self.dataset, self.config, self.seed, self.index, sorted(self.completions)])
+        return hashlib.sha256(body).hexdigest()
+
+
+class WireMessage(_Wire):
+    v: StrictInt
+    peer: StrictStr = Field(min_length=1, max_length=128, description="base58 peer id of the author")
+    model: StrictStr = Field(max_length=256, description="the author's model id, informational")
+    round: StrictInt = Field(ge=0, le=INT64)
+    created: StrictFloat | StrictInt = Field(description="unix seconds when the author built the message")
+    groups: list[WireGroup] = Field(min_length=1)
+
+
+def encode(msg: WireMessage) -> bytes:
+    return msgpack.packb(msg.model_dump(), use_bin_type=True)
+
+
+def decode(data: bytes, limits: Limits) -> WireMessage:
+    """Parse and check shape and limits. Raises `Rejected`."""
+    if len(data) > limits.max_message_bytes:
+        raise Rejected("too_large", f"{len(data)} bytes > {limits.max_message_bytes}")
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as e:  # msgpack raises ExtraData, ValueError, UnicodeDecodeError, ...
+        raise Rejected("undecodable", f"not msgpack ({type(e).__name__})") from None
+    if not isinstance(raw, dict):
+        raise Rejected("schema", f"top level is {type(raw).__name__}, not a map")
+    if "v" in raw and isinstance(raw["v"], int) and raw["v"] != VERSION:
+        raise Rejected("version", f"major version {raw['v']} (this node speaks {VERSION})")
+    try:
+        msg = WireMessage.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise Rejected("schema", f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    if len(msg.groups) > limits.max_groups:
+        raise Rejected("too_many_groups", f"{len(msg.groups)} > {limits.max_groups}")
+    for g in msg.groups:
+        if len(g.completions) > limits.max_completions:
+            raise Rejected("too_many_completions", f"{len(g.completions)} > {limits.max_completions}")
+        longest = max(len(c) for c in g.completions)
+        if longest > limits.max_completion_chars:
+            raise Rejected("completion_too_long", f"{longest} chars > {limits.max_completion_chars}")
+    return msg
+
+
+def pack_groups(peer: str, model: str, round_: int, created: float, groups: list[WireGroup],
+                limits: Limits) -> tuple[list[bytes], int]:
+    """Encode groups into as few messages as the limits allow. Returns (payloads, groups left out).
+
+    A group is left out only when it alone breaks a limit (too many or too long completions, or
+    too many bytes); the caller logs and counts it.
+    """
+    def envelope(gs: list[WireGroup]) -> WireMessage:
+        return WireMessage(v=VERSION, peer=peer, model=model, round=round_, created=created, groups=gs)
+
+    overhead = len(encode(envelope([groups[0]]))) - len(msgpack.packb(groups[0].model_dump())) + 8 if groups else 0
+    payloads: list[bytes] = []
+    batch: list[WireGroup] = []
+    size, skipped = overhead, 0
+    for g in groups:
+        n = len(msgpack.packb(g.model_dump(), use_bin_type=True))
+        too_long = any(len(c) > limits.max_completion_chars for c in g.completions)
+        if too_long or len(g.completions) > limits.max_completions or overhead + n > limits.max_message_bytes:
+            skipped += 1
+            continue
+        if batch and (size + n > limits.max_message_bytes or len(batch) == limits.max_groups):
+            payloads.append(encode(envelope(batch)))
+            batch, size = [], overhead
+        batch.append(g)
+        size += n
+    if batch:
+        payloads.append(encode(envelope(batch)))
+    return payloads, skipped
