@@ -156,6 +156,7 @@ class GossipHost:
             for info in infos:
                 if info.peer_id in connected or trio.current_time() < due[info.peer_id]:
                     continue
+                self.host.get_network().unblock_peer(info.peer_id)  # our backoff, not the swarm's 60 s ban
                 if await self._dial(info):
                     log.info("connected to bootstrap peer %s", info.peer_id)
                     delay[info.peer_id] = 1.0

@@ -16,8 +16,10 @@ import random
 import resource
 import signal
 import string
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -146,6 +148,74 @@ def main(argv: list[str] | None = None) -> int:
         if out is not sys.stdout:
             out.close()
     return 0
+
+
+class ProbeProcess:
+    """Harness side: one probe in a child process, its events read back from its JSON-lines file."""
+
+    def __init__(self, workdir: Path, name: str, *args: str, key: Path | None = None):
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.events_path = workdir / f"{name}.events.jsonl"
+        self.log_path = workdir / f"{name}.log"
+        self.key = key or workdir / f"{name}.key"
+        with open(self.log_path, "ab") as log_file:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "p2p.probe", "--key", str(self.key), "--events", str(self.events_path), *args],
+                stdout=subprocess.DEVNULL, stderr=log_file)
+        self._ready: dict | None = None
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        if not self.events_path.exists():
+            return []
+        out = []
+        for line in self.events_path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:  # a line still being written
+                continue
+            if kind is None or event["event"] == kind:
+                out.append(event)
+        return out
+
+    def wait_for(self, what: Callable[[], object], timeout: float, describe: str) -> object:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if result := what():
+                return result
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"probe {self.name} exited ({self.proc.returncode}) waiting for {describe}: "
+                                   f"{self.log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
+        raise TimeoutError(f"probe {self.name}: no {describe} within {timeout:.0f} s")
+
+    def ready(self, timeout: float = 60.0) -> dict:
+        if self._ready is None:
+            self._ready = self.wait_for(lambda: self.events("ready"), timeout, "ready event")[0]
+        return self._ready
+
+    @property
+    def peer_id(self) -> str:
+        return self.ready()["peer_id"]
+
+    @property
+    def addr(self) -> str:
+        return self.ready()["addrs"][0]
+
+    def stats(self) -> dict:
+        found = self.events("stats")
+        return found[-1] if found else {}
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
 
 
 if __name__ == "__main__":

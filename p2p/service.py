@@ -121,9 +121,10 @@ def _why(e: BaseException) -> str:
 
 
 class _DropKnownNoise(logging.Filter):
-    """py-libp2p logs expected shutdown races at ERROR with tracebacks; they mean nothing to users."""
+    """Errors py-libp2p logs for events that are expected (and that we report ourselves, once)."""
 
-    NOISE = ("Nursery is closed to new arrivals", "Failed to read DHT message", "Stream reset")
+    NOISE = ("Nursery is closed to new arrivals", "Failed to read DHT message", "Stream reset",
+             "Failed to open TCP stream")  # a failed dial: p2p.host logs it with the retry plan
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith("libp2p"):
@@ -135,12 +136,15 @@ class _DropKnownNoise(logging.Filter):
 
 
 def quiet_libp2p_logs() -> None:
-    """libp2p's own logs at WARNING and up, minus known noise; ours stay at the node's level.
+    """Route py-libp2p's logs through the node's handlers: errors only (warnings when the node
+    logs at DEBUG), minus known noise. py-libp2p turns its own propagation off, which sends its
+    records to Python's bare last-resort handler instead.
 
     The filter sits on the root handlers because a logger's filters do not see its children's records.
     """
     lib = logging.getLogger("libp2p")
-    lib.setLevel(max(lib.getEffectiveLevel(), logging.WARNING))
+    lib.propagate = True
+    lib.setLevel(logging.WARNING if logging.getLogger().getEffectiveLevel() <= logging.DEBUG else logging.ERROR)
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, _DropKnownNoise) for f in handler.filters):
             handler.addFilter(_DropKnownNoise())

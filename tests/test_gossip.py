@@ -1,0 +1,189 @@
+"""The gossip layer across processes on 127.0.0.1: discovery, delivery, churn, identity, security."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+from pathlib import Path
+
+import msgpack
+import multiaddr
+import pytest
+import trio
+from libp2p import NOISE_PROTOCOL_ID, PLAINTEXT_PROTOCOL_ID, InsecureTransport, NoiseTransport, new_host
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.x25519 import create_new_key_pair as new_x25519
+from libp2p.peer.peerinfo import info_from_p2p_addr
+
+from p2p.config import P2PConfig
+from p2p.identity import load_or_create, peer_id
+from p2p.probe import ProbeProcess
+from p2p.service import Gossip
+from p2p.wire import REASONS
+from tests.conftest import ROOT, run_sapo
+from tests.test_wire import bad_payloads, raw_message
+
+pytestmark = pytest.mark.slow
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+
+@pytest.fixture
+def spawn(tmp_path):
+    started: list[ProbeProcess] = []
+
+    def start(name: str, *args: str, key: Path | None = None) -> ProbeProcess:
+        probe = ProbeProcess(tmp_path, name, *args, key=key)
+        started.append(probe)
+        return probe
+
+    yield start
+    for probe in started:
+        probe.stop()
+
+
+def heard_from(probe: ProbeProcess, peers: set[str], since: float) -> bool:
+    return peers <= {e["peer"] for e in probe.events("received") if e["created"] > since}
+
+
+def wait_heard(probe: ProbeProcess, others: list[ProbeProcess], since: float, timeout: float = 30) -> None:
+    want = {o.peer_id for o in others}
+    probe.wait_for(lambda: heard_from(probe, want, since), timeout, f"messages from {len(want)} peers")
+
+
+def test_one_bootstrap_address_is_enough_to_mesh_with_everyone_and_a_late_joiner_catches_up(spawn):
+    boot = spawn("boot", "--rate", "2")
+    nodes = [spawn(f"n{i}", "--rate", "2", "--bootstrap", boot.addr) for i in range(1, 4)]
+    everyone = [boot, *nodes]
+    for n in nodes:  # peer exchange: each learns the other two from the bootstrap peer
+        n.wait_for(lambda n=n: n.stats().get("peers", 0) >= 3, 30, "3 connected peers")
+    since = time.time()
+    for p in everyone:
+        wait_heard(p, [o for o in everyone if o is not p], since)
+
+    late = spawn("late", "--rate", "2", "--bootstrap", nodes[0].addr)  # knows one non-bootstrap peer only
+    joined = late.ready()["t"]
+    wait_heard(late, everyone, joined)
+    late.wait_for(lambda: late.stats().get("peers", 0) >= 4, 30, "4 connected peers")
+    for p in everyone:
+        wait_heard(p, [late], joined)
+    assert all(p.stats()["rejected"] == {} for p in [*everyone, late])
+
+
+def test_a_node_killed_with_sigkill_does_not_disturb_the_rest(spawn):
+    boot = spawn("boot", "--rate", "2")
+    nodes = [spawn(f"n{i}", "--rate", "2", "--bootstrap", boot.addr) for i in range(1, 4)]
+    for p in [boot, *nodes]:
+        wait_heard(p, [o for o in [boot, *nodes] if o is not p], 0)
+    nodes[0].proc.send_signal(signal.SIGKILL)
+    nodes[0].proc.wait()
+    killed = time.time()
+    survivors = [boot, nodes[1], nodes[2]]
+    for p in survivors:
+        wait_heard(p, [o for o in survivors if o is not p], killed + 1)
+        assert p.proc.poll() is None
+    for p in survivors:
+        assert p.stop() == 0
+        assert "Traceback" not in p.log_path.read_text()
+
+
+def test_a_restart_with_the_same_key_keeps_the_peer_id_and_stops_cleanly(spawn, tmp_path):
+    key = tmp_path / "kept.key"
+    first = spawn("first", key=key)
+    pid = first.peer_id
+    assert first.stop() == 0
+    assert first.events()[-1]["event"] == "stopped"
+    second = spawn("second", key=key)
+    assert second.peer_id == pid == peer_id(load_or_create(key))
+    assert second.stop() == 0
+    for p in (first, second):
+        log = p.log_path.read_text()
+        assert "Traceback" not in log and "ERROR" not in log, log
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_lost_bootstrap_peer_is_redialed_with_backoff(spawn, tmp_path):
+    key, port = tmp_path / "boot.key", _free_port()
+    boot_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id(load_or_create(key))}"
+    node = spawn("node", "--rate", "2", "--bootstrap", boot_addr)
+    node.wait_for(lambda: "unreachable; retrying" in node.log_path.read_text(), 30, "a redial warning")
+    boot = spawn("boot", "--rate", "2", "--listen", f"/ip4/127.0.0.1/tcp/{port}", key=key)
+    wait_heard(node, [boot], 0)  # came up late: found by a redial
+    boot.proc.send_signal(signal.SIGKILL)
+    boot.proc.wait()
+    node.wait_for(lambda: node.stats().get("peers") == 0, 30, "the lost connection noticed")
+    again = spawn("boot-again", "--rate", "2", "--listen", f"/ip4/127.0.0.1/tcp/{port}", key=key)
+    wait_heard(node, [again], time.time())
+    assert node.stats()["dials"] >= 3
+
+
+def _dial(addr: str, plaintext: bool) -> None:
+    async def main() -> None:
+        kp = create_new_key_pair()
+        sec = ({PLAINTEXT_PROTOCOL_ID: InsecureTransport(kp)} if plaintext
+               else {NOISE_PROTOCOL_ID: NoiseTransport(kp, noise_privkey=new_x25519().private_key)})
+        host = new_host(key_pair=kp, sec_opt=sec)
+        async with host.run(listen_addrs=[multiaddr.Multiaddr(LOOPBACK)]):
+            with trio.fail_after(20):
+                await host.connect(info_from_p2p_addr(multiaddr.Multiaddr(addr)))
+    trio.run(main)
+
+
+def test_a_plaintext_only_dialer_is_refused_and_a_noise_dialer_is_not(spawn):
+    node = spawn("node")
+    _dial(node.addr, plaintext=False)
+    with pytest.raises(Exception) as caught:
+        _dial(node.addr, plaintext=True)
+    assert not isinstance(caught.value, trio.TooSlowError)
+    node.wait_for(lambda: node.stats(), 10, "stats")
+    assert node.proc.poll() is None
+
+
+def test_each_malformed_message_class_is_rejected_and_counted_by_a_remote_node(spawn, tmp_path):
+    node = spawn("node")
+    cfg = P2PConfig(listen=[LOOPBACK], bootstrap=[node.addr])
+    with Gossip(cfg, tmp_path / "sender.key", on_message=lambda msg: None) as sender:
+        def valid() -> bytes:
+            return msgpack.packb(raw_message(peer=sender.peer_id, created=time.time()))
+
+        def accepted() -> int:
+            return node.stats().get("accepted", 0)
+
+        deadline = time.monotonic() + 30
+        while accepted() == 0 and time.monotonic() < deadline:  # until the mesh carries our messages
+            sender.publish(valid())
+            time.sleep(0.5)
+        assert accepted() > 0
+        before = accepted()
+        cases = bad_payloads(sender.peer_id, time.time())
+        duplicate = valid()
+        for data, _ in cases.values():
+            sender.publish(data)
+        sender.publish(duplicate)
+        sender.publish(duplicate)
+        node.wait_for(lambda: sum(node.stats().get("rejected", {}).values()) >= len(REASONS), 30, "all rejections")
+        time.sleep(1.5)  # one more stats line: nothing else should arrive
+    stats = node.stats()
+    assert stats["rejected"] == {reason: 1 for reason in REASONS}
+    assert stats["accepted"] == before + 1  # the first copy of the duplicate
+    assert node.proc.poll() is None
+
+
+def test_a_node_shares_its_real_rollouts_once_per_round(spawn, tiny_a, cache_dir, tmp_path):
+    probe = spawn("probe")
+    r = run_sapo("run", "--out", str(tmp_path / "node"), "--rounds", "4",
+                 "--model.cache_dir", str(cache_dir), "--bootstrap", probe.addr, "--tasks", "arith,reverse",
+                 "--run.eval_every", "100", "--tasks.eval_size", "10")
+    assert r.returncode == 0, r.stderr
+    messages = probe.wait_for(lambda: len(probe.events("received")) >= 4 and probe.events("received"), 20, "4 messages")
+    assert sorted(m["round"] for m in messages) == [1, 2, 3, 4]
+    assert all(m["groups"] == 8 for m in messages)
+    last = json.loads((tmp_path / "node" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["peers"] == 1 and last["p2p"]["published"] == 4
+    assert not (ROOT / "node.key").exists()

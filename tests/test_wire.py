@@ -1,0 +1,126 @@
+"""Wire protocol v1: codec, splitting under the limits, and one test per rejection reason."""
+
+from __future__ import annotations
+
+import time
+
+import msgpack
+import pytest
+
+from p2p.config import Limits
+from p2p.policy import MessagePolicy
+from p2p.wire import REASONS, VERSION, Rejected, WireGroup, WireMessage, decode, encode, pack_groups
+
+ME = "12D3KooWAuthorAuthorAuthorAuthorAuthorAuthorAuthorAu"
+NOW = 1_800_000_000.0
+
+
+def group(index: int = 0, n: int = 8, chars: int = 20) -> WireGroup:
+    return WireGroup(dataset="arith", config={"max_operand": 9}, seed=3, index=index,
+                     completions=[f"<answer>{i}</answer>".ljust(chars, ".") for i in range(n)])
+
+
+def raw_message(**changes) -> dict:
+    msg = {"v": VERSION, "peer": ME, "model": "tiny-a", "round": 4, "created": NOW,
+           "groups": [group().model_dump()]}
+    msg.update(changes)
+    return msg
+
+
+def pack(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def test_a_message_round_trips_and_unknown_fields_are_ignored():
+    msg = WireMessage.model_validate(raw_message())
+    assert decode(encode(msg), Limits()) == msg
+    newer = decode(pack(raw_message(signature_v2="x", groups=[{**group().model_dump(), "hint": 1}])), Limits())
+    assert newer.groups[0] == group()
+
+
+def test_pack_groups_splits_under_the_byte_and_group_caps_and_leaves_out_only_impossible_groups():
+    limits = Limits(max_message_bytes=4096, max_groups=3)
+    groups = [group(i, n=8, chars=40) for i in range(20)] + [group(99, n=8, chars=2000)]
+    payloads, skipped = pack_groups(ME, "tiny-a", 1, NOW, groups, limits)
+    assert skipped == 1  # 8 x 2000 chars cannot fit 4096 bytes
+    decoded = [decode(p, limits) for p in payloads]
+    assert all(len(p) <= limits.max_message_bytes for p in payloads)
+    assert all(len(m.groups) <= 3 for m in decoded)
+    assert [g.index for m in decoded for g in m.groups] == list(range(20))
+
+
+def test_group_key_ignores_completion_order_but_not_content():
+    g = group()
+    shuffled = g.model_copy(update={"completions": list(reversed(g.completions))})
+    assert g.key() == shuffled.key()
+    assert g.key() != group(index=1).key()
+
+
+def bad_payloads(author: str, now: float) -> dict[str, tuple[bytes, str]]:
+    """reason -> (payload, signer): every class a receiver can see; each must be rejected and counted."""
+    def msg(**changes) -> bytes:
+        return pack(raw_message(**{"peer": author, "created": now, **changes}))
+    other = "12D3KooWSomebodyElseSomebodyElseSomebodyElseSomebod"
+    return {
+        "undecodable": (b"\xc1\x00not msgpack", author),
+        "schema": (msg(round="four"), author),
+        "version": (msg(v=2), author),
+        "too_large": (msg(groups=[group(i, n=8, chars=4000).model_dump() for i in range(10)]), author),
+        "too_many_groups": (msg(groups=[group(i, n=1).model_dump() for i in range(65)]), author),
+        "too_many_completions": (msg(groups=[group(n=65).model_dump()]), author),
+        "completion_too_long": (msg(groups=[group(chars=8193).model_dump()]), author),
+        "sender_mismatch": (pack(raw_message(peer=other, created=now)), author),
+        "from_future": (msg(created=now + 3600), author),
+        "too_old": (msg(created=now - 3600), author),
+    }
+
+
+CASES = bad_payloads(ME, NOW)
+
+
+def test_every_reason_has_a_case():
+    assert set(CASES) | {"duplicate"} == set(REASONS)
+
+
+@pytest.mark.parametrize("reason", sorted(CASES))
+def test_each_bad_message_class_is_rejected_with_its_reason_and_counted(reason):
+    policy = MessagePolicy(Limits())
+    data, author = CASES[reason]
+    with pytest.raises(Rejected) as caught:
+        policy.check(data, author, now=NOW)
+    assert caught.value.reason == reason
+    assert policy.stats() == {"accepted": 0, "rejected": {reason: 1}}
+
+
+def test_the_same_bytes_twice_are_a_duplicate():
+    policy = MessagePolicy(Limits())
+    data = pack(raw_message())
+    policy.check(data, ME, now=NOW)
+    with pytest.raises(Rejected, match="duplicate"):
+        policy.check(data, ME, now=NOW + 1)
+    assert policy.stats() == {"accepted": 1, "rejected": {"duplicate": 1}}
+
+
+@pytest.mark.parametrize("payload", [pack([1, 2]), pack(raw_message(groups=[])), pack({k: v for k, v in raw_message().items() if k != "v"}),
+                                     pack(raw_message(groups=[{**group().model_dump(), "index": -1}])),
+                                     pack(raw_message(groups=[{**group().model_dump(), "completions": [1, 2]}]))])
+def test_shape_violations_are_schema_errors(payload):
+    with pytest.raises(Rejected) as caught:
+        decode(payload, Limits())
+    assert caught.value.reason == "schema"
+
+
+def test_a_replay_is_remembered_for_as_long_as_it_could_pass_the_age_check():
+    limits = Limits(max_message_age_s=60, max_clock_skew_s=5)
+    policy = MessagePolicy(limits)
+    data = pack(raw_message(created=NOW))
+    policy.check(data, ME, now=NOW)
+    with pytest.raises(Rejected, match="duplicate"):
+        policy.check(data, ME, now=NOW + 59)
+    with pytest.raises(Rejected, match="too_old"):
+        policy.check(data, ME, now=NOW + 61)
+
+
+def test_a_fresh_message_from_its_signer_is_accepted_at_the_real_clock():
+    msg = MessagePolicy(Limits()).check(pack(raw_message(created=time.time())), ME)
+    assert msg.peer == ME and len(msg.groups) == 1
