@@ -1,5 +1,7 @@
-"""The network layer (libp2p host, identity, gossip, wire protocol, rollout pool).
+"""The network layer, and nothing about learning: the node decides what to share and what to use.
 
-Empty until the p2p work lands: a node runs as a silo until then. Nothing about learning will
-live here; the node decides what to share and accept.
+config (knobs) · identity (Ed25519 key file) · wire (v1 message, codec, limits) · policy (what the
+gossip validator accepts) · pool (bounded store of received groups, fair sampling) · host (libp2p
+on trio: GossipSub, peer exchange, bootstrap redial) · service (the trio thread, seen from the node)
+· probe (a model-free peer for tests, benchmarks and debugging).
 """

@@ -69,6 +69,7 @@ class P2PConfig(Section):
     bootstrap: AddrList = Field(default_factory=list, description="full multiaddrs (with /p2p/<id>) of peers to join through")
     key_file: Path | None = Field(None, description="Ed25519 identity, created on first run (default: <run.out_dir>/node.key)")
     max_peers: int = Field(32, ge=1, description="stop dialing discovered peers beyond this many connections")
+    mesh_degree: int = Field(4, ge=1, le=32, description="GossipSub D: peers each message is pushed to (low D-D/3, high 2D)")
     heartbeat_s: float = Field(1.0, gt=0, le=60, description="GossipSub heartbeat interval")
     peer_exchange_s: float = Field(3.0, gt=0, description="ask a random peer for its peers this often")
     max_backoff_s: float = Field(60.0, ge=1, description="longest wait between redials of a lost bootstrap peer")

@@ -6,8 +6,10 @@ accept is decided by `p2p.policy`; what to do with an accepted message by the `o
 
 from __future__ import annotations
 
+import errno
 import logging
 import random
+import socket
 from collections import Counter
 from collections.abc import Callable
 
@@ -44,6 +46,19 @@ def advertised(addrs: list[Multiaddr]) -> list[Multiaddr]:
     return out
 
 
+def check_can_listen(addrs: list[str]) -> None:
+    """py-libp2p logs a failed listen and carries on without it; fail before it gets the chance."""
+    for text in addrs:
+        a = Multiaddr(text)
+        names = [p.name for p in a.protocols()]
+        if "tcp" not in names or a.value_for_protocol("tcp") == "0" or names[0] not in ("ip4", "ip6"):
+            continue
+        family = socket.AF_INET if names[0] == "ip4" else socket.AF_INET6
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the real listener does
+            s.bind((a.value_for_protocol(names[0]), int(a.value_for_protocol("tcp"))))
+
+
 class GossipHost:
     def __init__(self, cfg: P2PConfig, key_pair: KeyPair, policy: MessagePolicy,
                  on_message: Callable[[WireMessage], None]):
@@ -63,7 +78,8 @@ class GossipHost:
         )
         self.me = self.host.get_id()
         self.gossipsub = GossipSub(
-            protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
+            protocols=[PROTOCOL_ID_V11], degree=cfg.mesh_degree,
+            degree_low=max(1, cfg.mesh_degree - cfg.mesh_degree // 3), degree_high=2 * cfg.mesh_degree,
             heartbeat_interval=cfg.heartbeat_s, adaptive_gossip_enabled=False,
             max_messages_per_topic_per_second=cfg.max_messages_per_s,
         )
@@ -71,9 +87,12 @@ class GossipHost:
         self.outbox_send, self.outbox_recv = trio.open_memory_channel[bytes](64)
 
     async def serve(self, stop: trio.Event, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        check_can_listen(self.cfg.listen)
         listen = [Multiaddr(a) for a in self.cfg.listen]
         async with self.host.run(listen_addrs=listen), background_trio_service(self.pubsub), \
                 background_trio_service(self.gossipsub):
+            if len(self.host.get_transport_addrs()) < len(listen):
+                raise OSError(errno.EADDRNOTAVAIL, "not every listen address could be opened (see the log above)")
             await self.pubsub.wait_until_ready()
             self.pubsub.set_topic_validator(self.cfg.topic(), self._validate, False)
             subscription = await self.pubsub.subscribe(self.cfg.topic())

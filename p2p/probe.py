@@ -46,6 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until SIGINT/SIGTERM)")
     p.add_argument("--events", type=Path, help="JSON-lines event file (default: stdout)")
     p.add_argument("--max-message-age", type=float, default=300.0, help="receiver's limits.max_message_age_s")
+    p.add_argument("--mesh-degree", type=int, default=P2PConfig.model_fields["mesh_degree"].default, help="GossipSub D")
     return p.parse_args(argv)
 
 
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
-        cfg = P2PConfig(network=args.network, listen=[args.listen], bootstrap=args.bootstrap,
+        cfg = P2PConfig(network=args.network, listen=[args.listen], bootstrap=args.bootstrap, mesh_degree=args.mesh_degree,
                         limits={"max_message_age_s": args.max_message_age})
     except ValidationError as e:
         err = e.errors()[0]

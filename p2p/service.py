@@ -120,15 +120,22 @@ def _why(e: BaseException) -> str:
     return text
 
 
-class _DropKnownNoise(logging.Filter):
-    """Errors py-libp2p logs for events that are expected (and that we report ourselves, once)."""
+class _Libp2pLogFilter(logging.Filter):
+    """py-libp2p records below `level` (some of its loggers set their own, lower levels) and errors
+    it logs for events that are expected (and that we report ourselves, once)."""
 
     NOISE = ("Nursery is closed to new arrivals", "Failed to read DHT message", "Stream reset",
              "Failed to open TCP stream")  # a failed dial: p2p.host logs it with the retry plan
 
+    def __init__(self, level: int):
+        super().__init__()
+        self.level = level
+
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith("libp2p"):
             return True
+        if record.levelno < self.level:
+            return False
         text = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             text += str(record.exc_info[1])
@@ -142,9 +149,10 @@ def quiet_libp2p_logs() -> None:
 
     The filter sits on the root handlers because a logger's filters do not see its children's records.
     """
+    level = logging.WARNING if logging.getLogger().getEffectiveLevel() <= logging.DEBUG else logging.ERROR
     lib = logging.getLogger("libp2p")
     lib.propagate = True
-    lib.setLevel(logging.WARNING if logging.getLogger().getEffectiveLevel() <= logging.DEBUG else logging.ERROR)
+    lib.setLevel(level)
     for handler in logging.getLogger().handlers:
-        if not any(isinstance(f, _DropKnownNoise) for f in handler.filters):
-            handler.addFilter(_DropKnownNoise())
+        if not any(isinstance(f, _Libp2pLogFilter) for f in handler.filters):
+            handler.addFilter(_Libp2pLogFilter(level))

@@ -187,3 +187,15 @@ def test_a_node_shares_its_real_rollouts_once_per_round(spawn, tiny_a, cache_dir
     last = json.loads((tmp_path / "node" / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["peers"] == 1 and last["p2p"]["published"] == 4
     assert not (ROOT / "node.key").exists()
+
+
+def test_a_taken_listen_port_is_a_one_line_error(tiny_a, cache_dir, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = run_sapo("run", "--out", str(tmp_path), "--rounds", "1", "--model.cache_dir", str(cache_dir),
+                     "--listen", f"/ip4/127.0.0.1/tcp/{port}")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1].startswith(f"sapo: cannot start the p2p host on /ip4/127.0.0.1/tcp/{port}: ")
+    assert "Traceback" not in r.stderr

@@ -44,6 +44,18 @@ def test_silo_run_writes_metrics_and_checkpoints(tiny_a, cache_dir, tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["run"]["rounds"] == 3
 
 
+def test_a_node_without_peers_runs_as_a_silo_without_warnings_and_with_p2p_off_has_no_network(tiny_a, cache_dir, tmp_path):
+    alone = run_sapo(*small_run(cache_dir, tmp_path / "alone", 2))
+    assert alone.returncode == 0, alone.stderr
+    assert "WARNING" not in alone.stderr and "ERROR" not in alone.stderr, alone.stderr
+    assert [m["peers"] for m in metrics(tmp_path / "alone")[1:]] == [0, 0]
+    assert (tmp_path / "alone" / "node.key").exists()
+    off = run_sapo(*small_run(cache_dir, tmp_path / "off", 2, "--p2p.enabled", "false"))
+    assert off.returncode == 0, off.stderr
+    assert "p2p" not in off.stderr and not (tmp_path / "off" / "node.key").exists()
+    assert metrics(tmp_path / "off")[-1]["p2p"] is None
+
+
 def test_a_resumed_run_continues_exactly_where_it_stopped(tiny_a, cache_dir, tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert run_sapo(*small_run(cache_dir, straight, 4)).returncode == 0
