@@ -194,10 +194,9 @@ class GossipHost:
             asker = stream.muxed_conn.peer_id
             store = self.host.get_peerstore()
             entries = []
-            for pid in list(self._connected())[:EXCHANGE_MAX_PEERS + 1]:
-                addrs = [str(a) for a in store.addrs(pid)] if pid != asker else []
-                if addrs:
-                    entries.append({"id": pid.to_base58(), "addrs": addrs[:8]})
+            for pid in (p for p in self._connected() if p != asker):
+                if addrs := [str(a) for a in store.addrs(pid)][:8]:
+                    entries.append({"id": pid.to_base58(), "addrs": addrs})
             await stream.write(msgpack.packb(entries[:EXCHANGE_MAX_PEERS]))
         except Exception as e:
             log.debug("serving the peer list failed: %s", e)
@@ -210,12 +209,14 @@ class GossipHost:
         while True:
             await trio.sleep(self.cfg.peer_exchange_s * random.uniform(0.5, 1.0))
             connected = self._connected()
+            now = trio.current_time()
+            failed = {pid: until for pid, until in failed.items() if until > now}
             if not connected or len(connected) >= self.cfg.max_peers:
                 continue
             for info in await self._ask_peer_list(random.choice(list(connected))):
                 if len(self._connected()) >= self.cfg.max_peers:
                     break
-                if info.peer_id == self.me or info.peer_id in connected or failed.get(info.peer_id, 0) > trio.current_time():
+                if info.peer_id == self.me or info.peer_id in connected or info.peer_id in failed:
                     continue
                 if await self._dial(info):
                     log.info("discovered peer %s", info.peer_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -169,6 +170,7 @@ def test_each_malformed_message_class_is_rejected_and_counted_by_a_remote_node(s
         sender.publish(duplicate)
         node.wait_for(lambda: sum(node.stats().get("rejected", {}).values()) >= len(REASONS), 30, "all rejections")
         time.sleep(1.5)  # one more stats line: nothing else should arrive
+    assert not [t for t in threading.enumerate() if t.name == "sapo-p2p"]  # stopped and joined
     stats = node.stats()
     assert stats["rejected"] == {reason: 1 for reason in REASONS}
     assert stats["accepted"] == before + 1  # the first copy of the duplicate
