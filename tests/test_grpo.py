@@ -15,10 +15,10 @@ TASK = regenerate(TaskRef("arith", {}, seed=0, index=0))
 GOOD, BAD = f"<answer>{TASK.answer}</answer>", "<answer>x</answer>"
 
 
-def group(rewards, texts=None, truncated=None, ids=None):
+def group(rewards, texts=None, truncated=None, ids=None, source="local"):
     texts = texts or [GOOD if r > 0 else BAD for r in rewards]
     return RolloutGroup(task=TASK, completions=texts, rewards=list(rewards),
-                        truncated=truncated or [False] * len(rewards), completion_ids=ids)
+                        truncated=truncated or [False] * len(rewards), completion_ids=ids, source=source)
 
 
 def params(model):
@@ -119,6 +119,44 @@ def test_text_from_elsewhere_is_retokenized_and_local_ids_are_reused(policy):
     batch, *_ = trainer._tensors([with_ids])
     assert batch.input_ids[0, batch.prompt_len :].tolist() == [5, 6, 7]
     assert batch.completion_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_external_text_longer_than_max_new_tokens_is_cut_and_counts_as_truncated(policy):
+    trainer = GRPOTrainer(policy, GRPOConfig(), max_new_tokens=4, total_rounds=10)
+    long_text = "<answer>" + "9" * 30 + "</answer>"
+    batch, _, _, truncated, external = trainer._tensors([group([1, 0], texts=[GOOD, long_text], source="peer")])
+    assert batch.completion_mask.shape[1] == 4
+    assert truncated.tolist() == [len(policy.tokenizer(GOOD, add_special_tokens=False)["input_ids"]) > 4, True]
+    assert external.tolist() == [True, True]
+
+
+def test_external_completions_off_this_policys_support_are_masked_and_local_ones_never(policy):
+    """Untrained policy: every completion has a mean token log-prob near -log(vocab) ~ -6."""
+    strict = GRPOConfig(external_min_logprob=-1.0, weight_decay=0.0)
+    before = params(policy.model)
+    stats = GRPOTrainer(policy, strict, 16, 10).step([group([1, 0, 1, 0], source="12D3KooWpeer")])
+    assert (stats.external_groups_used, stats.external_masked) == (1, 4)
+    assert unchanged(before, policy.model)  # everything masked: zero gradient
+    stats = GRPOTrainer(policy, strict, 16, 10).step([group([1, 0, 1, 0])])
+    assert stats.external_masked == 0 and not unchanged(before, policy.model)
+
+
+def test_in_support_external_groups_train_like_local_ones_with_own_logprobs_as_old_policy(policy, monkeypatch):
+    seen = []
+    real = grpo_module.grpo_loss
+
+    def spy(logps, old_logps, *args, **kwargs):
+        seen.append((logps.detach().clone(), old_logps.clone()))
+        return real(logps, old_logps, *args, **kwargs)
+
+    monkeypatch.setattr(grpo_module, "grpo_loss", spy)
+    trainer = GRPOTrainer(policy, GRPOConfig(external_min_logprob=None, lr=1e-3), 16, 10)
+    good = seq_logprob(policy, GOOD)
+    stats = trainer.step([group([1, 0, 1, 0], source="12D3KooWpeer")])
+    assert (stats.external_groups_used, stats.external_masked, stats.optimizer_steps) == (1, 0, 1)
+    new, old = seen[0]
+    assert torch.allclose(new, old, atol=1e-6)  # the ratio starts at 1: old = this node's own policy
+    assert seq_logprob(policy, GOOD) > good
 
 
 def test_gradient_clipping_bounds_the_reported_norm(policy):

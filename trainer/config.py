@@ -65,6 +65,9 @@ class GRPOConfig(Section):
     epochs: int = Field(1, ge=1, description="optimisation passes over each round's batch")
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
     max_grad_norm: float = Field(1.0, gt=0, description="clip the global gradient norm")
+    external_min_logprob: float | None = Field(
+        -5.0, lt=0, description="mask external completions whose mean token log-prob under this node's pre-update "
+        "policy is below this (text it would almost never write); null keeps all")
 
     @model_validator(mode="after")
     def _check(self) -> "GRPOConfig":

@@ -1,4 +1,13 @@
-"""One GRPO update per round: the whole training step reads top to bottom in `GRPOTrainer.step`."""
+"""One GRPO update per round: the whole training step reads top to bottom in `GRPOTrainer.step`.
+
+External rollouts (text other peers generated) are off-policy, and the sampling policy, another
+model with another tokenizer, cannot be evaluated here. So every row, local or external, takes this
+node's own pre-update log-probs as the old policy: the ratio starts at 1 and the clip (and dual
+clip) bound how far one round moves on any sample. External completions that this policy would
+almost never write (mean token log-prob below `external_min_logprob`) are masked out: their
+gradient mostly teaches another model's habits, with high variance and no importance weight to
+temper it.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +35,8 @@ class StepStats:
     kl: float = 0.0
     grad_norm: float = 0.0
     lr: float = 0.0
+    external_groups_used: int = 0
+    external_masked: int = 0  # external completions masked as off-support
 
 
 def make_scheduler(opt: torch.optim.Optimizer, cfg: GRPOConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -55,16 +66,22 @@ class GRPOTrainer:
     def step(self, groups: list[RolloutGroup]) -> StepStats:
         cfg, model = self.cfg, self.policy.model
         kept = [g for g in groups if not (cfg.drop_uniform_groups and len(set(g.rewards)) == 1)]
-        stats = StepStats(groups_used=len(kept), groups_dropped_uniform=len(groups) - len(kept), sequences=0, optimizer_steps=0)
+        stats = StepStats(groups_used=len(kept), groups_dropped_uniform=len(groups) - len(kept), sequences=0,
+                          optimizer_steps=0, external_groups_used=sum(g.source != "local" for g in kept))
         if not kept:
             return stats
 
-        batch, rewards, group_ids, truncated = self._tensors(kept)
+        batch, rewards, group_ids, truncated, external = self._tensors(kept)
         advantages = group_advantages(rewards, group_ids, cfg.advantage_scale)
         loss_mask = batch.completion_mask * (~truncated if cfg.mask_truncated else torch.ones_like(truncated))[:, None]
         with torch.no_grad():  # the "old" policy for every epoch is the model before this round's update
             old_logps = token_logprobs(model, batch)
             ref_logps = token_logprobs(self.reference, batch) if self.reference is not None else None
+            if cfg.external_min_logprob is not None:
+                mean_logp = (old_logps * batch.completion_mask).sum(-1) / batch.completion_mask.sum(-1).clamp(min=1)
+                off_support = external & (mean_logp < cfg.external_min_logprob)
+                loss_mask = loss_mask * (~off_support)[:, None]
+                stats.external_masked = int(off_support.sum())
 
         model.train()
         n = len(rewards)
@@ -88,19 +105,22 @@ class GRPOTrainer:
             setattr(stats, key, sum(h[key] for h in history) / len(history))
         return stats
 
-    def _tensors(self, groups: list[RolloutGroup]) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Tokenize with this node's own tokenizer: text from peers is re-tokenized, local ids are reused."""
+    def _tensors(self, groups: list[RolloutGroup]) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Tokenize with this node's own tokenizer: text from peers is re-tokenized (and cut at
+        max_new_tokens, counting as truncated), local ids are reused."""
         tok, device = self.policy.tokenizer, self.policy.device
         prompt_ids = encode_prompts(self.policy, [g.task.prompt for g in groups])
-        prompts, completions, rewards, group_ids, truncated = [], [], [], [], []
+        prompts, completions, rewards, group_ids, truncated, external = [], [], [], [], [], []
         for gi, g in enumerate(groups):
             ids = g.completion_ids or tok(g.completions, add_special_tokens=False)["input_ids"]
             for c_ids, r, t in zip(ids, g.rewards, g.truncated):
                 prompts.append(prompt_ids[gi])
-                completions.append(c_ids)
+                completions.append(c_ids[: self.max_tokens])
                 rewards.append(r)
                 group_ids.append(gi)
-                truncated.append(t)
+                truncated.append(t or len(c_ids) > self.max_tokens)
+                external.append(g.source != "local")
         batch = collate(prompts, completions, tok.pad_token_id, device)
         return (batch, torch.tensor(rewards, dtype=torch.float32, device=device),
-                torch.tensor(group_ids, dtype=torch.long, device=device), torch.tensor(truncated, dtype=torch.bool, device=device))
+                torch.tensor(group_ids, dtype=torch.long, device=device),
+                torch.tensor(truncated, dtype=torch.bool, device=device), torch.tensor(external, dtype=torch.bool, device=device))

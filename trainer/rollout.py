@@ -10,21 +10,22 @@ from trainer.generation import Generator, SamplingParams
 from trainer.policy import Policy, encode_prompts
 
 
+def scored_group(task: Task, texts: Sequence[str], format_weight: float, truncated: Sequence[bool] | None = None,
+                 completion_ids: list[list[int]] | None = None, source: str = "local") -> RolloutGroup:
+    """Score completions of a task with this node's verifier, whoever generated them."""
+    scores = [score_completion(task, t, format_weight) for t in texts]
+    return RolloutGroup(task=task, completions=list(texts), rewards=[s.reward for s in scores],
+                        truncated=list(truncated or [False] * len(texts)), completion_ids=completion_ids,
+                        source=source, correct=[s.correct for s in scores])
+
+
 def rollout(generator: Generator, policy: Policy, tasks: Sequence[Task], params: SamplingParams,
             format_weight: float = 0.0) -> list[RolloutGroup]:
     outputs = generator.generate(encode_prompts(policy, [t.prompt for t in tasks]), params)
-    groups = []
-    for task, completions in zip(tasks, outputs):
-        scores = [score_completion(task, c.text, format_weight) for c in completions]
-        groups.append(RolloutGroup(
-            task=task,
-            completions=[c.text for c in completions],
-            rewards=[s.reward for s in scores],
-            truncated=[c.finish_reason == "length" for c in completions],
-            completion_ids=[c.token_ids for c in completions],
-            correct=[s.correct for s in scores],
-        ))
-    return groups
+    return [scored_group(task, [c.text for c in completions], format_weight,
+                         truncated=[c.finish_reason == "length" for c in completions],
+                         completion_ids=[c.token_ids for c in completions])
+            for task, completions in zip(tasks, outputs)]
 
 
 def accuracy(groups: Sequence[RolloutGroup]) -> float:
