@@ -121,6 +121,45 @@ def cmd_id(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_swarm(args: argparse.Namespace) -> int:
+    import shlex
+
+    from node.swarm import SwarmSpec, run
+    from trainer.tiny import PRESETS, ensure_preset
+
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    for flag, value, low in (("--nodes", args.nodes, 1), ("--rounds", args.rounds, 1), ("--local", args.local, 1),
+                             ("--external", args.external, 0)):
+        if value < low:
+            raise ConfigError(f"{flag}: must be at least {low} (got {value})")
+    if not presets:
+        raise ConfigError("--presets: name at least one model")
+    extra = shlex.split(args.node_args)
+    load_config(None, _overrides(_add_config_flags_parse(extra)))  # a bad knob fails here, not in N children
+    _setup_logging("INFO")
+    cache_dir = args.cache_dir or NodeConfig().model.cache_dir
+    for name in dict.fromkeys(presets):
+        if name in PRESETS:
+            ensure_preset(name, cache_dir)
+    spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=args.local, external=args.external, presets=presets,
+                     out=args.out, seed=args.seed, extra=extra)
+    summary = run(spec, cache_dir=cache_dir)
+    for n in summary["per_node"]:
+        print(f"{n['name']} ({n['model']}): {n['rounds']} rounds, cumulative reward {n['cumulative_reward']:.2f}, "
+              f"eval {n['eval_first']} -> {n['eval_last']}, external groups used {n['external_used']}, exit {n['exit_code']}")
+    print(f"summary: {args.out / 'summary.json'}, {args.out / 'summary.png'}; per-node metrics in {args.out}/node*/")
+    return 0 if all(n["exit_code"] == 0 for n in summary["per_node"]) else 1
+
+
+def _add_config_flags_parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sapo swarm --node-args", add_help=False, exit_on_error=False)
+    _add_config_flags(parser)
+    try:
+        return parser.parse_args(argv)
+    except (argparse.ArgumentError, SystemExit) as e:
+        raise ConfigError(f"--node-args: {e}") from None
+
+
 def cmd_init_model(args: argparse.Namespace) -> int:
     from trainer.tiny import META_FILE, PRESETS, ensure_preset
 
@@ -156,6 +195,19 @@ def build_parser() -> argparse.ArgumentParser:
     ident = sub.add_parser("id", help="print the node's peer id and full multiaddrs (creates the key on first use)")
     _add_config_flags(ident)
     ident.set_defaults(func=cmd_id)
+
+    swarm = sub.add_parser("swarm", help="run a local swarm of nodes on 127.0.0.1 with a live table and a summary",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    swarm.add_argument("--nodes", type=int, default=3, help="node processes (the first is the bootstrap peer)")
+    swarm.add_argument("--rounds", type=int, default=300, help="rounds per node")
+    swarm.add_argument("--local", type=int, default=4, help="I: local groups per round")
+    swarm.add_argument("--external", type=int, default=4, help="J: external groups per round (0: every node a silo)")
+    swarm.add_argument("--presets", default="tiny-a,tiny-b", help="models, given to the nodes in turn")
+    swarm.add_argument("--out", type=Path, default=Path("runs/swarm"), help="node<k>/ folders and the summary")
+    swarm.add_argument("--seed", type=int, default=0, help="node k runs with seed + k")
+    swarm.add_argument("--cache-dir", type=Path, help="tiny preset cache (default: model.cache_dir)")
+    swarm.add_argument("--node-args", default="", help="more `sapo run` flags for every node, e.g. \"--tasks arith,reverse\"")
+    swarm.set_defaults(func=cmd_swarm)
 
     init = sub.add_parser("init-model", help="build (or reuse) an offline tiny model preset")
     init.add_argument("--preset", required=True, help="tiny-a or tiny-b")

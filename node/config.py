@@ -6,7 +6,7 @@ import json
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -27,7 +27,11 @@ class RunConfig(BaseModel):
 
     out_dir: Path = Field(Path("runs/node"), description="metrics.jsonl, checkpoints/ and config.json go here")
     rounds: int = Field(600, ge=1, description="stop after this many rounds (a resumed run counts from its checkpoint)")
-    local_groups: int = Field(8, ge=1, description="I: tasks drawn per round, each sampled G times")
+    local_groups: int = Field(4, ge=1, description="I: tasks drawn per round, each sampled G times")
+    external_groups: int = Field(4, ge=0, description="J: groups other peers shared, taken from the pool each round (0: silo)")
+    when_short: Literal["fill_local", "fewer"] = Field(
+        "fill_local", description="when the pool has fewer than J usable groups: draw local tasks for the rest, or train on fewer")
+    wait_for_peers: int = Field(0, ge=0, description="before round 1, wait up to 120 s for this many peers (for experiments that start nodes together)")
     seed: int = Field(0, description="seeds task draws and sampling")
     eval_every: int = Field(25, ge=1, description="greedy evaluation on the held-out set every K rounds")
     checkpoint_every: int = Field(100, ge=1, description="checkpoint every K rounds, and always on stop")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import random
 import time
 
 import torch
@@ -13,7 +14,7 @@ from node.config import NodeConfig
 from node.lifecycle import StopSignal
 from node.metrics import MetricsLog, RoundMetrics
 from node.progress import Progress
-from node.share import publish_round
+from node.share import publish_round, take_external
 from p2p.pool import RolloutPool
 from p2p.service import Gossip
 from rewards import TaskSource
@@ -24,6 +25,13 @@ from trainer.policy import load_policy
 from trainer.rollout import accuracy, accuracy_by_dataset, evaluate, rollout
 
 log = logging.getLogger(__name__)
+
+
+PEER_WAIT_S = 120.0
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
 
 
 def round_seed(seed: int, round_: int) -> int:
@@ -91,7 +99,17 @@ class Node:
         with contextlib.ExitStack() as stack:
             if self.cfg.p2p.enabled:
                 self.gossip = stack.enter_context(Gossip(self.cfg.p2p, self.cfg.key_file(), self.pool.add))
+                if self.round == 0 and self.cfg.run.wait_for_peers:
+                    self._wait_for_peers(stop, self.cfg.run.wait_for_peers)
             self._run_rounds(stop)
+
+    def _wait_for_peers(self, stop: StopSignal, want: int, timeout: float = PEER_WAIT_S) -> None:
+        log.info("waiting up to %.0f s for %d peer(s)", timeout, want)
+        deadline = time.monotonic() + timeout
+        while self.gossip.stats()["peers"] < want and time.monotonic() < deadline and not stop.requested:
+            time.sleep(0.2)
+        peers = self.gossip.stats()["peers"]
+        log.log(logging.INFO if peers >= want else logging.WARNING, "starting with %d of %d peer(s)", peers, want)
 
     def _run_rounds(self, stop: StopSignal) -> None:
         cfg = self.cfg
@@ -114,7 +132,10 @@ class Node:
         cfg, r = self.cfg, self.round + 1
         started = time.perf_counter()
         position = self.tasks.position
-        tasks = self.tasks.draw(cfg.run.local_groups)
+        external, dropped = take_external(self.pool, cfg.run.external_groups, random.Random(round_seed(cfg.run.seed, r)),
+                                          cfg.tasks)
+        short = cfg.run.external_groups - len(external)
+        tasks = self.tasks.draw(cfg.run.local_groups + (short if cfg.run.when_short == "fill_local" else 0))
 
         t0 = time.perf_counter()
         params = SamplingParams.from_config(cfg.generation, seed=round_seed(cfg.run.seed, r))
@@ -123,22 +144,22 @@ class Node:
         if stop.requested:
             self.tasks.position = position  # the abandoned round is drawn again after a restart
             return False
+        if self.gossip is not None:  # before training: peers get this round's rollouts sooner
+            publish_round(self.gossip, cfg.model.name, r, groups, cfg.p2p.limits)
 
         t0 = time.perf_counter()
-        stats = self.trainer.step(groups)
+        stats = self.trainer.step(groups + external)
         if stats.optimizer_steps:
             self.generator.load_weights(self.policy.model.state_dict())
         seconds_train = time.perf_counter() - t0
 
         self.round = r
-        if self.gossip is not None:
-            publish_round(self.gossip, cfg.model.name, r, groups, cfg.p2p.limits)
         eval_acc, eval_by_dataset = self.evaluate() if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else (None, None)
         rewards = [x for g in groups for x in g.rewards]
         trained = stats.optimizer_steps > 0
         self._record(RoundMetrics(
             round=r, time=time.time(), reward_mean=sum(rewards) / len(rewards), accuracy_train=accuracy(groups),
-            eval_accuracy=eval_acc, eval_by_dataset=eval_by_dataset, n_local=len(groups), n_external=0,
+            eval_accuracy=eval_acc, eval_by_dataset=eval_by_dataset, n_local=len(groups), n_external=len(external),
             tokens_generated=sum(len(ids) for g in groups for ids in g.completion_ids or []),
             seconds_generate=seconds_generate, seconds_train=seconds_train,
             seconds_other=time.perf_counter() - started - seconds_generate - seconds_train,
@@ -146,6 +167,9 @@ class Node:
             loss=stats.loss if trained else None, kl=stats.kl if trained else None,
             clip_frac=stats.clip_frac if trained else None, grad_norm=stats.grad_norm if trained else None,
             lr=stats.lr if trained else None, weight_version=self.generator.weight_version,
+            n_external_used=stats.external_groups_used, external_masked=stats.external_masked,
+            external_reward_mean=_mean([x for g in external for x in g.rewards]),
+            external_peers=len({g.source for g in external}), external_dropped=dict(dropped),
             **self._swarm_metrics(),
         ))
         return True

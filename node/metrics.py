@@ -33,6 +33,11 @@ class RoundMetrics:
     grad_norm: float | None = None
     lr: float | None = None
     weight_version: int = 0
+    n_external_used: int = 0  # external groups that carried signal into the loss
+    external_masked: int = 0  # external completions masked as off this policy's support
+    external_reward_mean: float | None = None  # this node's scores of the external completions
+    external_peers: int = 0  # distinct peers the round's external groups came from
+    external_dropped: dict[str, int] | None = None  # pool groups this node could not use, by reason
     peers: int = 0
     n_external_received: int = 0  # groups other peers shared that entered the pool this round
     p2p: dict | None = None  # cumulative gossip and pool counters, drops by reason included

@@ -8,7 +8,7 @@ from tests.conftest import run_sapo
 
 def test_defaults_work_without_any_input():
     cfg = load_config()
-    assert cfg.model.name == "tiny-a" and cfg.run.local_groups == 8 and cfg.generation.completions_per_group == 8
+    assert cfg.model.name == "tiny-a" and cfg.run.local_groups == 4 and cfg.run.external_groups == 4 and cfg.generation.completions_per_group == 8
 
 
 def test_precedence_is_file_then_env_then_flags(tmp_path, monkeypatch):

@@ -1,0 +1,232 @@
+"""`sapo swarm`: a local swarm of node processes on 127.0.0.1, watched live, summarised at the end.
+
+The launcher owns its children from start to stop: the bootstrap node first (its address is known
+before it starts, from its key and a reserved port), the others pointed at it. Ctrl-C, SIGTERM or
+the end of the run stops every child with SIGTERM (each checkpoints and exits), then SIGKILL after
+a grace period. Per-node metrics stay in each node's folder; `summary.json` and `summary.png` sum
+them up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from p2p.identity import load_or_create, peer_id
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 60.0
+
+
+@dataclass
+class SwarmSpec:
+    nodes: int
+    rounds: int
+    local: int
+    external: int
+    presets: list[str]
+    out: Path
+    seed: int = 0
+    extra: list[str] = field(default_factory=list)  # passed to every `sapo run`
+
+    def preset(self, k: int) -> str:
+        return self.presets[k % len(self.presets)]
+
+
+@dataclass
+class Child:
+    name: str
+    preset: str
+    out: Path
+    proc: subprocess.Popen
+    rows: list[dict] = field(default_factory=list)
+    _read: int = 0
+
+    def refresh(self) -> None:
+        """Read the metrics lines written since the last call (a torn last line waits for the next)."""
+        path = self.out / "metrics.jsonl"
+        if not path.exists():
+            return
+        with open(path) as f:
+            f.seek(self._read)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self._read += len(complete.encode())
+        self.rows += [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port: int, proc: subprocess.Popen, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.2)
+    return False
+
+
+def start(spec: SwarmSpec, cache_dir: Path | None) -> list[Child]:
+    spec.out.mkdir(parents=True, exist_ok=True)
+    children: list[Child] = []
+    bootstrap = ""
+    for k in range(spec.nodes):
+        out = spec.out / f"node{k}"
+        out.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        args = [sys.executable, "-m", "node.cli", "run", "--out", str(out), "--model", spec.preset(k),
+                "--rounds", str(spec.rounds), "--local", str(spec.local), "--run.external_groups", str(spec.external),
+                "--seed", str(spec.seed + k), "--listen", f"/ip4/127.0.0.1/tcp/{port}",
+                "--run.wait_for_peers", str(spec.nodes - 1)]
+        if cache_dir is not None:
+            args += ["--model.cache_dir", str(cache_dir)]
+        if bootstrap:
+            args += ["--bootstrap", bootstrap]
+        with open(out / "node.log", "ab") as logf:
+            proc = subprocess.Popen([*args, *spec.extra], stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        children.append(Child(f"node{k}", spec.preset(k), out, proc))
+        if k == 0:
+            bootstrap = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id(load_or_create(out / 'node.key'))}"
+            if not wait_listening(port, proc, timeout=300):
+                stop(children)
+                raise RuntimeError(f"the bootstrap node did not start; see {out / 'node.log'}")
+    return children
+
+
+def stop(children: list[Child], grace: float = STOP_GRACE_S) -> None:
+    """SIGTERM to every child still running (each checkpoints), SIGKILL to any left after `grace`."""
+    for c in children:
+        if c.proc.poll() is None:
+            c.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for c in children:
+        try:
+            c.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0f s; killing it", c.name, grace)
+            c.proc.kill()
+            c.proc.wait()
+
+
+def _last(rows: list[dict], key: str):
+    return next((r[key] for r in reversed(rows) if r.get(key) is not None), None)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def table(children: list[Child], rounds: int) -> Table:
+    t = Table(title="sapo swarm", caption="Ctrl-C stops every node with a checkpoint")
+    for col in ("node", "model", "round", "reward", "eval acc", "peers", "out (msgs)", "in (groups)", "ext used", "state"):
+        t.add_column(col, justify="right" if col not in ("node", "model", "state") else "left")
+    for c in children:
+        rows = c.rows
+        p2p = _last(rows, "p2p") or {}
+        state = "running" if c.proc.poll() is None else f"exit {c.proc.returncode}"
+        t.add_row(c.name, c.preset, f"{rows[-1]['round'] if rows else 0}/{rounds}", _fmt(_last(rows, "reward_mean")),
+                  _fmt(_last(rows, "eval_accuracy")), str(_last(rows, "peers") or 0), str(p2p.get("published", 0)),
+                  str(sum(r.get("n_external_received", 0) for r in rows)), str(sum(r.get("n_external_used", 0) for r in rows)),
+                  state)
+    return t
+
+
+def summarize(spec: SwarmSpec, children: list[Child]) -> dict:
+    nodes = []
+    for c in children:
+        c.refresh()
+        trained = [r for r in c.rows if r["round"] > 0]
+        evals = [(r["round"], r["eval_accuracy"]) for r in c.rows if r.get("eval_accuracy") is not None]
+        nodes.append({
+            "name": c.name, "model": c.preset, "exit_code": c.proc.returncode, "rounds": len(trained),
+            "cumulative_reward": sum(r["reward_mean"] for r in trained),
+            "mean_reward": sum(r["reward_mean"] for r in trained) / len(trained) if trained else None,
+            "eval_first": evals[0][1] if evals else None, "eval_last": evals[-1][1] if evals else None,
+            "external_used": sum(r.get("n_external_used", 0) for r in trained),
+            "external_in_batch": sum(r.get("n_external", 0) for r in trained),
+        })
+    summary = {"nodes": spec.nodes, "rounds": spec.rounds, "local": spec.local, "external": spec.external,
+               "presets": spec.presets, "seed": spec.seed, "per_node": nodes,
+               "cumulative_reward_mean": sum(n["cumulative_reward"] for n in nodes) / max(1, len(nodes))}
+    (spec.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot(children, spec.out / "summary.png", f"{spec.nodes} nodes, I={spec.local} local + J={spec.external} external")
+    return summary
+
+
+def plot(children: list[Child], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_r, ax_e) = plt.subplots(1, 2, figsize=(11, 4))
+    for c in children:
+        trained = [r for r in c.rows if r["round"] > 0]
+        if trained:
+            window = max(1, len(trained) // 20)
+            smooth = [sum(r["reward_mean"] for r in trained[max(0, i - window + 1): i + 1]) / min(window, i + 1)
+                      for i in range(len(trained))]
+            ax_r.plot([r["round"] for r in trained], smooth, label=f"{c.name} ({c.preset})")
+        evals = [(r["round"], r["eval_accuracy"]) for r in c.rows if r.get("eval_accuracy") is not None]
+        if evals:
+            ax_e.plot(*zip(*evals), marker=".", label=f"{c.name} ({c.preset})")
+    ax_r.set(title="training reward (moving mean)", xlabel="round", ylabel="reward")
+    ax_e.set(title="held-out accuracy (greedy)", xlabel="round", ylabel="accuracy")
+    for ax in (ax_r, ax_e):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None = None, live: bool = True) -> dict:
+    """Start the swarm, show it until every node is done or a stop signal arrives, then summarise."""
+    console = console or Console(stderr=True)
+    stopping = False
+
+    def request_stop(signum, frame) -> None:
+        nonlocal stopping
+        if stopping:
+            raise KeyboardInterrupt
+        stopping = True
+
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    children: list[Child] = []
+    try:
+        children = start(spec, cache_dir)
+        with Live(table(children, spec.rounds), console=console, refresh_per_second=2, transient=not live) as view:
+            while not stopping and any(c.proc.poll() is None for c in children):
+                for c in children:
+                    c.refresh()
+                view.update(table(children, spec.rounds))
+                time.sleep(0.5)
+            if stopping:
+                console.print("stopping every node (each writes a checkpoint)...")
+            stop(children)
+            for c in children:
+                c.refresh()
+            view.update(table(children, spec.rounds))
+    finally:
+        stop(children)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return summarize(spec, children)
