@@ -104,9 +104,14 @@ class Node:
             self._run_rounds(stop)
 
     def _wait_for_peers(self, stop: StopSignal, want: int, timeout: float = PEER_WAIT_S) -> None:
+        """Connected to `want` peers and meshed with enough of them that the first publish reaches someone."""
         log.info("waiting up to %.0f s for %d peer(s)", timeout, want)
+        mesh_want = min(want, self.cfg.p2p.mesh_low())
         deadline = time.monotonic() + timeout
-        while self.gossip.stats()["peers"] < want and time.monotonic() < deadline and not stop.requested:
+        while time.monotonic() < deadline and not stop.requested:
+            s = self.gossip.stats()
+            if s["peers"] >= want and s["mesh_peers"] >= mesh_want:
+                break
             time.sleep(0.2)
         peers = self.gossip.stats()["peers"]
         log.log(logging.INFO if peers >= want else logging.WARNING, "starting with %d of %d peer(s)", peers, want)

@@ -89,6 +89,10 @@ class P2PConfig(Section):
     def _valid_bootstrap(cls, v: list[str]) -> list[str]:
         return _check_multiaddrs(v, need_peer_id=True)
 
+    def mesh_low(self) -> int:
+        """GossipSub D_lo: below this many mesh peers the heartbeat grafts more."""
+        return max(1, self.mesh_degree - self.mesh_degree // 3)
+
     def topic(self) -> str:
         return f"/sapo/{self.network}/rollouts/1"
 

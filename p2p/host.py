@@ -68,6 +68,7 @@ class GossipHost:
         self.counts: Counter[str] = Counter()  # published, publish_failed, publish_dropped, dials, dial_failed
         self.addrs: list[str] = []
         self.n_peers = 0
+        self.n_mesh = 0  # GossipSub mesh peers on the rollout topic: who our publishes reach first
         announce = [Multiaddr(a) for a in cfg.announce] or None
         self.host = new_host(
             key_pair=key_pair,
@@ -79,7 +80,7 @@ class GossipHost:
         self.me = self.host.get_id()
         self.gossipsub = GossipSub(
             protocols=[PROTOCOL_ID_V11], degree=cfg.mesh_degree,
-            degree_low=max(1, cfg.mesh_degree - cfg.mesh_degree // 3), degree_high=2 * cfg.mesh_degree,
+            degree_low=cfg.mesh_low(), degree_high=2 * cfg.mesh_degree,
             heartbeat_interval=cfg.heartbeat_s, adaptive_gossip_enabled=False,
             max_messages_per_topic_per_second=cfg.max_messages_per_s,
         )
@@ -152,6 +153,7 @@ class GossipHost:
     def _connected(self) -> set[ID]:
         peers = set(self.host.get_connected_peers())
         self.n_peers = len(peers)
+        self.n_mesh = len(self.gossipsub.mesh.get(self.cfg.topic(), ()))
         return peers
 
     async def _dial(self, info: PeerInfo) -> bool:
@@ -206,8 +208,10 @@ class GossipHost:
     async def _exchange_peers(self) -> None:
         """Peer exchange, asking side: learn peers from a random neighbour and dial the new ones."""
         failed: dict[ID, float] = {}
+        wait = 0.3  # the first ask comes right after the bootstrap connection, to mesh quickly
         while True:
-            await trio.sleep(self.cfg.peer_exchange_s * random.uniform(0.5, 1.0))
+            await trio.sleep(wait)
+            wait = self.cfg.peer_exchange_s * random.uniform(0.5, 1.0)
             connected = self._connected()
             now = trio.current_time()
             failed = {pid: until for pid, until in failed.items() if until > now}

@@ -1,0 +1,118 @@
+"""SAPO end to end: external groups are re-scored here, enter training across tokenizers, cannot be
+forged into reward, and J = 0 is the silo loop."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+
+from node.share import take_external
+from p2p.config import PoolConfig
+from p2p.pool import RolloutPool
+from p2p.wire import VERSION, WireGroup, WireMessage
+from rewards import TaskRef, regenerate
+from rewards.config import TasksConfig
+from tests.conftest import run_sapo
+from trainer.config import GRPOConfig, ModelConfig
+from trainer.grpo import GRPOTrainer
+from trainer.policy import load_policy
+
+PEER = "12D3KooWForgerForgerForgerForgerForgerForgerForgerFo"
+REF = TaskRef("arith", {}, seed=5, index=11)
+TASK = regenerate(REF)
+
+
+def pool_with(*groups: WireGroup, peer: str = PEER) -> RolloutPool:
+    pool = RolloutPool(PoolConfig())
+    pool.add(WireMessage(v=VERSION, peer=peer, model="m", round=1, created=time.time(), groups=list(groups)))
+    return pool
+
+
+def wire(completions: list[str], ref: TaskRef = REF, **extra) -> WireGroup:
+    return WireGroup.model_validate({"dataset": ref.dataset, "config": dict(ref.config), "seed": ref.seed,
+                                     "index": ref.index, "completions": completions, **extra})
+
+
+def test_a_forged_group_earns_nothing_for_a_claimed_answer_or_reward():
+    wrong = str(int(TASK.answer) + 1)
+    forged = wire([f"<answer>{wrong}</answer>"] * 4, reward=[1, 1, 1, 1], answer=wrong, correct=True)
+    groups, dropped = take_external(pool_with(forged), 4, random.Random(0), TasksConfig())
+    assert len(groups) == 1 and not dropped
+    assert groups[0].rewards == [0.0] * 4 and groups[0].source == PEER
+    assert groups[0].task.answer == TASK.answer  # the node's own regeneration, not the sender's claim
+
+
+def test_an_honest_external_group_is_scored_by_this_nodes_verifier():
+    honest = wire([f"<answer>{TASK.answer}</answer>", "<answer>nope</answer>"])
+    groups, _ = take_external(pool_with(honest), 4, random.Random(0), TasksConfig())
+    assert groups[0].rewards == [1.0, 0.0] and groups[0].correct == [True, False]
+
+
+def test_unaccepted_and_unregenerable_tasks_are_dropped_and_counted_and_the_pool_is_drained_for_usable_ones():
+    tasks = TasksConfig(datasets="arith,reverse")
+    other_config = wire(["x"], TaskRef("arith", {"max_operand": 99}, 0, 1))
+    not_ours = wire(["x"], TaskRef("count", {}, 0, 2))
+    unknown = wire(["x"], TaskRef("no_such_dataset", {}, 0, 3))
+    good = [wire([f"<answer>{i}</answer>"], TaskRef("reverse", {}, 0, i)) for i in range(3)]
+    pool = RolloutPool(PoolConfig(max_peer_share=1.0))
+    for k, g in enumerate([other_config, not_ours, unknown, *good]):
+        pool.add(WireMessage(v=VERSION, peer=f"peer{k}", model="m", round=1, created=time.time(), groups=[g]))
+    groups, dropped = take_external(pool, 3, random.Random(0), tasks)
+    assert len(groups) == 3 and {g.task.ref.dataset for g in groups} == {"reverse"}
+    assert dropped == {"not_accepted": 3}  # the pool is drained past them until J usable groups are found
+    anything = TasksConfig(datasets="arith,reverse", accept_external="any")
+    pool = pool_with(unknown, not_ours)
+    groups, dropped = take_external(pool, 2, random.Random(0), anything)
+    assert dropped == {"unknown_task": 1} and [g.task.ref.dataset for g in groups] == ["count"]
+
+
+def test_a_node_with_another_tokenizer_trains_on_text_from_a_tiny_a_node(tiny_a, tiny_b, cache_dir):
+    author = load_policy(ModelConfig(name="tiny-a", cache_dir=cache_dir))
+    learner = load_policy(ModelConfig(name="tiny-b", cache_dir=cache_dir))
+    texts = [f"<answer>{TASK.answer}</answer>", "<answer>0</answer>", f"<answer>{TASK.answer}</answer>", "<answer>x</answer>"]
+    probe = "<answer>1234</answer>"
+    assert author.tokenizer(probe)["input_ids"] != learner.tokenizer(probe)["input_ids"]  # digit runs merge in tiny-b
+    assert author.tokenizer.get_vocab() != learner.tokenizer.get_vocab()
+    groups, _ = take_external(pool_with(wire(texts)), 1, random.Random(0), TasksConfig())
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    stats = GRPOTrainer(learner, GRPOConfig(external_min_logprob=None), 16, 10).step(groups)
+    assert stats.external_groups_used == 1 and stats.optimizer_steps == 1
+    assert any(not (before[k] == v).all() for k, v in learner.model.state_dict().items())
+
+
+@pytest.mark.slow
+def test_a_three_node_mixed_swarm_trains_on_each_others_groups(tiny_a, tiny_b, cache_dir, tmp_path):
+    r = run_sapo("swarm", "--nodes", "3", "--rounds", "12", "--local", "2", "--external", "2", "--presets", "tiny-a,tiny-b",
+                 "--out", str(tmp_path), "--cache-dir", str(cache_dir),
+                 "--node-args", "--tasks.eval_size 20 --generation.completions_per_group 4", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [n["model"] for n in summary["per_node"]] == ["tiny-a", "tiny-b", "tiny-a"]
+    assert (tmp_path / "summary.png").stat().st_size > 10_000
+    for k in range(3):
+        rows = [json.loads(line) for line in (tmp_path / f"node{k}" / "metrics.jsonl").read_text().splitlines()][1:]
+        assert len(rows) == 12
+        assert sum(m["n_external_used"] for m in rows) > 0, f"node{k} never trained on a peer's group"
+        assert max(m["external_peers"] for m in rows) >= 1 and max(m["peers"] for m in rows) == 2
+        assert all(m["n_local"] + m["n_external"] == 4 for m in rows)  # I + J, short pools filled locally
+
+
+@pytest.mark.slow
+def test_a_lonely_node_fills_j_with_local_groups_exactly_like_a_silo_of_i_plus_j(tiny_a, cache_dir, tmp_path):
+    common = ["run", "--model.cache_dir", str(cache_dir), "--rounds", "3", "--tasks.eval_size", "20",
+              "--generation.completions_per_group", "4", "--p2p.enabled", "false"]
+    silo = run_sapo(*common, "--out", str(tmp_path / "silo"), "--local", "6", "--run.external_groups", "0")
+    lonely = run_sapo(*common, "--out", str(tmp_path / "lonely"), "--local", "2", "--run.external_groups", "4")
+    assert silo.returncode == 0 and lonely.returncode == 0, silo.stderr + lonely.stderr
+
+    def rows(name):
+        return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+    a, b = rows("silo"), rows("lonely")
+    for key in ("reward_mean", "eval_accuracy", "tokens_generated", "n_local", "groups_trained", "weight_version"):
+        assert [m[key] for m in a] == [m[key] for m in b], key
+    assert [m["loss"] for m in a[1:]] == pytest.approx([m["loss"] for m in b[1:]], abs=1e-6)
+    assert all(m["n_external"] == 0 for m in b)
