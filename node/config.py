@@ -32,6 +32,8 @@ class RunConfig(BaseModel):
     when_short: Literal["fill_local", "fewer"] = Field(
         "fill_local", description="when the pool has fewer than J usable groups: draw local tasks for the rest, or train on fewer")
     wait_for_peers: int = Field(0, ge=0, description="before round 1, wait up to 120 s for this many peers (for experiments that start nodes together)")
+    torch_threads: int | None = Field(None, ge=1, description="CPU threads torch may use (null: torch's default, all cores); "
+                                      "set it when several nodes share a machine, or they thrash")
     seed: int = Field(0, description="seeds task draws and sampling")
     eval_every: int = Field(25, ge=1, description="greedy evaluation on the held-out set every K rounds")
     checkpoint_every: int = Field(100, ge=1, description="checkpoint every K rounds, and always on stop")

@@ -42,6 +42,8 @@ def round_seed(seed: int, round_: int) -> int:
 class Node:
     def __init__(self, cfg: NodeConfig, progress: Progress | None = None):
         self.cfg = cfg
+        if cfg.run.torch_threads:
+            torch.set_num_threads(cfg.run.torch_threads)
         out = cfg.run.out_dir
         out.mkdir(parents=True, exist_ok=True)
         self.checkpoints = out / "checkpoints"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -94,7 +95,9 @@ def start(spec: SwarmSpec, cache_dir: Path | None) -> list[Child]:
         args = [sys.executable, "-m", "node.cli", "run", "--out", str(out), "--model", spec.preset(k),
                 "--rounds", str(spec.rounds), "--local", str(spec.local), "--run.external_groups", str(spec.external),
                 "--seed", str(spec.seed + k), "--listen", f"/ip4/127.0.0.1/tcp/{port}",
-                "--run.wait_for_peers", str(spec.nodes - 1)]
+                "--run.wait_for_peers", str(spec.nodes - 1),
+                # one machine, N nodes: without a share each, torch's thread pools spin against each other
+                "--run.torch_threads", str(max(1, (os.cpu_count() or 1) // spec.nodes))]
         if cache_dir is not None:
             args += ["--model.cache_dir", str(cache_dir)]
         if bootstrap:
