@@ -99,3 +99,12 @@ def test_config_reference_is_up_to_date():
 
     r = subprocess.run([sys.executable, "scripts/gen_config_docs.py", "--check"], cwd=ROOT)
     assert r.returncode == 0, "docs/CONFIG.md is stale: run scripts/gen_config_docs.py"
+
+
+def test_the_shipped_gpu_config_is_valid_and_set_up_like_the_paper():
+    from tests.conftest import ROOT
+
+    cfg = load_config(ROOT / "docs/configs/paper-qwen2.5-0.5b.toml")
+    assert cfg.model.name == "Qwen/Qwen2.5-0.5B-Instruct" and cfg.grpo.kl_coef == 0
+    assert cfg.generation.completions_per_group == 8 and (cfg.run.local_groups, cfg.run.external_groups) == (4, 4)
+    assert len(cfg.tasks.datasets) == 9 and all(d.name.startswith("rg/") for d in cfg.tasks.datasets)

@@ -116,3 +116,7 @@ def test_a_lonely_node_fills_j_with_local_groups_exactly_like_a_silo_of_i_plus_j
         assert [m[key] for m in a] == [m[key] for m in b], key
     assert [m["loss"] for m in a[1:]] == pytest.approx([m["loss"] for m in b[1:]], abs=1e-6)
     assert all(m["n_external"] == 0 for m in b)
+    fewer = run_sapo(*common, "--out", str(tmp_path / "fewer"), "--local", "2", "--run.external_groups", "4",
+                     "--run.when_short", "fewer")
+    assert fewer.returncode == 0, fewer.stderr
+    assert [m["n_local"] for m in rows("fewer")[1:]] == [2, 2, 2]
