@@ -135,7 +135,8 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     if not presets:
         raise ConfigError("--presets: name at least one model")
     extra = shlex.split(args.node_args)
-    load_config(None, _overrides(_add_config_flags_parse(extra)))  # a bad knob fails here, not in N children
+    node_flags = _parse_node_args(extra)
+    load_config(node_flags.config, _overrides(node_flags))  # a bad knob fails here, not in N children
     _setup_logging("INFO")
     cache_dir = args.cache_dir or NodeConfig().model.cache_dir
     for name in dict.fromkeys(presets):
@@ -151,13 +152,15 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     return 0 if all(n["exit_code"] == 0 for n in summary["per_node"]) else 1
 
 
-def _add_config_flags_parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="sapo swarm --node-args", add_help=False, exit_on_error=False)
+class _NodeArgsParser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage dump and exit
+        raise ConfigError(f"--node-args: {message}")
+
+
+def _parse_node_args(argv: list[str]) -> argparse.Namespace:
+    parser = _NodeArgsParser(prog="sapo swarm --node-args", add_help=False)
     _add_config_flags(parser)
-    try:
-        return parser.parse_args(argv)
-    except (argparse.ArgumentError, SystemExit) as e:
-        raise ConfigError(f"--node-args: {e}") from None
+    return parser.parse_args(argv)
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:

@@ -120,3 +120,15 @@ def test_a_lonely_node_fills_j_with_local_groups_exactly_like_a_silo_of_i_plus_j
                      "--run.when_short", "fewer")
     assert fewer.returncode == 0, fewer.stderr
     assert [m["n_local"] for m in rows("fewer")[1:]] == [2, 2, 2]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "0"], "sapo: config error: --nodes: must be at least 1 (got 0)"),
+    (["--node-args", "--grpo.lr -1"], 'sapo: config error: grpo.lr: Input should be greater than 0 (got "-1")'),
+    (["--node-args", "--bogus 1"], "sapo: config error: --node-args: unrecognized arguments: --bogus 1"),
+])
+def test_bad_swarm_arguments_fail_before_any_node_starts(args, message, tmp_path):
+    r = run_sapo("swarm", "--out", str(tmp_path / "s"), *args)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [message]
+    assert not (tmp_path / "s").exists()
