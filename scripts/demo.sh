@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The main job: set up, then run a node on the embedded tiny default. Extra arguments go to `sapo run`.
-# The demo node listens on loopback only, on a free port: it has no peers to meet.
+# The main job: set up, then run a local swarm on 127.0.0.1: three nodes (tiny-a, tiny-b, tiny-a), each
+# learning verifiable tasks from 4 local + 4 shared groups per round. Extra arguments go to `sapo swarm`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/sapo run --out runs/demo --listen /ip4/127.0.0.1/tcp/0 "$@"
+exec .venv/bin/sapo swarm --out runs/demo "$@"
