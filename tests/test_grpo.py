@@ -75,7 +75,9 @@ def test_truncated_completions_are_masked_out_of_the_loss(policy):
     assert not unchanged(before, policy.model)
 
 
-def test_every_epoch_uses_the_pre_update_policy_as_old_logprobs(policy, monkeypatch):
+@pytest.fixture
+def loss_calls(monkeypatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(log-probs, old log-probs) of every loss evaluation in the test."""
     calls = []
     real = grpo_module.grpo_loss
 
@@ -84,6 +86,11 @@ def test_every_epoch_uses_the_pre_update_policy_as_old_logprobs(policy, monkeypa
         return real(logps, old_logps, *args, **kwargs)
 
     monkeypatch.setattr(grpo_module, "grpo_loss", spy)
+    return calls
+
+
+def test_every_epoch_uses_the_pre_update_policy_as_old_logprobs(policy, loss_calls):
+    calls = loss_calls
     trainer = GRPOTrainer(policy, GRPOConfig(epochs=3, lr=1e-3), max_new_tokens=16, total_rounds=10)
     stats = trainer.step([group([1, 0, 0, 1])])
     assert stats.optimizer_steps == 3 and len(calls) == 3
@@ -141,15 +148,8 @@ def test_external_completions_off_this_policys_support_are_masked_and_local_ones
     assert stats.external_masked == 0 and not unchanged(before, policy.model)
 
 
-def test_in_support_external_groups_train_like_local_ones_with_own_logprobs_as_old_policy(policy, monkeypatch):
-    seen = []
-    real = grpo_module.grpo_loss
-
-    def spy(logps, old_logps, *args, **kwargs):
-        seen.append((logps.detach().clone(), old_logps.clone()))
-        return real(logps, old_logps, *args, **kwargs)
-
-    monkeypatch.setattr(grpo_module, "grpo_loss", spy)
+def test_in_support_external_groups_train_like_local_ones_with_own_logprobs_as_old_policy(policy, loss_calls):
+    seen = loss_calls
     trainer = GRPOTrainer(policy, GRPOConfig(external_min_logprob=None, lr=1e-3), 16, 10)
     good = seq_logprob(policy, GOOD)
     stats = trainer.step([group([1, 0, 1, 0], source="12D3KooWpeer")])
