@@ -133,7 +133,10 @@ def test_external_text_longer_than_max_new_tokens_is_cut_and_counts_as_truncated
     long_text = "<answer>" + "9" * 30 + "</answer>"
     batch, _, _, truncated, external = trainer._tensors([group([1, 0], texts=[GOOD, long_text], source="peer")])
     assert batch.completion_mask.shape[1] == 4
-    assert truncated.tolist() == [len(policy.tokenizer(GOOD, add_special_tokens=False)["input_ids"]) > 4, True]
+    assert truncated.tolist() == [len(policy.tokenizer(GOOD, add_special_tokens=False)["input_ids"]) >= 4, True]
+    _, _, _, truncated, _ = GRPOTrainer(policy, GRPOConfig(), max_new_tokens=64, total_rounds=10)._tensors(
+        [group([1, 0], texts=[GOOD, long_text], source="peer")])
+    assert truncated.tolist() == [False, False]
     assert external.tolist() == [True, True]
 
 

@@ -132,3 +132,42 @@ def test_bad_swarm_arguments_fail_before_any_node_starts(args, message, tmp_path
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [message]
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_node_of_a_swarm_with_a_checkpoint_and_leaves_no_process(tiny_a, tiny_b, cache_dir, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import ROOT
+    from trainer import checkpoint
+
+    proc = subprocess.Popen([sys.executable, "-m", "node.cli", "swarm", "--nodes", "2", "--rounds", "100000",
+                             "--out", str(tmp_path), "--cache-dir", str(cache_dir), "--node-args", "--tasks.eval_size 10"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not all(
+                (tmp_path / f"node{k}" / "metrics.jsonl").exists()
+                and len((tmp_path / f"node{k}" / "metrics.jsonl").read_text().splitlines()) > 3 for k in range(2)):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    assert "exit 0" in out and "Traceback" not in err
+    for k in range(2):
+        assert checkpoint.load_latest(tmp_path / f"node{k}" / "checkpoints") is not None
+    def cmdline(pid_dir: Path) -> str:
+        try:
+            return (pid_dir / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:  # the process ended while we looked
+            return ""
+
+    assert [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and str(tmp_path) in cmdline(p)] == []
+    assert json.loads((tmp_path / "summary.json").read_text())["nodes"] == 2

@@ -106,8 +106,10 @@ class GRPOTrainer:
         return stats
 
     def _tensors(self, groups: list[RolloutGroup]) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Tokenize with this node's own tokenizer: text from peers is re-tokenized (and cut at
-        max_new_tokens, counting as truncated), local ids are reused."""
+        """Tokenize with this node's own tokenizer: text from peers is re-tokenized, local ids are reused.
+
+        Re-tokenized text is cut at max_new_tokens; text that fills the whole budget counts as
+        truncated, since a peer's cut completion cannot be told apart from one that just fits."""
         tok, device = self.policy.tokenizer, self.policy.device
         prompt_ids = encode_prompts(self.policy, [g.task.prompt for g in groups])
         prompts, completions, rewards, group_ids, truncated, external = [], [], [], [], [], []
@@ -118,7 +120,7 @@ class GRPOTrainer:
                 completions.append(c_ids[: self.max_tokens])
                 rewards.append(r)
                 group_ids.append(gi)
-                truncated.append(t or len(c_ids) > self.max_tokens)
+                truncated.append(t or (g.completion_ids is None and len(c_ids) >= self.max_tokens))
                 external.append(g.source != "local")
         batch = collate(prompts, completions, tok.pad_token_id, device)
         return (batch, torch.tensor(rewards, dtype=torch.float32, device=device),
