@@ -8,12 +8,11 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 
 from p2p.config import Limits
+from p2p.seen import SeenKeys
 from p2p.wire import Rejected, WireMessage, decode
-
-MAX_REMEMBERED = 200_000
 
 
 class MessagePolicy:
@@ -21,8 +20,7 @@ class MessagePolicy:
         self.limits = limits
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
-        # content hash -> expiry; insertion order is expiry order because the TTL is fixed
-        self._seen: OrderedDict[bytes, float] = OrderedDict()
+        self._seen = SeenKeys(ttl=self.remember_s)  # sha256 of message bytes
         self._lock = threading.Lock()
 
     @property
@@ -53,11 +51,10 @@ class MessagePolicy:
             raise Rejected("too_old", f"created {now - msg.created:.0f} s ago")
         digest = hashlib.sha256(data).digest()
         with self._lock:
-            while self._seen and (next(iter(self._seen.values())) < now or len(self._seen) >= MAX_REMEMBERED):
-                self._seen.popitem(last=False)
+            self._seen.forget_expired(now)
             if digest in self._seen:
                 raise Rejected("duplicate", "same bytes seen before")
-            self._seen[digest] = now + self.remember_s
+            self._seen.add(digest, now)
         return msg
 
     def stats(self) -> dict[str, object]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from p2p.config import PoolConfig
+from p2p.seen import SeenKeys
 from p2p.wire import WireGroup, WireMessage
 
 DROP_REASONS = ("duplicate", "stale", "peer_quota", "overflow")
@@ -38,7 +39,7 @@ class RolloutPool:
         self.dropped: Counter[str] = Counter()
         self._by_peer: dict[str, deque[PooledGroup]] = {}
         self._size = 0
-        self._seen: OrderedDict[str, float] = OrderedDict()  # group key -> expiry, in expiry order
+        self._seen = SeenKeys(ttl=cfg.max_age_s)  # group keys, remembered after the group leaves the pool
         self._lock = threading.Lock()
 
     @property
@@ -63,7 +64,7 @@ class RolloutPool:
                 if msg.created < now - self.cfg.max_age_s:
                     self.dropped["stale"] += 1
                     continue
-                self._seen[key] = now + self.cfg.max_age_s
+                self._seen.add(key, now)
                 queue = self._by_peer.setdefault(msg.peer, deque())
                 if len(queue) >= self.peer_quota:
                     self._pop(queue, "peer_quota")
@@ -106,8 +107,7 @@ class RolloutPool:
         self.dropped[reason] += 1
 
     def _expire(self, now: float) -> None:
-        while self._seen and next(iter(self._seen.values())) < now:
-            self._seen.popitem(last=False)
+        self._seen.forget_expired(now)
         horizon = now - self.cfg.max_age_s
         for peer, queue in list(self._by_peer.items()):
             while queue and queue[0].created < horizon:

@@ -7,6 +7,7 @@ from collections import Counter
 
 from p2p.config import PoolConfig
 from p2p.pool import RolloutPool
+from p2p.seen import SeenKeys
 from p2p.wire import VERSION, WireGroup, WireMessage
 
 NOW = 1_800_000_000.0
@@ -76,3 +77,12 @@ def test_sampling_prefers_each_peers_newest_groups():
 
 def test_sampling_an_empty_pool_returns_nothing():
     assert RolloutPool(PoolConfig()).sample(4, random.Random(0)) == []
+
+
+def test_seen_keys_are_forgotten_after_their_ttl_and_stay_under_their_cap():
+    seen = SeenKeys(ttl=10, max_keys=3)
+    for k in range(5):
+        seen.add(k, now=k)
+    assert [k for k in range(5) if k in seen] == [2, 3, 4]  # capped at 3: the oldest went first
+    seen.forget_expired(now=13.5)  # 2 and 3 expired at 12 and 13
+    assert [k for k in range(5) if k in seen] == [4]

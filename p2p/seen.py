@@ -1,0 +1,31 @@
+"""Keys remembered for a fixed time and up to a fixed count: the duplicate memory of the message
+policy (hashes of message bytes) and of the pool (group keys). Not locked: its owner holds a lock."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+
+MAX_KEYS = 200_000
+
+
+class SeenKeys:
+    def __init__(self, ttl: float, max_keys: int = MAX_KEYS):
+        self.ttl = ttl
+        self.max_keys = max_keys
+        self._expiry: OrderedDict[Hashable, float] = OrderedDict()  # insertion order is expiry order: fixed TTL
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._expiry
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+    def forget_expired(self, now: float) -> None:
+        while self._expiry and next(iter(self._expiry.values())) < now:
+            self._expiry.popitem(last=False)
+
+    def add(self, key: Hashable, now: float) -> None:
+        while len(self._expiry) >= self.max_keys:  # past the cap, the oldest go first
+            self._expiry.popitem(last=False)
+        self._expiry[key] = now + self.ttl
