@@ -18,6 +18,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
+from node.swarm import free_port
 from p2p.config import P2PConfig
 from p2p.identity import load_or_create, peer_id
 from p2p.probe import ProbeProcess
@@ -103,14 +104,8 @@ def test_a_restart_with_the_same_key_keeps_the_peer_id_and_stops_cleanly(spawn, 
         assert "Traceback" not in log and "ERROR" not in log, log
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_lost_bootstrap_peer_is_redialed_with_backoff(spawn, tmp_path):
-    key, port = tmp_path / "boot.key", _free_port()
+    key, port = tmp_path / "boot.key", free_port()
     boot_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id(load_or_create(key))}"
     node = spawn("node", "--rate", "2", "--bootstrap", boot_addr)
     node.wait_for(lambda: "unreachable; retrying" in node.log_path.read_text(), 30, "a redial warning")
