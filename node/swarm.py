@@ -157,10 +157,10 @@ def summarize(spec: SwarmSpec, children: list[Child]) -> dict:
         c.refresh()
         trained = [r for r in c.rows if r["round"] > 0]
         evals = [(r["round"], r["eval_accuracy"]) for r in c.rows if r.get("eval_accuracy") is not None]
+        cumulative = sum(r["reward_mean"] for r in trained)
         nodes.append({
             "name": c.name, "model": c.preset, "exit_code": c.proc.returncode, "rounds": len(trained),
-            "cumulative_reward": sum(r["reward_mean"] for r in trained),
-            "mean_reward": sum(r["reward_mean"] for r in trained) / len(trained) if trained else None,
+            "cumulative_reward": cumulative, "mean_reward": cumulative / len(trained) if trained else None,
             "eval_first": evals[0][1] if evals else None, "eval_last": evals[-1][1] if evals else None,
             "external_used": sum(r.get("n_external_used", 0) for r in trained),
             "external_in_batch": sum(r.get("n_external", 0) for r in trained),

@@ -45,7 +45,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--chars", type=int, default=200, help="characters per completion")
     p.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until SIGINT/SIGTERM)")
     p.add_argument("--events", type=Path, help="JSON-lines event file (default: stdout)")
-    p.add_argument("--max-message-age", type=float, default=300.0, help="receiver's limits.max_message_age_s")
     p.add_argument("--mesh-degree", type=int, default=P2PConfig.model_fields["mesh_degree"].default, help="GossipSub D")
     return p.parse_args(argv)
 
@@ -75,6 +74,9 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
         out.write(json.dumps({"event": event, "t": time.time(), **fields}) + "\n")
         out.flush()
 
+    def emit_received(msg: WireMessage, at: float) -> None:
+        emit("received", peer=msg.peer, round=msg.round, created=msg.created, at=at, groups=len(msg.groups))
+
     def on_message(msg: WireMessage) -> None:  # trio thread: stamp now, hand over to asyncio
         loop.call_soon_threadsafe(inbox.put_nowait, (msg, time.time()))
 
@@ -84,8 +86,7 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
 
     async def receive() -> None:
         while True:
-            msg, t = await inbox.get()
-            emit("received", peer=msg.peer, round=msg.round, created=msg.created, at=t, groups=len(msg.groups))
+            emit_received(*await inbox.get())
 
     async def publish() -> None:
         rng = random.Random(gossip.peer_id)
@@ -119,8 +120,7 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.to_thread(gossip.stop)
         while not inbox.empty():  # messages that crossed the bridge before the stop
-            msg, t = inbox.get_nowait()
-            emit("received", peer=msg.peer, round=msg.round, created=msg.created, at=t, groups=len(msg.groups))
+            emit_received(*inbox.get_nowait())
         emit("stats", **usage(), **gossip.stats())
         emit("stopped")
 
@@ -129,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
-        cfg = P2PConfig(network=args.network, listen=[args.listen], bootstrap=args.bootstrap, mesh_degree=args.mesh_degree,
-                        limits={"max_message_age_s": args.max_message_age})
+        cfg = P2PConfig(network=args.network, listen=[args.listen], bootstrap=args.bootstrap, mesh_degree=args.mesh_degree)
     except ValidationError as e:
         err = e.errors()[0]
         print(f"probe: {'.'.join(map(str, err['loc']))}: {err['msg']}", file=sys.stderr)
