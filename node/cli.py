@@ -124,7 +124,7 @@ def cmd_id(args: argparse.Namespace) -> int:
 def cmd_swarm(args: argparse.Namespace) -> int:
     import shlex
 
-    from node.swarm import SwarmSpec, run
+    from node.swarm import SwarmError, SwarmSpec, run
     from trainer.tiny import PRESETS, ensure_preset
 
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]
@@ -144,7 +144,11 @@ def cmd_swarm(args: argparse.Namespace) -> int:
             ensure_preset(name, cache_dir)
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=args.local, external=args.external, presets=presets,
                      out=args.out, seed=args.seed, extra=extra)
-    summary = run(spec, cache_dir=cache_dir)
+    try:
+        summary = run(spec, cache_dir=cache_dir)
+    except SwarmError as e:
+        print(f"sapo: {e}", file=sys.stderr)
+        return 1
     for n in summary["per_node"]:
         print(f"{n['name']} ({n['model']}): {n['rounds']} rounds, cumulative reward {n['cumulative_reward']:.2f}, "
               f"eval {n['eval_first']} -> {n['eval_last']}, external groups used {n['external_used']}, exit {n['exit_code']}")

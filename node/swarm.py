@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 60.0
 
 
+class SwarmError(RuntimeError):
+    """The swarm could not start; the message carries the failing node's own last words."""
+
+
 @dataclass
 class SwarmSpec:
     nodes: int
@@ -109,7 +113,9 @@ def start(spec: SwarmSpec, cache_dir: Path | None) -> list[Child]:
             bootstrap = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id(load_or_create(out / 'node.key'))}"
             if not wait_listening(port, proc, timeout=300):
                 stop(children)
-                raise RuntimeError(f"the bootstrap node did not start; see {out / 'node.log'}")
+                lines = (out / "node.log").read_text(errors="replace").strip().splitlines()
+                raise SwarmError(f"the bootstrap node did not start ({lines[-1] if lines else 'no output'}); "
+                                 f"see {out / 'node.log'}")
     return children
 
 

@@ -171,3 +171,12 @@ def test_ctrl_c_stops_every_node_of_a_swarm_with_a_checkpoint_and_leaves_no_proc
 
     assert [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and str(tmp_path) in cmdline(p)] == []
     assert json.loads((tmp_path / "summary.json").read_text())["nodes"] == 2
+
+
+def test_a_swarm_whose_bootstrap_node_cannot_start_says_why_in_one_line(tmp_path):
+    r = run_sapo("swarm", "--nodes", "2", "--rounds", "1", "--presets", str(tmp_path / "no-such-model"),
+                 "--out", str(tmp_path / "s"))
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        "sapo: the bootstrap node did not start (sapo: config error: model.name:")
+    assert "Traceback" not in r.stderr and not (tmp_path / "s" / "node1").exists()
