@@ -76,6 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from p2p.identity import IdentityError
     from p2p.service import P2PError
     from trainer.checkpoint import CheckpointError
+    from trainer.generation import BackendError
     from trainer.policy import ModelLoadError
 
     cfg = load_config(args.config, _overrides(args))
@@ -86,6 +87,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             node.run(stop)
         except ModelLoadError as e:
             raise ConfigError(f"model.name: {e}") from None
+        except BackendError as e:
+            raise ConfigError(f"generation.backend: {e}") from None
         except (CheckpointError, IdentityError, P2PError) as e:
             print(f"sapo: {e}", file=sys.stderr)
             return 1

@@ -21,7 +21,7 @@ from rewards import TaskSource
 from trainer import checkpoint
 from trainer.generation import SamplingParams, make_generator
 from trainer.grpo import GRPOTrainer
-from trainer.policy import load_policy
+from trainer.policy import export_weights, load_policy
 from trainer.rollout import accuracy, accuracy_by_dataset, evaluate, rollout
 
 log = logging.getLogger(__name__)
@@ -155,9 +155,10 @@ class Node:
             publish_round(self.gossip, cfg.model.name, r, groups, cfg.p2p.limits)
 
         t0 = time.perf_counter()
+        self.generator.release()
         stats = self.trainer.step(groups + external)
         if stats.optimizer_steps:
-            self.generator.load_weights(self.policy.model.state_dict())
+            self.generator.load_weights(export_weights(self.policy.model))
         seconds_train = time.perf_counter() - t0
 
         self.round = r

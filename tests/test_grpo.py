@@ -184,10 +184,12 @@ def test_lr_schedules_with_warmup(schedule, expected):
     assert seen == pytest.approx(expected)
 
 
-def test_lora_trains_only_adapters_and_syncs_into_the_generator(tiny_a, cache_dir):
+def test_lora_trains_only_adapters_and_syncs_merged_weights_into_the_generator(tiny_a, cache_dir):
     pytest.importorskip("peft")
+    import copy
+
     from trainer.generation.hf import TransformersGenerator
-    from trainer.policy import load_policy
+    from trainer.policy import export_weights, load_policy
 
     policy = load_policy(ModelConfig(name="tiny-a", cache_dir=cache_dir, lora=LoraConfig(enabled=True, r=4)))
     trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
@@ -198,9 +200,15 @@ def test_lora_trains_only_adapters_and_syncs_into_the_generator(tiny_a, cache_di
     trainer.step([group([1, 0, 0, 1])])
     trainer.step([group([1, 0, 0, 1])])
     assert all(torch.equal(base[n], p) for n, p in policy.model.named_parameters() if not p.requires_grad)
-    gen.load_weights(policy.model.state_dict())
-    for (n, a), (_, b) in zip(policy.model.state_dict().items(), gen.model.state_dict().items()):
-        assert torch.equal(a, b), n
+    exported = export_weights(policy.model)
+    assert all(torch.equal(base[n], p) for n, p in policy.model.named_parameters() if not p.requires_grad)
+    merged = copy.deepcopy(policy.model).merge_and_unload().state_dict()
+    assert exported.keys() == merged.keys() == gen.model.state_dict().keys()
+    gen.load_weights(exported)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(gen.model.state_dict()[q], base[f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"])
+    for name, weight in gen.model.state_dict().items():
+        assert torch.allclose(weight, merged[name], atol=1e-6), name
 
 
 def test_gradient_checkpointing_trains(tiny_a, cache_dir):

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from node.metrics import MetricsLog, RoundMetrics
 from tests.conftest import ROOT, run_sapo
 from trainer import checkpoint
+from trainer.generation import vllm_available
 
 pytestmark = pytest.mark.slow
 REQUIRED = {"round", "time", "reward_mean", "accuracy_train", "eval_accuracy", "n_local", "n_external",
@@ -193,3 +194,28 @@ def test_metrics_rewind_sets_later_rounds_aside(tmp_path):
     assert log.rewind(2) == 3
     assert [json.loads(x)["round"] for x in log.path.read_text().splitlines()] == [0, 1, 2]
     assert len((tmp_path / "metrics.rolled-back.jsonl").read_text().splitlines()) == 3
+
+
+@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed here: CI's second stage (scripts/test_vllm.sh) runs this")
+def test_a_node_on_vllm_trains_pushes_every_step_and_resumes_exactly(tiny_a, cache_dir, tmp_path):
+    vllm = ("--generation.backend", "vllm", "--generation.vllm.enforce_eager", "true",
+            "--generation.vllm.cpu_kv_cache_gib", "0.25", "--p2p.enabled", "false")
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    for out, rounds in [(straight, 4), (split, 2), (split, 4)]:
+        r = run_sapo(*small_run(cache_dir, out, rounds, *vllm))
+        assert r.returncode == 0, r.stderr
+        assert "generation backend: vllm" in r.stderr
+    a, b = metrics(straight), metrics(split)
+    assert [m["round"] for m in b] == [0, 1, 2, 3, 4]
+    for key in ("reward_mean", "tokens_generated", "eval_accuracy", "weight_version"):
+        assert [m[key] for m in a] == [m[key] for m in b], key
+    trained = [m for m in b[1:] if m["loss"] is not None]
+    assert trained and b[-1]["weight_version"] == len(trained)  # one push per trained round
+
+
+@pytest.mark.skipif(vllm_available(), reason="vLLM is installed here")
+def test_asking_for_vllm_without_it_is_one_line_naming_the_install(tiny_a, cache_dir, tmp_path):
+    r = run_sapo(*small_run(cache_dir, tmp_path, 1, "--generation.backend", "vllm", "--p2p.enabled", "false"))
+    assert r.returncode != 0
+    assert "generation.backend" in r.stderr and "sapo-node[vllm]" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -36,14 +36,24 @@ class ModelConfig(Section):
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
+class VLLMConfig(Section):
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=0.95, description="share of the GPU vLLM may take (weights + KV cache); the trainer uses the rest")
+    sleep_mode: bool = Field(True, description="on a GPU, free vLLM's memory while the trainer steps and wake it before generating")
+    max_model_len: int | None = Field(None, ge=16, description="longest prompt + completion in tokens (null: the model's own limit)")
+    enforce_eager: bool = Field(False, description="skip CUDA graph capture (faster start, slower decoding)")
+    cpu_kv_cache_gib: float = Field(1.0, gt=0, description="KV cache size of the CPU build of vLLM, in GiB")
+
+
 class GenerationConfig(Section):
-    backend: Literal["transformers"] = Field("transformers", description="generation engine (vLLM arrives as a second backend)")
+    backend: Literal["auto", "vllm", "transformers"] = Field(
+        "auto", description="auto: vLLM when it is installed and the model is on a GPU, else transformers")
     completions_per_group: int = Field(8, ge=1, le=256, description="G: completions sampled per task")
     temperature: float = Field(1.0, ge=0, description="0 means greedy")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass (1 disables)")
     max_new_tokens: int = Field(16, ge=1, description="completion length cap; longer ones count as truncated")
     stop: list[str] = Field(default_factory=lambda: ["</answer>"], description="stop strings, kept in the output")
-    batch_size: int = Field(256, ge=1, description="sequences per generation forward pass")
+    batch_size: int = Field(256, ge=1, description="sequences per generation forward pass (transformers backend; vLLM batches itself)")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 
 class GRPOConfig(Section):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ class Policy:
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     use_chat_template: bool
+    source: str | None = None  # the folder or hub id it was loaded from; an engine that loads its own copy needs it
+    trust_remote_code: bool = False
 
     def format_prompt(self, prompt: str) -> str:
         """The text this node's model sees for a task prompt (chat template when it has one)."""
@@ -109,7 +112,8 @@ def load_policy(cfg: ModelConfig, weights_from: Path | None = None) -> Policy:
         model = _with_lora(model, cfg, weights_from)
     log.info("loaded %s (%.2fM parameters, %s, %s)", source, sum(p.numel() for p in model.parameters()) / 1e6, device, dtype)
     use_template = cfg.chat_template and bool(getattr(tokenizer, "chat_template", None))
-    return Policy(model=model, tokenizer=tokenizer, device=device, use_chat_template=use_template)
+    return Policy(model=model, tokenizer=tokenizer, device=device, use_chat_template=use_template, source=source,
+                  trust_remote_code=cfg.trust_remote_code)
 
 
 def _with_lora(model: PreTrainedModel, cfg: ModelConfig, adapter_from: Path | None) -> PreTrainedModel:
@@ -122,6 +126,34 @@ def _with_lora(model: PreTrainedModel, cfg: ModelConfig, adapter_from: Path | No
     lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                       target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM")
     return get_peft_model(model, lora)
+
+
+def plain_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """A copy a generator can run and load `export_weights` into: LoRA adapters merged away."""
+    if not hasattr(model, "get_base_model"):
+        return copy.deepcopy(model)
+    return copy.deepcopy(model).merge_and_unload()
+
+
+def export_weights(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """The weights a generator needs, under the base model's names.
+
+    With LoRA each adapted weight is W + delta, computed afresh: merging into W and unmerging
+    again would leave low-precision rounding in the frozen base weights after every step.
+    """
+    if not hasattr(model, "get_base_model"):
+        return model.state_dict()
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    weights = {k.replace(".base_layer", ""): v for k, v in base.state_dict().items() if "lora_" not in k}
+    with torch.no_grad():
+        for name, layer in base.named_modules():
+            if not isinstance(layer, LoraLayer):
+                continue
+            key = f"{name}.weight"
+            weights[key] = weights[key] + sum(layer.get_delta_weight(a) for a in layer.active_adapters)
+    return weights
 
 
 def encode_prompts(policy: Policy, prompts: list[str]) -> list[list[int]]:

@@ -6,14 +6,25 @@ temperature and top-p), the quantity a trainer's forward pass reproduces.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import logging
+import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterator, Literal, Mapping, Protocol, Sequence
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
     from trainer.config import GenerationConfig
     from trainer.policy import Policy
+
+log = logging.getLogger(__name__)
+
+
+class BackendError(RuntimeError):
+    """The configured generation backend cannot run here; the message says what to install or change."""
 
 
 @dataclass(frozen=True)
@@ -54,11 +65,65 @@ class Generator(Protocol):
         ...
 
     def load_weights(self, state_dict: Mapping[str, "torch.Tensor"]) -> None:
-        """Replace every weight with the trainer's and bump `weight_version`."""
+        """Replace every weight with the trainer's (plain names, adapters merged) and bump `weight_version`."""
+        ...
+
+    def release(self) -> None:
+        """Give accelerator memory back until the next call, so the trainer can use it (may do nothing)."""
         ...
 
 
+def to_completion(tokenizer: "PreTrainedTokenizerBase", terminators: set[int], tokens: list[int],
+                  logprobs: list[float], stop: Sequence[str], weight_version: int) -> Completion:
+    """One rule for every backend: where a completion ends, what text it has, and why it ended.
+
+    The text runs to the first stop string (kept) or terminator; the token ids keep the EOS token
+    (the model must learn to stop) and drop anything sampled after the end.
+    """
+    end = next((i for i, t in enumerate(tokens) if t in terminators), len(tokens))
+    text = tokenizer.decode(tokens[:end], skip_special_tokens=True)
+    hit = [text.index(s) + len(s) for s in stop if s in text]
+    if hit:  # generation halts on the token that completes a stop string: tokens past `end` are padding
+        text, keep, finish = text[: min(hit)], end, "stop"
+    elif end < len(tokens):
+        keep, finish = end + 1, "stop"
+    else:
+        keep, finish = end, "length"
+    return Completion(text=text, token_ids=tokens[:keep], logprobs=logprobs[:keep], finish_reason=finish,
+                      weight_version=weight_version)
+
+
+@contextlib.contextmanager
+def isolated_rng(device: "torch.device") -> Iterator[None]:
+    """Engines seed and draw from the global RNGs; the node's own streams must not notice."""
+    import numpy as np
+    import torch
+
+    python, numpy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        yield
+    random.setstate(python)
+    np.random.set_state(numpy)
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_backend(cfg: "GenerationConfig", policy: "Policy") -> str:
+    """`auto` takes vLLM where it is installed and the policy sits on a GPU, else transformers."""
+    if cfg.backend != "auto":
+        return cfg.backend
+    return "vllm" if policy.device.type == "cuda" and vllm_available() else "transformers"
+
+
 def make_generator(cfg: "GenerationConfig", policy: "Policy") -> Generator:
+    backend = resolve_backend(cfg, policy)
+    log.info("generation backend: %s%s", backend, " (auto)" if cfg.backend == "auto" else "")
+    if backend == "vllm":
+        from trainer.generation.vllm_engine import VLLMGenerator
+
+        return VLLMGenerator(policy, cfg.vllm)
     from trainer.generation.hf import TransformersGenerator
 
     return TransformersGenerator(policy, batch_size=cfg.batch_size)

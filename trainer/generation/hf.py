@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Mapping, Sequence
 
 import torch
 from transformers import GenerationConfig as HFGenerationConfig
 
-from trainer.generation import Completion, SamplingParams
-from trainer.policy import Policy
+from trainer.generation import Completion, SamplingParams, isolated_rng, to_completion
+from trainer.policy import Policy, plain_copy
 
 
 class TransformersGenerator:
-    """Samples from its own copy of the policy, so training never disturbs an in-flight batch."""
+    """Samples from its own plain copy of the policy, so training never disturbs an in-flight batch."""
 
     def __init__(self, policy: Policy, batch_size: int = 256):
-        self.model = copy.deepcopy(policy.model).eval().requires_grad_(False)
+        self.model = plain_copy(policy.model).eval().requires_grad_(False)
         # A checkpoint's own generation_config (top_k, repetition penalty, ...) would otherwise fill
         # in whatever a call leaves unset and change what the sampling parameters mean.
         self.model.generation_config = HFGenerationConfig()
@@ -30,11 +29,13 @@ class TransformersGenerator:
         self.model.load_state_dict(state_dict)
         self.weight_version += 1
 
+    def release(self) -> None:
+        """Nothing to give back: the copy is as large as the weights and stays put."""
+
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[list[int]], params: SamplingParams) -> list[list[Completion]]:
         flat = [ids for ids in prompt_ids for _ in range(params.n)]
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        with isolated_rng(self.device):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             done = [c for i in range(0, len(flat), self.batch_size) for c in self._sample(flat[i : i + self.batch_size], params)]
@@ -59,17 +60,5 @@ class TransformersGenerator:
         new_tokens = out.sequences[:, enc["input_ids"].shape[1] :]
         logprobs = torch.stack([step.float().log_softmax(-1).gather(-1, tok[:, None])[:, 0]
                                 for step, tok in zip(out.logits, new_tokens.T)], dim=1)
-        return [self._completion(row.tolist(), lp.tolist(), params) for row, lp in zip(new_tokens, logprobs)]
-
-    def _completion(self, tokens: list[int], logprobs: list[float], params: SamplingParams) -> Completion:
-        end = next((i for i, t in enumerate(tokens) if t in self.terminators), len(tokens))
-        text = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
-        hit = [text.index(s) + len(s) for s in params.stop if s in text]
-        if hit:  # rows stopped by a stop string are padded after it: nothing more to keep
-            text, keep, finish = text[: min(hit)], end, "stop"
-        elif end < len(tokens):  # keep the EOS token: the model must learn to stop
-            keep, finish = end + 1, "stop"
-        else:
-            keep, finish = end, "length"
-        return Completion(text=text, token_ids=tokens[:keep], logprobs=logprobs[:keep], finish_reason=finish,
-                          weight_version=self.weight_version)
+        return [to_completion(self.tokenizer, self.terminators, row.tolist(), lp.tolist(), params.stop,
+                              self.weight_version) for row, lp in zip(new_tokens, logprobs)]
