@@ -10,6 +10,8 @@ from multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import NoDecode
 
+from p2p.network import NetworkProfile, load_network
+
 DEFAULT_PORT = 7420
 
 
@@ -29,7 +31,7 @@ def _addr_list(value: Any) -> Any:
 AddrList = Annotated[list[str], NoDecode]  # SAPO_P2P__BOOTSTRAP="a,b" reaches _addr_list undecoded
 
 
-def _check_multiaddrs(addrs: list[str], need_peer_id: bool) -> list[str]:
+def check_multiaddrs(addrs: list[str], need_peer_id: bool) -> list[str]:
     for a in addrs:
         try:
             parsed = Multiaddr(a)
@@ -60,8 +62,8 @@ class PoolConfig(Section):
 
 class P2PConfig(Section):
     enabled: bool = Field(True, description="join the swarm; false runs a silo without any network")
-    network: str = Field("local", pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$",
-                         description="namespace of topics and protocols: swarms with different names never mix")
+    network: str = Field("local", description="network profile: local, testnet, or a profile file (namespace, "
+                         "protocol, bootstrap peers); swarms on different networks never mix")
     listen: AddrList = Field(default_factory=lambda: [f"/ip4/0.0.0.0/tcp/{DEFAULT_PORT}"],
                               description="multiaddrs to listen on (tcp port 0 picks a free port)")
     announce: AddrList = Field(default_factory=list,
@@ -82,19 +84,33 @@ class P2PConfig(Section):
     @field_validator("listen", "announce")
     @classmethod
     def _valid(cls, v: list[str]) -> list[str]:
-        return _check_multiaddrs(v, need_peer_id=False)
+        return check_multiaddrs(v, need_peer_id=False)
 
     @field_validator("bootstrap")
     @classmethod
     def _valid_bootstrap(cls, v: list[str]) -> list[str]:
-        return _check_multiaddrs(v, need_peer_id=True)
+        return check_multiaddrs(v, need_peer_id=True)
+
+    @field_validator("network")
+    @classmethod
+    def _known_network(cls, v: str) -> str:
+        load_network(v)
+        return v
+
+    def profile(self) -> NetworkProfile:
+        return load_network(self.network)
+
+    def bootstrap_peers(self) -> list[str]:
+        """Peers given here, then the network's own: any one of them is enough to join."""
+        return list(dict.fromkeys([*self.bootstrap, *self.profile().bootstrap]))
 
     def mesh_low(self) -> int:
         """GossipSub D_lo: below this many mesh peers the heartbeat grafts more."""
         return max(1, self.mesh_degree - self.mesh_degree // 3)
 
     def topic(self) -> str:
-        return f"/sapo/{self.network}/rollouts/1"
+        profile = self.profile()
+        return f"/sapo/{profile.namespace}/rollouts/{profile.protocol}"
 
     def peer_exchange_protocol(self) -> str:
-        return f"/sapo/{self.network}/peers/1.0.0"
+        return f"/sapo/{self.profile().namespace}/peers/1.0.0"

@@ -169,7 +169,7 @@ class GossipHost:
 
     async def _keep_bootstrap_peers(self) -> None:
         """Dial every bootstrap peer; redial lost ones with exponential backoff and jitter."""
-        infos = [i for i in (info_from_p2p_addr(Multiaddr(a)) for a in self.cfg.bootstrap) if i.peer_id != self.me]
+        infos = [i for i in (info_from_p2p_addr(Multiaddr(a)) for a in self.cfg.bootstrap_peers()) if i.peer_id != self.me]
         delay = {i.peer_id: 1.0 for i in infos}
         due = {i.peer_id: 0.0 for i in infos}
         while True:

@@ -196,3 +196,18 @@ def test_a_taken_listen_port_is_a_one_line_error(tiny_a, cache_dir, tmp_path):
     assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1].startswith(f"sapo: cannot start the p2p host on /ip4/127.0.0.1/tcp/{port}: ")
     assert "Traceback" not in r.stderr
+
+
+def test_nodes_on_different_networks_never_exchange_rollouts(spawn, tmp_path):
+    profile = tmp_path / "lab.toml"
+    profile.write_text('namespace = "lab"\nprotocol = 1\nbootstrap = []\n')
+    local = spawn("local", "--rate", "4")
+    lab = spawn("lab", "--rate", "4", "--network", str(profile), "--bootstrap", local.addr)
+    same = spawn("same", "--rate", "4", "--bootstrap", local.addr)
+    lab.wait_for(lambda: lab.stats().get("peers", 0) >= 1, 30, "a connection")  # connected, yet apart
+    since = time.time()
+    wait_heard(local, [same], since)
+    wait_heard(same, [local], since)
+    time.sleep(3)  # the lab node publishes all the while
+    assert lab.peer_id not in {e["peer"] for p in (local, same) for e in p.events("received")}
+    assert not lab.events("received")

@@ -1,0 +1,57 @@
+"""Network profiles: which swarm a node joins (topic namespace, protocol version, bootstrap peers).
+
+`local` and `testnet` ship with the package (p2p/networks/*.toml); any other value of
+`p2p.network` is read as the path of a profile file with the same fields.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from functools import cache
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+SHIPPED = Path(__file__).with_name("networks")
+
+
+class NetworkProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    namespace: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$", description="topic and protocol namespace")
+    protocol: int = Field(ge=1, description="wire protocol major version spoken on this network")
+    bootstrap: tuple[str, ...] = Field((), description="full multiaddrs of the network's bootstrap peers")
+    description: str = ""
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _full_addrs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from p2p.config import check_multiaddrs
+
+        return tuple(check_multiaddrs(list(v), need_peer_id=True))
+
+
+def shipped_networks() -> list[str]:
+    return sorted(p.stem for p in SHIPPED.glob("*.toml"))
+
+
+@cache
+def load_network(name: str) -> NetworkProfile:
+    """The profile called `name`, or read from the file `name`; ValueError says what is wrong."""
+    path = SHIPPED / f"{name}.toml" if name in shipped_networks() else Path(name)
+    if not path.is_file():
+        raise ValueError(f"unknown network {name!r}: choose {' or '.join(shipped_networks())}, or give a profile file")
+    try:
+        profile = NetworkProfile.model_validate(tomllib.loads(path.read_text()))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"cannot read network profile {path}: {e}") from None
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ValueError(f"network profile {path}: {problems}") from None
+    from p2p.wire import VERSION  # p2p.wire needs p2p.config, which needs this module
+
+    if profile.protocol != VERSION:
+        raise ValueError(f"network {name!r} speaks protocol {profile.protocol}; this sapo-node speaks {VERSION} "
+                         "(upgrade sapo-node, or choose another network)")
+    return profile

@@ -1,0 +1,53 @@
+"""Network profiles: shipped ones, profile files, and the errors a bad one gives."""
+
+import pytest
+
+from p2p.config import P2PConfig
+from p2p.network import load_network, shipped_networks
+from tests.conftest import run_sapo
+
+PEER = "/ip4/203.0.113.7/tcp/7420/p2p/12D3KooWCwo9DoPXxg3dgbm9P6fgLrgmssKyUAjHBjqUBMn4FAdh"
+
+
+def write(tmp_path, text):
+    path = tmp_path / "net.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_local_and_testnet_ship_and_name_their_topics():
+    assert {"local", "testnet"} <= set(shipped_networks())
+    assert P2PConfig().topic() == "/sapo/local/rollouts/1"
+    cfg = P2PConfig(network="testnet")
+    assert cfg.topic() == "/sapo/testnet/rollouts/1" and cfg.peer_exchange_protocol() == "/sapo/testnet/peers/1.0.0"
+    assert load_network("testnet").protocol == 1
+
+
+def test_a_profile_file_adds_its_bootstrap_peers_after_the_given_ones(tmp_path):
+    other = PEER.replace("203.0.113.7", "203.0.113.8")
+    path = write(tmp_path, f'namespace = "lab"\nprotocol = 1\nbootstrap = ["{PEER}", "{other}"]\n')
+    cfg = P2PConfig(network=path, bootstrap=[other])
+    assert cfg.topic() == "/sapo/lab/rollouts/1"
+    assert cfg.bootstrap_peers() == [other, PEER]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('namespace = "lab"\nprotocol = 2\n', "speaks protocol 2; this sapo-node speaks 1"),
+    ('namespace = "Lab Net"\nprotocol = 1\n', "namespace: String should match pattern"),
+    ('namespace = "lab"\nprotocol = 1\nbootstrap = ["/ip4/1.2.3.4/tcp/1"]\n', "has no /p2p/<peer id> part"),
+    ('namespace = "lab"\nprotocol = 1\nbootstrp = []\n', "bootstrp: Extra inputs are not permitted"),
+    ('namespace = "lab\n', "cannot read network profile"),
+])
+def test_a_bad_profile_file_names_the_problem(tmp_path, text, message):
+    with pytest.raises(ValueError, match="network") as e:
+        P2PConfig(network=write(tmp_path, text))
+    assert message in str(e.value)
+
+
+def test_network_flag_on_the_command_line(tmp_path):
+    ok = run_sapo("config", "--network", "testnet")
+    assert ok.returncode == 0 and '"network": "testnet"' in ok.stdout
+    bad = run_sapo("config", "--network", "mainnet")
+    assert bad.returncode == 2
+    assert "p2p.network" in bad.stderr and "unknown network 'mainnet': choose local or testnet" in bad.stderr
+    assert "Traceback" not in bad.stderr
