@@ -24,6 +24,7 @@ ALIASES = {
     "--tasks": "tasks.datasets",
     "--bootstrap": "p2p.bootstrap",
     "--listen": "p2p.listen",
+    "--network": "p2p.network",
 }
 
 
@@ -71,8 +72,11 @@ def _setup_logging(level: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from node.bootstrap import run_bootstrap
     from node.lifecycle import StopSignal
     from node.loop import Node
+    from node.status import StatusError
+    from node.supervise import ComponentFailed
     from p2p.identity import IdentityError
     from p2p.service import P2PError
     from trainer.checkpoint import CheckpointError
@@ -83,14 +87,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     _setup_logging(cfg.run.log_level)
     with StopSignal() as stop:
         try:
+            if args.bootstrap_only:
+                run_bootstrap(cfg, stop)
+                return 0
             node = Node(cfg)
             node.run(stop)
         except ModelLoadError as e:
             raise ConfigError(f"model.name: {e}") from None
         except BackendError as e:
             raise ConfigError(f"generation.backend: {e}") from None
-        except (CheckpointError, IdentityError, P2PError) as e:
+        except (CheckpointError, IdentityError, P2PError, StatusError) as e:
             print(f"sapo: {e}", file=sys.stderr)
+            return 1
+        except ComponentFailed as e:
+            kept = (f"checkpoint of round {node.round} written" if e.resumable
+                    else "the last checkpoint is kept; this round's step is not saved")
+            print(f"sapo: stopped: {e} ({kept}; fix the cause and run the same command to resume)", file=sys.stderr)
             return 1
     log.info("done: round %d, metrics in %s", node.round, node.metrics.path)
     return 0
@@ -195,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a node: sample, score, train, share rollouts with the swarm, repeat",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    run.add_argument("--bootstrap-only", action="store_true",
+                     help="no model: serve peer discovery and gossip routing for a swarm (cheap enough for a small VPS)")
     _add_config_flags(run)
     run.set_defaults(func=cmd_run)
 

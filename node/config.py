@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import to_jsonable_python
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from node.status import StatusConfig
 from p2p.config import P2PConfig
 from rewards.config import TasksConfig
 from trainer.config import GenerationConfig, GRPOConfig, ModelConfig
@@ -39,6 +40,9 @@ class RunConfig(BaseModel):
     checkpoint_every: int = Field(100, ge=1, description="checkpoint every K rounds, and always on stop")
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K checkpoints")
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="DEBUG, INFO, WARNING or ERROR")
+    retries: int = Field(3, ge=0, description="retries of a failing component (generation, evaluation, the p2p layer) "
+                         "before the node checkpoints and stops")
+    retry_backoff_s: float = Field(2.0, ge=0, description="wait before the first retry; doubles with each retry (at most 60 s)")
 
 
 _config_file: ContextVar[Path | None] = ContextVar("sapo_config_file", default=None)
@@ -64,6 +68,7 @@ class NodeConfig(BaseSettings):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     p2p: P2PConfig = Field(default_factory=P2PConfig)
+    status: StatusConfig = Field(default_factory=StatusConfig)
 
     def key_file(self) -> Path:
         return self.p2p.key_file or self.run.out_dir / "node.key"

@@ -22,6 +22,10 @@ class StopSignal:
     def requested(self) -> bool:
         return self._event.is_set()
 
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to `timeout` seconds; True as soon as a stop is requested."""
+        return self._event.wait(timeout)
+
     def request(self, reason: str = "requested") -> None:
         if not self._event.is_set():
             log.warning("stop %s: finishing the current step, then checkpointing (repeat to abort)", reason)

@@ -7,6 +7,7 @@ import json
 import logging
 import random
 import time
+from dataclasses import asdict
 
 import torch
 
@@ -15,6 +16,8 @@ from node.lifecycle import StopSignal
 from node.metrics import MetricsLog, RoundMetrics
 from node.progress import Progress
 from node.share import publish_round, take_external
+from node.status import StatusBoard, StatusServer
+from node.supervise import ComponentFailed, describe, retrying
 from p2p.pool import RolloutPool
 from p2p.service import Gossip
 from rewards import TaskSource
@@ -65,6 +68,9 @@ class Node:
         self.pool = RolloutPool(cfg.p2p.pool)
         self.gossip: Gossip | None = None
         self._pool_accepted = 0
+        self.board = StatusBoard("trainer", {"model": cfg.model.name, "rounds": cfg.run.rounds, "peer_id": None,
+                                             "network": cfg.p2p.network if cfg.p2p.enabled else None},
+                                 cfg.status.history, live=self._live_p2p)
         if resumed:
             self._restore(resumed)
         (out / "config.json").write_text(cfg.model_dump_json(indent=2))
@@ -97,13 +103,30 @@ class Node:
         return accuracy(groups), accuracy_by_dataset(groups)
 
     def run(self, stop: StopSignal) -> None:
-        """Join the swarm (unless p2p is off) and run rounds until done or asked to stop."""
+        """Serve status, join the swarm (unless p2p is off) and run rounds until done or asked to stop.
+
+        A component that keeps failing ends the run here: with a checkpoint when the node stands at a
+        round boundary, and `ComponentFailed` for the caller to report.
+        """
         with contextlib.ExitStack() as stack:
+            self._stack = stack
+            if self.cfg.status.enabled:
+                stack.enter_context(StatusServer(self.cfg.status, self.board))
             if self.cfg.p2p.enabled:
                 self.gossip = stack.enter_context(Gossip(self.cfg.p2p, self.cfg.key_file(), self.pool.add))
+                self.board.update_info(peer_id=self.gossip.peer_id)
                 if self.round == 0 and self.cfg.run.wait_for_peers:
+                    self.board.set_state("waiting for peers")
                     self._wait_for_peers(stop, self.cfg.run.wait_for_peers)
-            self._run_rounds(stop)
+            self.board.set_state("running")
+            try:
+                self._run_rounds(stop)
+            except ComponentFailed as e:
+                self.board.set_state("failed", str(e))
+                if e.resumable:
+                    self.save_checkpoint()
+                raise
+            self.board.set_state("stopped" if stop.requested else "done")
 
     def _wait_for_peers(self, stop: StopSignal, want: int, timeout: float = PEER_WAIT_S) -> None:
         """Connected to `want` peers and meshed with enough of them that the first publish reaches someone."""
@@ -121,13 +144,15 @@ class Node:
     def _run_rounds(self, stop: StopSignal) -> None:
         cfg = self.cfg
         if self.round == 0:
-            eval_acc, eval_by_dataset = self.evaluate()
+            eval_acc, eval_by_dataset = self._evaluate(stop)
             self._record(RoundMetrics(round=0, time=time.time(), reward_mean=None, accuracy_train=None,
                                       eval_accuracy=eval_acc, eval_by_dataset=eval_by_dataset, n_local=0,
                                       n_external=0, tokens_generated=0, seconds_generate=0.0, seconds_train=0.0,
                                       seconds_other=0.0))
         saved_round = self.round
         while self.round < cfg.run.rounds and not stop.requested:
+            if self.gossip is not None and not self.gossip.alive:
+                self._restart_gossip(stop)
             if self._one_round(stop) and self.round % cfg.run.checkpoint_every == 0:
                 self.save_checkpoint()
                 saved_round = self.round
@@ -146,23 +171,30 @@ class Node:
 
         t0 = time.perf_counter()
         params = SamplingParams.from_config(cfg.generation, seed=round_seed(cfg.run.seed, r))
-        groups = rollout(self.generator, self.policy, tasks, params, cfg.tasks.format_weight)
+        try:
+            groups = self._retrying("generation", lambda: rollout(self.generator, self.policy, tasks, params,
+                                                                  cfg.tasks.format_weight), stop)
+        except ComponentFailed:
+            self.tasks.position = position  # the failed round is drawn again after a restart
+            raise
         seconds_generate = time.perf_counter() - t0
-        if stop.requested:
+        if groups is None or stop.requested:
             self.tasks.position = position  # the abandoned round is drawn again after a restart
             return False
-        if self.gossip is not None:  # before training: peers get this round's rollouts sooner
-            publish_round(self.gossip, cfg.model.name, r, groups, cfg.p2p.limits)
+        published = publish_round(self.gossip, cfg.model.name, r, groups, cfg.p2p.limits) if self.gossip else 0
 
         t0 = time.perf_counter()
         self.generator.release()
-        stats = self.trainer.step(groups + external)
+        try:
+            stats = self.trainer.step(groups + external)
+        except Exception as e:  # noqa: BLE001 - a step may have half-applied: stop without a checkpoint of it
+            raise ComponentFailed(f"training step of round {r} failed: {describe(e)}", resumable=False) from e
         if stats.optimizer_steps:
             self.generator.load_weights(export_weights(self.policy.model))
         seconds_train = time.perf_counter() - t0
 
         self.round = r
-        eval_acc, eval_by_dataset = self.evaluate() if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else (None, None)
+        eval_acc, eval_by_dataset = self._evaluate(stop) if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else (None, None)
         rewards = [x for g in groups for x in g.rewards]
         trained = stats.optimizer_steps > 0
         self._record(RoundMetrics(
@@ -178,9 +210,34 @@ class Node:
             n_external_used=stats.external_groups_used, external_masked=stats.external_masked,
             external_reward_mean=_mean([x for g in external for x in g.rewards]),
             external_peers=len({g.source for g in external}), external_dropped=dict(dropped),
-            **self._swarm_metrics(),
+            messages_published=published, **self._swarm_metrics(),
         ))
         return True
+
+    def _restart_gossip(self, stop: StopSignal) -> None:
+        """The p2p thread ended under us: start a new one with the same identity (the pool is kept)."""
+        log.error("p2p layer stopped; restarting it")
+        gossip = self._retrying("p2p layer", lambda: Gossip(self.cfg.p2p, self.cfg.key_file(), self.pool.add).start(), stop)
+        if gossip is not None:
+            self._stack.callback(gossip.stop)
+            self.gossip = gossip
+
+    def _retrying(self, what: str, fn, stop: StopSignal):
+        return retrying(what, fn, self.cfg.run.retries, self.cfg.run.retry_backoff_s, stop)
+
+    def _evaluate(self, stop: StopSignal) -> tuple[float | None, dict[str, float] | None]:
+        """Evaluation is a measurement, not progress: when it keeps failing the round goes on without it."""
+        try:
+            return self._retrying("evaluation", self.evaluate, stop) or (None, None)
+        except ComponentFailed as e:
+            log.error("%s; this evaluation is skipped", e)
+            return None, None
+
+    def _live_p2p(self) -> dict:
+        """Current gossip and pool counters, for the status endpoint."""
+        if self.gossip is None:
+            return {}
+        return {**self.gossip.stats(), "pool": self.pool.stats()}
 
     def _swarm_metrics(self) -> dict:
         pool = self.pool.stats()
@@ -193,5 +250,6 @@ class Node:
 
     def _record(self, m: RoundMetrics) -> None:
         self.metrics.append(m)
+        self.board.record(asdict(m))
         self.progress.round(m)
         log.debug("round %d: %s", m.round, json.dumps(m.__dict__))

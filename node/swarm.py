@@ -56,6 +56,7 @@ class Child:
     preset: str
     out: Path
     proc: subprocess.Popen
+    dashboard: str
     rows: list[dict] = field(default_factory=list)
     _read: int = 0
 
@@ -95,10 +96,11 @@ def start(spec: SwarmSpec, cache_dir: Path | None) -> list[Child]:
     for k in range(spec.nodes):
         out = spec.out / f"node{k}"
         out.mkdir(parents=True, exist_ok=True)
-        port = free_port()
+        port, status_port = free_port(), free_port()
         args = [sys.executable, "-m", "node.cli", "run", "--out", str(out), "--model", spec.preset(k),
                 "--rounds", str(spec.rounds), "--local", str(spec.local), "--run.external_groups", str(spec.external),
                 "--seed", str(spec.seed + k), "--listen", f"/ip4/127.0.0.1/tcp/{port}",
+                "--status.listen", f"127.0.0.1:{status_port}",
                 "--run.wait_for_peers", str(spec.nodes - 1),
                 # one machine, N nodes: without a share each, torch's thread pools spin against each other
                 "--run.torch_threads", str(max(1, (os.cpu_count() or 1) // spec.nodes))]
@@ -108,7 +110,7 @@ def start(spec: SwarmSpec, cache_dir: Path | None) -> list[Child]:
             args += ["--bootstrap", bootstrap]
         with open(out / "node.log", "ab") as logf:
             proc = subprocess.Popen([*args, *spec.extra], stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-        children.append(Child(f"node{k}", spec.preset(k), out, proc))
+        children.append(Child(f"node{k}", spec.preset(k), out, proc, f"http://127.0.0.1:{status_port}/"))
         if k == 0:
             bootstrap = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id(load_or_create(out / 'node.key'))}"
             if not wait_listening(port, proc, timeout=300):
@@ -144,8 +146,9 @@ def _fmt(value: float | None) -> str:
 
 def table(children: list[Child], rounds: int) -> Table:
     t = Table(title="sapo swarm", caption="Ctrl-C stops every node with a checkpoint")
-    for col in ("node", "model", "round", "reward", "eval acc", "peers", "out (msgs)", "in (groups)", "ext used", "state"):
-        t.add_column(col, justify="right" if col not in ("node", "model", "state") else "left")
+    for col in ("node", "model", "round", "reward", "eval acc", "peers", "out (msgs)", "in (groups)", "ext used", "state",
+                "dashboard"):
+        t.add_column(col, justify="right" if col not in ("node", "model", "state", "dashboard") else "left")
     for c in children:
         rows = c.rows
         p2p = _last(rows, "p2p") or {}
@@ -153,7 +156,7 @@ def table(children: list[Child], rounds: int) -> Table:
         t.add_row(c.name, c.preset, f"{rows[-1]['round'] if rows else 0}/{rounds}", _fmt(_last(rows, "reward_mean")),
                   _fmt(_last(rows, "eval_accuracy")), str(_last(rows, "peers") or 0), str(p2p.get("published", 0)),
                   str(sum(r.get("n_external_received", 0) for r in rows)), str(sum(r.get("n_external_used", 0) for r in rows)),
-                  state)
+                  state, c.dashboard)
     return t
 
 

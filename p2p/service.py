@@ -43,6 +43,11 @@ class Gossip:
         self._thread = threading.Thread(target=self._thread_main, name="sapo-p2p", daemon=True)
 
     @property
+    def alive(self) -> bool:
+        """False once the trio thread has ended (stopped, or crashed after start)."""
+        return self._thread.is_alive()
+
+    @property
     def addrs(self) -> list[str]:
         return self._host.addrs if self._host else []
 

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("SAPO_TEST_CACHE", ROOT / ".sapo-cache"))
 # Every node a test starts (subprocesses inherit this) listens on loopback only, on a free port.
 os.environ["SAPO_P2P__LISTEN"] = "/ip4/127.0.0.1/tcp/0"
+os.environ["SAPO_STATUS__LISTEN"] = "127.0.0.1:0"
 
 
 @pytest.fixture(scope="session")

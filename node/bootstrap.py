@@ -1,0 +1,42 @@
+"""`sapo run --bootstrap-only`: a node without a model that serves peer discovery and gossip routing.
+
+It validates and forwards rollout messages like any node (so it never relays what a node would
+reject) but trains on nothing; a small VPS with a public address runs it for a swarm or a testnet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+from node.config import ConfigError, NodeConfig
+from node.lifecycle import StopSignal
+from node.status import StatusBoard, StatusServer
+from p2p.service import Gossip
+
+log = logging.getLogger(__name__)
+TICK_S = 5.0  # how often the status history gets a point
+
+
+def run_bootstrap(cfg: NodeConfig, stop: StopSignal) -> None:
+    if not cfg.p2p.enabled:
+        raise ConfigError("--bootstrap-only needs the p2p layer: drop --p2p.enabled false")
+    board = StatusBoard("bootstrap", {"model": None, "rounds": None, "peer_id": None, "network": cfg.p2p.network},
+                        cfg.status.history)
+    with contextlib.ExitStack() as stack:
+        if cfg.status.enabled:
+            stack.enter_context(StatusServer(cfg.status, board))
+        gossip = stack.enter_context(Gossip(cfg.p2p, cfg.key_file(), on_message=lambda message: None))
+        board.update_info(peer_id=gossip.peer_id)
+        board.set_live(gossip.stats)
+        board.set_state("running")
+        log.info("bootstrap node on network %r: %s", cfg.p2p.network,
+                 " ".join(f"{a}/p2p/{gossip.peer_id}" for a in gossip.addrs))
+        published = 0
+        while not stop.wait(TICK_S):
+            stats = gossip.stats()
+            board.record({"time": time.time(), "peers": stats["peers"],
+                          "messages_published": stats.get("published", 0) - published})
+            published = stats.get("published", 0)
+        board.set_state("stopped")

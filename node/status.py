@@ -1,0 +1,202 @@
+"""The node's HTTP status endpoint: `/metrics` (Prometheus text), `/status` (JSON), `/` (live dashboard).
+
+The round loop writes into a `StatusBoard`; the server thread only reads snapshots of it, so a slow
+or hostile client can never stall training. Standard library only: one more port, no new dependency.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib.resources import files
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+log = logging.getLogger(__name__)
+
+# Per-round fields the dashboard charts and /status returns in `history`.
+HISTORY_FIELDS = ("round", "time", "reward_mean", "accuracy_train", "eval_accuracy", "peers", "n_local", "n_external",
+                  "n_external_used", "n_external_received", "messages_published", "weight_version",
+                  "seconds_generate", "seconds_train", "seconds_other")
+PHASES = ("generate", "train", "other")
+
+
+class StatusConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    enabled: bool = Field(True, description="serve /metrics, /status and the dashboard over HTTP")
+    listen: str = Field("127.0.0.1:8080", description="HOST:PORT of the status endpoint (port 0 picks a free one; "
+                        "0.0.0.0 exposes it to the network: it has no authentication)")
+    history: int = Field(5000, ge=10, description="rounds kept in memory for /status and the dashboard's charts")
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"expected HOST:PORT, e.g. 127.0.0.1:8080 (got {v!r})")
+        return v
+
+    def address(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+class StatusBoard:
+    """What the node last reported, plus running totals; written by the node, read by the server."""
+
+    def __init__(self, role: str, info: dict[str, Any], history: int, live: Callable[[], dict] | None = None):
+        self._lock = threading.Lock()
+        self._info = {"role": role, **info, "started": time.time()}
+        self._history: deque[dict] = deque(maxlen=history)
+        self._last: dict | None = None
+        self._last_eval: float | None = None
+        self._totals: Counter[str] = Counter()
+        self._state = "starting"
+        self._live = live or (lambda: {})  # current gossip/pool counters; read at request time
+
+    def set_live(self, live: Callable[[], dict] | None) -> None:
+        self._live = live or (lambda: {})
+
+    def update_info(self, **info: Any) -> None:
+        with self._lock:
+            self._info.update(info)
+
+    def set_state(self, state: str, detail: str | None = None) -> None:
+        with self._lock:
+            self._state = state if detail is None else f"{state}: {detail}"
+
+    def record(self, row: dict) -> None:
+        with self._lock:
+            self._last = row
+            self._history.append({k: row.get(k) for k in HISTORY_FIELDS})
+            if row.get("eval_accuracy") is not None:
+                self._last_eval = row["eval_accuracy"]
+            for phase in PHASES:
+                self._totals[f"seconds_{phase}"] += row.get(f"seconds_{phase}") or 0.0
+            for key in ("tokens_generated", "n_external_used", "n_local", "n_external"):
+                self._totals[key] += row.get(key) or 0
+            for reason, n in (row.get("external_dropped") or {}).items():
+                self._totals[f"external_dropped:{reason}"] += n
+
+    def snapshot(self) -> dict:
+        live = self._live()
+        with self._lock:
+            return {**self._info, "state": self._state, "now": time.time(), "last": self._last,
+                    "last_eval_accuracy": self._last_eval, "totals": dict(self._totals), "p2p": live,
+                    "history": list(self._history)}
+
+
+def prometheus(s: dict) -> str:
+    """The snapshot in Prometheus text exposition format (0.0.4)."""
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_: str, samples: list[tuple[dict[str, str], float | None]]) -> None:
+        samples = [(labels, v) for labels, v in samples if v is not None]
+        if not samples:
+            return
+        lines.extend([f"# HELP sapo_{name} {help_}", f"# TYPE sapo_{name} {kind}"])
+        for labels, v in samples:
+            tag = ",".join(f'{k}="{val}"' for k, val in labels.items())
+            lines.append(f"sapo_{name}{{{tag}}} {float(v)!r}" if tag else f"sapo_{name} {float(v)!r}")
+
+    last, totals, p2p = s["last"] or {}, s["totals"], s["p2p"] or {}
+    pool = p2p.get("pool") or {}
+    metric("up", "gauge", "1 while the node runs", [({"role": s["role"]}, 1)])
+    metric("round", "gauge", "last completed round", [({}, last.get("round"))])
+    metric("rounds_target", "gauge", "rounds this run stops after", [({}, s.get("rounds"))])
+    metric("reward_mean", "gauge", "mean reward of the last round's local completions", [({}, last.get("reward_mean"))])
+    metric("accuracy_train", "gauge", "share of correct local completions in the last round", [({}, last.get("accuracy_train"))])
+    metric("eval_accuracy", "gauge", "greedy accuracy on the held-out set at the last evaluation", [({}, s["last_eval_accuracy"])])
+    metric("weight_version", "gauge", "optimizer steps pushed into the generator", [({}, last.get("weight_version"))])
+    metric("peers", "gauge", "connected peers", [({}, p2p.get("peers"))])
+    metric("mesh_peers", "gauge", "peers in the gossip mesh of the rollout topic", [({}, p2p.get("mesh_peers"))])
+    metric("round_seconds", "gauge", "seconds the last round spent per phase",
+           [({"phase": p}, last.get(f"seconds_{p}")) for p in PHASES])
+    metric("phase_seconds_total", "counter", "seconds spent per phase since start",
+           [({"phase": p}, totals.get(f"seconds_{p}")) for p in PHASES])
+    metric("tokens_generated_total", "counter", "completion tokens generated", [({}, totals.get("tokens_generated"))])
+    metric("local_groups_total", "counter", "local rollout groups trained on", [({}, totals.get("n_local"))])
+    metric("external_groups_total", "counter", "external rollout groups taken into batches", [({}, totals.get("n_external"))])
+    metric("external_groups_used_total", "counter", "external groups that carried signal into the loss",
+           [({}, totals.get("n_external_used"))])
+    metric("messages_published_total", "counter", "gossip messages published", [({}, p2p.get("published"))])
+    metric("messages_accepted_total", "counter", "gossip messages accepted", [({}, p2p.get("accepted"))])
+    metric("messages_rejected_total", "counter", "gossip messages rejected, by reason",
+           [({"reason": r}, n) for r, n in sorted((p2p.get("rejected") or {}).items())])
+    metric("rollout_groups_received_total", "counter", "rollout groups received from peers", [({}, pool.get("received"))])
+    metric("rollout_groups_accepted_total", "counter", "rollout groups that entered the pool", [({}, pool.get("accepted"))])
+    dropped = Counter(pool.get("dropped") or {})
+    dropped.update({k.split(":", 1)[1]: v for k, v in totals.items() if k.startswith("external_dropped:")})
+    metric("rollout_groups_dropped_total", "counter", "rollout groups dropped from the pool or found unusable, by reason",
+           [({"reason": r}, n) for r, n in sorted(dropped.items())])
+    return "\n".join(lines) + "\n"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    board: StatusBoard
+    server_version = "sapo-node"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        path = self.path.split("?", 1)[0]
+        if path == "/status":
+            self._send(200, "application/json", json.dumps(self.board.snapshot(), default=str).encode())
+        elif path == "/metrics":
+            self._send(200, "text/plain; version=0.0.4; charset=utf-8", prometheus(self.board.snapshot()).encode())
+        elif path in ("/", "/index.html"):
+            self._send(200, "text/html; charset=utf-8", DASHBOARD)
+        else:
+            self._send(404, "text/plain; charset=utf-8", b"not found: try /, /status or /metrics\n")
+
+    def _send(self, code: int, kind: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        log.debug("status: %s %s", self.address_string(), fmt % args)
+
+
+DASHBOARD = files("node").joinpath("dashboard.html").read_bytes()
+
+
+class StatusError(RuntimeError):
+    """The status endpoint could not start (for example: its port is taken)."""
+
+
+class StatusServer:
+    """Owns the HTTP server thread from start to join."""
+
+    def __init__(self, cfg: StatusConfig, board: StatusBoard):
+        handler = type("Handler", (_Handler,), {"board": board})
+        try:
+            self._server = ThreadingHTTPServer(cfg.address(), handler)
+        except OSError as e:
+            raise StatusError(f"cannot serve the status endpoint on {cfg.listen}: {e.strerror or e} "
+                              "(choose another with --status.listen, or --status.enabled false)") from None
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="sapo-status", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/"
+
+    def __enter__(self) -> "StatusServer":
+        self._thread.start()
+        log.info("status: dashboard at %s (also /status and /metrics)", self.url)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)

@@ -1,0 +1,167 @@
+"""The status endpoint (/metrics, /status, the dashboard in a real headless browser) and bootstrap-only nodes."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from node.status import StatusBoard, StatusConfig, prometheus
+from tests.conftest import ROOT, run_sapo
+
+SAMPLE = re.compile(r'^sapo_[a-z_]+(\{[a-z]+="[^"]*"(,[a-z]+="[^"]*")*\})? -?[0-9.e+-]+$')
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.read()
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "node.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=open(log, "w"), cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+
+
+def wait_for(pattern: str, log: Path, proc: subprocess.Popen, timeout: float = 120) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(pattern, log.read_text())
+        if m:
+            return m
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.2)
+    raise AssertionError(f"{pattern!r} not in the log after {timeout} s:\n{log.read_text()}")
+
+
+def poll_status(url: str, ok, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = json.loads(get(url + "status"))
+        if ok(status):
+            return status
+        time.sleep(0.5)
+    raise AssertionError(f"status never satisfied the condition: {status}")
+
+
+def stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=60)
+
+
+def test_status_listen_must_be_host_and_port():
+    assert StatusConfig(listen="0.0.0.0:8080").address() == ("0.0.0.0", 8080)
+    for bad in ("8080", "localhost:", ":80", "h:99999"):
+        with pytest.raises(ValueError, match="HOST:PORT"):
+            StatusConfig(listen=bad)
+
+
+def test_prometheus_text_has_help_type_and_labelled_samples():
+    board = StatusBoard("trainer", {"rounds": 10}, history=10,
+                        live=lambda: {"peers": 2, "published": 7, "rejected": {"too_old": 3},
+                                      "pool": {"received": 5, "dropped": {"stale": 1}}})
+    board.record({"round": 1, "reward_mean": 0.5, "eval_accuracy": 0.25, "seconds_generate": 1.5,
+                  "seconds_train": 0.5, "seconds_other": 0.1, "external_dropped": {"not_accepted": 2}, "n_local": 4})
+    board.record({"round": 2, "reward_mean": 0.75, "eval_accuracy": None, "seconds_generate": 1.0,
+                  "seconds_train": 0.5, "seconds_other": 0.1, "n_local": 4})
+    text = prometheus(board.snapshot())
+    samples = [line for line in text.splitlines() if not line.startswith("#")]
+    assert samples and all(SAMPLE.match(line) for line in samples), text
+    for name in {line.split("{")[0].split(" ")[0] for line in samples}:
+        assert f"# TYPE {name} " in text and f"# HELP {name} " in text
+    assert "sapo_round 2.0" in samples and "sapo_reward_mean 0.75" in samples
+    assert "sapo_eval_accuracy 0.25" in samples  # the last evaluation, not the last round's null
+    assert 'sapo_phase_seconds_total{phase="generate"} 2.5' in samples
+    assert 'sapo_messages_rejected_total{reason="too_old"} 3.0' in samples
+    assert 'sapo_rollout_groups_dropped_total{reason="not_accepted"} 2.0' in samples
+    assert 'sapo_rollout_groups_dropped_total{reason="stale"} 1.0' in samples
+    assert "sapo_peers 2.0" in samples and "sapo_local_groups_total 8.0" in samples
+
+
+@pytest.mark.slow
+def test_dashboard_shows_a_running_node_in_a_headless_browser(tiny_a, cache_dir, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        message = "needs Chromium: apt-get install chromium (scripts/setup.sh installs it when run as root)"
+        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+    log = tmp_path / "node.log"
+    proc = start(["run", "--model.cache_dir", str(cache_dir), "--out", str(tmp_path / "out"), "--rounds", "1000",
+                  "--run.eval_every", "2", "--status.listen", "127.0.0.1:0"], log)
+    try:
+        url = wait_for(r"dashboard at (http://127\.0\.0\.1:\d+/)", log, proc).group(1)
+        status = poll_status(url, lambda s: (s["last"] or {}).get("round", 0) >= 4)
+        assert status["role"] == "trainer" and status["model"] == "tiny-a" and status["state"] == "running"
+        assert status["peer_id"].startswith("12D3KooW") and status["network"] == "local"
+        assert [h["round"] for h in status["history"][:3]] == [0, 1, 2]
+        metrics = get(url + "metrics").decode()
+        assert re.search(r"^sapo_round ([4-9]|\d\d+)\.0$", metrics, re.M), metrics
+        assert get(url + "").startswith(b"<!doctype html>")
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            get(url + "nope")
+
+        browser = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                   "--window-size=1280,900", "--virtual-time-budget=5000"]
+        dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True, timeout=60).stdout
+        assert re.search(r'id="state">running<', dom), dom[:2000]
+        shown_round = int(re.search(r'id="round">(\d+) / 1000<', dom).group(1))
+        assert shown_round >= 4
+        drawn = {m.group(1): int(m.group(2)) for m in re.finditer(r'id="chart-(\w+)"[^>]*data-points="(\d+)"', dom)}
+        assert drawn.keys() == {"learning", "peers", "traffic"} and drawn["learning"] >= 2 * shown_round, drawn
+        assert status["peer_id"] in dom
+        shot = tmp_path / "dashboard.png"
+        subprocess.run([*browser, f"--screenshot={shot}", url], capture_output=True, timeout=60)
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    finally:
+        assert stop(proc) == 0, log.read_text()
+
+
+def test_a_taken_status_port_is_one_line(tiny_a, cache_dir, tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run_sapo("run", "--model.cache_dir", str(cache_dir), "--out", str(tmp_path), "--rounds", "1",
+                     "--p2p.enabled", "false", "--status.listen", f"127.0.0.1:{port}")
+    assert r.returncode == 1
+    assert f"sapo: cannot serve the status endpoint on 127.0.0.1:{port}" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_bootstrap_only_node_joins_two_trainers_without_a_model(tiny_a, cache_dir, tmp_path):
+    boot_log = tmp_path / "boot.log"
+    boot = start(["run", "--bootstrap-only", "--out", str(tmp_path / "boot"), "--status.listen", "127.0.0.1:0",
+                  "--model.name", "no-such-model"], boot_log)  # never loaded
+    nodes = []
+    try:
+        url = wait_for(r"dashboard at (http://127\.0\.0\.1:\d+/)", boot_log, boot).group(1)
+        addr = wait_for(r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)", boot_log, boot).group(1)
+        for k in (1, 2):
+            log = tmp_path / f"node{k}.log"
+            nodes.append((start(["run", "--model.cache_dir", str(cache_dir), "--out", str(tmp_path / f"node{k}"),
+                                 "--rounds", "1000", "--bootstrap", addr, "--status.listen", "127.0.0.1:0",
+                                 "--generation.completions_per_group", "4"], log), log))
+        status = poll_status(url, lambda s: s["p2p"]["peers"] >= 2 and s["p2p"]["accepted"] > 0)
+        assert status["role"] == "bootstrap" and status["model"] is None and status["state"] == "running"
+        # the trainers found each other through it and train on each other's rollouts
+        for proc, log in nodes:
+            node_url = wait_for(r"dashboard at (http://127\.0\.0\.1:\d+/)", log, proc).group(1)
+            poll_status(node_url, lambda s: s["p2p"]["peers"] >= 2 and s["totals"].get("n_external_used", 0) > 0)
+        assert 'sapo_up{role="bootstrap"} 1.0' in get(url + "metrics").decode()
+    finally:
+        codes = [stop(p) for p, _ in nodes] + [stop(boot)]
+    assert codes == [0, 0, 0], boot_log.read_text()
+    assert "no-such-model" not in boot_log.read_text()
+
+
+def test_bootstrap_only_without_p2p_is_a_config_error(tmp_path):
+    r = run_sapo("run", "--bootstrap-only", "--out", str(tmp_path), "--p2p.enabled", "false")
+    assert r.returncode == 2 and "--bootstrap-only needs the p2p layer" in r.stderr

@@ -1,0 +1,132 @@
+"""Supervision: a failing component is retried with backoff; one that keeps failing stops the node
+with a clear message and a checkpoint it resumes from."""
+
+import json
+import logging
+
+import pytest
+
+from node.cli import main
+from node.lifecycle import StopSignal
+from node.supervise import ComponentFailed, retrying
+from trainer import checkpoint
+from trainer.generation.hf import TransformersGenerator
+
+
+def flaky(failures: int, exc=RuntimeError("CUDA error: an illegal memory access")):
+    calls = {"n": 0}
+
+    def fn():
+        calls["n"] += 1
+        if calls["n"] <= failures:
+            raise exc
+        return "ok"
+    return fn, calls
+
+
+def test_retrying_recovers_after_transient_failures_and_logs_each_cause(caplog):
+    fn, calls = flaky(2)
+    with caplog.at_level(logging.WARNING):
+        assert retrying("generation", fn, retries=3, backoff_s=0.01, stop=StopSignal()) == "ok"
+    assert calls["n"] == 3
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [f"generation failed (RuntimeError: CUDA error: an illegal memory access); retry {k} of 3 in 0 s"
+                        for k in (1, 2)]
+
+
+def test_retrying_gives_up_with_the_last_cause():
+    fn, calls = flaky(10, ValueError("bad\nsecond line"))
+    with pytest.raises(ComponentFailed, match=r"generation failed 3 time\(s\); last error: ValueError: bad$") as e:
+        retrying("generation", fn, retries=2, backoff_s=0.0, stop=StopSignal())
+    assert calls["n"] == 3 and e.value.resumable
+
+
+def test_a_stop_during_the_backoff_returns_at_once():
+    stop = StopSignal()
+    stop.request("test")
+    fn, calls = flaky(10)
+    assert retrying("generation", fn, retries=5, backoff_s=30.0, stop=stop) is None
+    assert calls["n"] == 1
+
+
+def rounds_in(out):
+    return [json.loads(line)["round"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def node_args(cache_dir, out, rounds):
+    return ["run", "--model.cache_dir", str(cache_dir), "--out", str(out), "--rounds", str(rounds), "--local", "2",
+            "--generation.completions_per_group", "4", "--tasks.eval_size", "20", "--run.eval_every", "100",
+            "--p2p.enabled", "false", "--status.enabled", "false", "--run.retries", "2", "--run.retry_backoff_s", "0.01"]
+
+
+@pytest.mark.slow
+def test_a_generator_that_keeps_failing_stops_the_node_with_a_checkpoint_it_resumes_from(
+        tiny_a, cache_dir, tmp_path, monkeypatch, capsys):
+    real = TransformersGenerator.generate
+    state = {"calls": 0, "broken_from": 5}  # call 1 is round 0's evaluation; calls 2-4 are rounds 1-3
+
+    def generate(self, prompt_ids, params):
+        state["calls"] += 1
+        if state["calls"] >= state["broken_from"]:
+            raise RuntimeError("CUDA error: device-side assert triggered")
+        return real(self, prompt_ids, params)
+
+    monkeypatch.setattr(TransformersGenerator, "generate", generate)
+    assert main(node_args(cache_dir, tmp_path, 10)) == 1
+    err = capsys.readouterr().err
+    assert ("sapo: stopped: generation failed 3 time(s); last error: RuntimeError: CUDA error: device-side assert "
+            "triggered (checkpoint of round 3 written; fix the cause and run the same command to resume)") in err
+    assert "Traceback" not in err
+    assert [c.name for c in checkpoint.complete(tmp_path / "checkpoints")] == ["round-000003"]
+    assert rounds_in(tmp_path) == [0, 1, 2, 3]
+
+    state["broken_from"] = 10**9  # the cause is fixed: the same command resumes at round 4
+    assert main(node_args(cache_dir, tmp_path, 5)) == 0
+    assert rounds_in(tmp_path) == [0, 1, 2, 3, 4, 5]
+
+
+@pytest.mark.slow
+def test_a_failing_training_step_stops_without_saving_that_step(tiny_a, cache_dir, tmp_path, monkeypatch, capsys):
+    from trainer.grpo import GRPOTrainer
+
+    def step(self, groups):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(GRPOTrainer, "step", step)
+    assert main(node_args(cache_dir, tmp_path, 3)) == 1
+    err = capsys.readouterr().err
+    assert "sapo: stopped: training step of round 1 failed: RuntimeError: CUDA out of memory (the last checkpoint is kept" in err
+    assert checkpoint.complete(tmp_path / "checkpoints") == []
+
+
+@pytest.mark.slow
+def test_a_p2p_layer_that_dies_is_restarted_with_the_same_identity(tiny_a, cache_dir, tmp_path, caplog):
+    import threading
+    import time
+
+    from node.config import load_config
+    from node.loop import Node
+
+    cfg = load_config(None, {"model": {"cache_dir": str(cache_dir)}, "status": {"enabled": False},
+                             "run": {"out_dir": str(tmp_path), "rounds": 10_000, "eval_every": 10_000,
+                                     "local_groups": 1}, "generation": {"completions_per_group": 2}})
+    node, stop = Node(cfg), StopSignal()
+    runner = threading.Thread(target=node.run, args=(stop,))
+    with caplog.at_level(logging.INFO):
+        runner.start()
+        try:
+            deadline = time.monotonic() + 120
+            while node.round < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            first = node.gossip
+            first.stop()  # the trio thread ends as if it had crashed
+            assert not first.alive
+            while node.round < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert node.gossip is not first and node.gossip.alive
+            assert node.gossip.peer_id == first.peer_id
+        finally:
+            stop.request("test over")
+            runner.join(60)
+    assert not runner.is_alive() and not node.gossip.alive
+    assert "p2p layer stopped; restarting it" in caplog.text
