@@ -214,3 +214,49 @@ def test_generation_on_cuda_matches_forward_pass(model_dir):
         gen.release()
         gen.load_weights(export_weights(policy.model))
         assert_logprobs_match(policy.model, policy, sample(gen, policy))
+
+
+class FakeLLM:
+    """Records the engine calls the vLLM backend makes; the sleep-mode sequence is CUDA-only in vLLM."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: self.calls.append((name, args, kwargs)) or []
+
+
+def fake_vllm_generator(policy, sleep_mode: bool):
+    from types import SimpleNamespace
+
+    from trainer.generation.vllm_engine import VLLMGenerator
+
+    gen = object.__new__(VLLMGenerator)
+    gen.llm, gen._vllm = FakeLLM(), SimpleNamespace(SamplingParams=dict)
+    gen.sleep_mode, gen._asleep, gen.weight_version = sleep_mode, False, 0
+    gen.device, gen.tokenizer, gen.terminators = policy.device, policy.tokenizer, {policy.tokenizer.eos_token_id}
+    return gen
+
+
+def test_vllm_sleep_mode_frees_memory_for_training_and_wakes_weights_before_the_push(policy):
+    gen = fake_vllm_generator(policy, sleep_mode=True)
+    gen.release()
+    gen.release()  # already asleep: nothing more
+    gen.load_weights({"w": torch.zeros(1)})
+    gen.generate([[1, 2]], SamplingParams(seed=5, n=2))
+    gen.generate([[1, 2]], SamplingParams())
+    names = [c[0] for c in gen.llm.calls]
+    assert names == ["sleep", "wake_up", "collective_rpc", "reset_prefix_cache", "wake_up", "generate", "generate"]
+    assert gen.llm.calls[0][2] == {"level": 1}  # weights kept in host memory: a round without a step still has them
+    assert gen.llm.calls[1][2] == {"tags": ["weights"]}  # the KV cache stays released during the push
+    assert gen.llm.calls[2][2]["kwargs"]["weights_iterator"] is not None
+    sampling = gen.llm.calls[5][1][1][0]
+    assert sampling["seed"] == 5 and sampling["n"] == 2 and sampling["logprobs"] == 0 and sampling["top_k"] == 0
+    assert gen.weight_version == 1
+
+
+def test_vllm_without_sleep_mode_never_sleeps(policy):
+    gen = fake_vllm_generator(policy, sleep_mode=False)
+    gen.release()
+    gen.load_weights({"w": torch.zeros(1)})
+    assert [c[0] for c in gen.llm.calls] == ["collective_rpc", "reset_prefix_cache"]
