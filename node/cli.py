@@ -85,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, _overrides(args))
     _setup_logging(cfg.run.log_level)
-    with StopSignal() as stop:
+    with StopSignal(cfg.run.stop_timeout_s) as stop:
         try:
             if args.bootstrap_only:
                 run_bootstrap(cfg, stop)

@@ -42,6 +42,8 @@ class RunConfig(BaseModel):
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="DEBUG, INFO, WARNING or ERROR")
     retries: int = Field(3, ge=0, description="retries of a failing component (generation, evaluation, the p2p layer) "
                          "before the node checkpoints and stops")
+    stop_timeout_s: float = Field(90.0, gt=0, description="after SIGTERM/SIGINT, exit (without a new checkpoint) if the "
+                                  "current step has not finished within this many seconds")
     retry_backoff_s: float = Field(2.0, ge=0, description="wait before the first retry; doubles with each retry (at most 60 s)")
 
 

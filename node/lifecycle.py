@@ -1,22 +1,30 @@
 """Graceful stop on SIGINT/SIGTERM: the first signal asks the round loop to stop at the next safe
 point (it then checkpoints and exits 0); a second one interrupts at once, leaving the last
-complete checkpoint as it was.
+complete checkpoint as it was. If the safe point never comes (a hung GPU call), the process exits
+by itself after `deadline_s`: a supervisor's stop (docker's grace period) always takes bounded time,
+and checkpoints are written atomically, so an exit at any moment leaves the last one intact.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 from types import FrameType
 
 log = logging.getLogger(__name__)
 
 
+EXIT_STOP_TIMEOUT = 3
+
+
 class StopSignal:
-    def __init__(self) -> None:
+    def __init__(self, deadline_s: float | None = None) -> None:
         self._event = threading.Event()
         self._previous: dict[int, object] = {}
+        self._deadline_s = deadline_s
 
     @property
     def requested(self) -> bool:
@@ -29,7 +37,16 @@ class StopSignal:
     def request(self, reason: str = "requested") -> None:
         if not self._event.is_set():
             log.warning("stop %s: finishing the current step, then checkpointing (repeat to abort)", reason)
+            if self._deadline_s is not None:
+                timer = threading.Timer(self._deadline_s, self._give_up)
+                timer.daemon = True
+                timer.start()
         self._event.set()
+
+    def _give_up(self) -> None:
+        print(f"sapo: did not reach a safe point within {self._deadline_s:.0f} s of the stop request; exiting "
+              "without a new checkpoint (the last complete one is kept)", file=sys.stderr, flush=True)
+        os._exit(EXIT_STOP_TIMEOUT)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self._event.is_set():

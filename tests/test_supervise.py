@@ -130,3 +130,48 @@ def test_a_p2p_layer_that_dies_is_restarted_with_the_same_identity(tiny_a, cache
             runner.join(60)
     assert not runner.is_alive() and not node.gossip.alive
     assert "p2p layer stopped; restarting it" in caplog.text
+
+
+HUNG_NODE = """
+import sys, time
+from trainer.generation.hf import TransformersGenerator
+real = TransformersGenerator.generate
+calls = []
+def generate(self, prompt_ids, params):
+    calls.append(1)
+    if len(calls) > 1:  # round 0's evaluation works; round 1's generation hangs like a stuck GPU call
+        print("hanging", file=sys.stderr, flush=True)
+        time.sleep(3600)
+    return real(self, prompt_ids, params)
+TransformersGenerator.generate = generate
+from node.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_stop_that_never_reaches_a_safe_point_still_exits_within_the_deadline(tiny_a, cache_dir, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    log = tmp_path / "node.log"
+    args = [*node_args(cache_dir, tmp_path / "out", 5), "--run.stop_timeout_s", "3"]
+    proc = subprocess.Popen([sys.executable, "-c", HUNG_NODE, *args], stderr=open(log, "w"), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while "hanging" not in log.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        asked = time.monotonic()
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - asked
+    finally:
+        proc.kill()
+    assert code == 3 and 2.5 < took < 15, (code, took)
+    assert "did not reach a safe point within 3 s of the stop request" in log.read_text()
+    assert checkpoint.complete(tmp_path / "out" / "checkpoints") == []  # no new checkpoint from a stop that gave up
