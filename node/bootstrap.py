@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections import Counter
 
 from node.config import ConfigError, NodeConfig
 from node.lifecycle import StopSignal
 from node.status import StatusBoard, StatusServer
 from p2p.service import Gossip
+from p2p.wire import WireMessage
 
 log = logging.getLogger(__name__)
 TICK_S = 5.0  # how often the status history gets a point
@@ -24,19 +26,23 @@ def run_bootstrap(cfg: NodeConfig, stop: StopSignal) -> None:
         raise ConfigError("--bootstrap-only needs the p2p layer: drop --p2p.enabled false")
     board = StatusBoard("bootstrap", {"model": None, "rounds": None, "peer_id": None, "network": cfg.p2p.network},
                         cfg.status.history)
+    received = Counter()  # groups in the messages it accepted (and forwarded)
+
+    def count(message: WireMessage) -> None:
+        received["groups"] += len(message.groups)
+
     with contextlib.ExitStack() as stack:
         if cfg.status.enabled:
             stack.enter_context(StatusServer(cfg.status, board))
-        gossip = stack.enter_context(Gossip(cfg.p2p, cfg.key_file(), on_message=lambda message: None))
+        gossip = stack.enter_context(Gossip(cfg.p2p, cfg.key_file(), on_message=count))
         board.update_info(peer_id=gossip.peer_id)
         board.set_live(gossip.stats)
         board.set_state("running")
         log.info("bootstrap node on network %r: %s", cfg.p2p.network,
                  " ".join(f"{a}/p2p/{gossip.peer_id}" for a in gossip.addrs))
-        published = 0
+        counted = 0
         while not stop.wait(TICK_S):
-            stats = gossip.stats()
-            board.record({"time": time.time(), "peers": stats["peers"],
-                          "messages_published": stats.get("published", 0) - published})
-            published = stats.get("published", 0)
+            total = received["groups"]
+            board.record({"time": time.time(), "peers": gossip.stats()["peers"], "n_external_received": total - counted})
+            counted = total
         board.set_state("stopped")

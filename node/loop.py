@@ -210,7 +210,7 @@ class Node:
             n_external_used=stats.external_groups_used, external_masked=stats.external_masked,
             external_reward_mean=_mean([x for g in external for x in g.rewards]),
             external_peers=len({g.source for g in external}), external_dropped=dict(dropped),
-            messages_published=published, **self._swarm_metrics(),
+            groups_published=published, **self._swarm_metrics(),
         ))
         return True
 

@@ -39,7 +39,7 @@ class RoundMetrics:
     external_peers: int = 0  # distinct peers the round's external groups came from
     external_dropped: dict[str, int] | None = None  # pool groups this node could not use, by reason
     peers: int = 0
-    messages_published: int = 0  # gossip messages this round's groups went out in
+    groups_published: int = 0  # local groups shared with the swarm this round
     n_external_received: int = 0  # groups other peers shared that entered the pool this round
     p2p: dict | None = None  # cumulative gossip and pool counters, drops by reason included
 

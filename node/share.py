@@ -28,13 +28,13 @@ def to_wire(group: RolloutGroup) -> WireGroup:
 
 
 def publish_round(gossip: Gossip, model: str, round_: int, groups: list[RolloutGroup], limits: Limits) -> int:
-    """Split the round's groups into messages under the limits and hand them over; returns messages sent."""
+    """Split the round's groups into messages under the limits and hand them over; returns groups shared."""
     payloads, skipped = pack_groups(gossip.peer_id, model, round_, time.time(), [to_wire(g) for g in groups], limits)
     if skipped:
         log.warning("round %d: %d group(s) exceed the wire limits on their own and were not shared", round_, skipped)
     for data in payloads:
         gossip.publish(data)
-    return len(payloads)
+    return len(groups) - skipped
 
 
 def take_external(pool: RolloutPool, j: int, rng: random.Random, tasks: TasksConfig) -> tuple[list[RolloutGroup], Counter[str]]:

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 # Per-round fields the dashboard charts and /status returns in `history`.
 HISTORY_FIELDS = ("round", "time", "reward_mean", "accuracy_train", "eval_accuracy", "peers", "n_local", "n_external",
-                  "n_external_used", "n_external_received", "messages_published", "weight_version",
+                  "n_external_used", "n_external_received", "groups_published", "weight_version",
                   "seconds_generate", "seconds_train", "seconds_other")
 PHASES = ("generate", "train", "other")
 
@@ -80,7 +80,7 @@ class StatusBoard:
                 self._last_eval = row["eval_accuracy"]
             for phase in PHASES:
                 self._totals[f"seconds_{phase}"] += row.get(f"seconds_{phase}") or 0.0
-            for key in ("tokens_generated", "n_external_used", "n_local", "n_external"):
+            for key in ("tokens_generated", "n_external_used", "n_local", "n_external", "groups_published"):
                 self._totals[key] += row.get(key) or 0
             for reason, n in (row.get("external_dropped") or {}).items():
                 self._totals[f"external_dropped:{reason}"] += n
@@ -126,6 +126,8 @@ def prometheus(s: dict) -> str:
     metric("external_groups_total", "counter", "external rollout groups taken into batches", [({}, totals.get("n_external"))])
     metric("external_groups_used_total", "counter", "external groups that carried signal into the loss",
            [({}, totals.get("n_external_used"))])
+    metric("rollout_groups_published_total", "counter", "local rollout groups shared with the swarm",
+           [({}, totals.get("groups_published"))])
     metric("messages_published_total", "counter", "gossip messages published", [({}, p2p.get("published"))])
     metric("messages_accepted_total", "counter", "gossip messages accepted", [({}, p2p.get("accepted"))])
     metric("messages_rejected_total", "counter", "gossip messages rejected, by reason",

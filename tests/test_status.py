@@ -67,7 +67,8 @@ def test_prometheus_text_has_help_type_and_labelled_samples():
                         live=lambda: {"peers": 2, "published": 7, "rejected": {"too_old": 3},
                                       "pool": {"received": 5, "dropped": {"stale": 1}}})
     board.record({"round": 1, "reward_mean": 0.5, "eval_accuracy": 0.25, "seconds_generate": 1.5,
-                  "seconds_train": 0.5, "seconds_other": 0.1, "external_dropped": {"not_accepted": 2}, "n_local": 4})
+                  "seconds_train": 0.5, "seconds_other": 0.1, "external_dropped": {"not_accepted": 2}, "n_local": 4,
+                  "groups_published": 4})
     board.record({"round": 2, "reward_mean": 0.75, "eval_accuracy": None, "seconds_generate": 1.0,
                   "seconds_train": 0.5, "seconds_other": 0.1, "n_local": 4})
     text = prometheus(board.snapshot())
@@ -82,13 +83,14 @@ def test_prometheus_text_has_help_type_and_labelled_samples():
     assert 'sapo_rollout_groups_dropped_total{reason="not_accepted"} 2.0' in samples
     assert 'sapo_rollout_groups_dropped_total{reason="stale"} 1.0' in samples
     assert "sapo_peers 2.0" in samples and "sapo_local_groups_total 8.0" in samples
+    assert "sapo_rollout_groups_published_total 4.0" in samples and "sapo_messages_published_total 7.0" in samples
 
 
 @pytest.mark.slow
 def test_dashboard_shows_a_running_node_in_a_headless_browser(tiny_a, cache_dir, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
-        message = "needs Chromium: apt-get install chromium (scripts/setup.sh installs it when run as root)"
+        message = "needs Chromium: apt-get install chromium (scripts/test.sh installs it when run as root)"
         pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
     log = tmp_path / "node.log"
     proc = start(["run", "--model.cache_dir", str(cache_dir), "--out", str(tmp_path / "out"), "--rounds", "1000",
@@ -156,6 +158,7 @@ def test_bootstrap_only_node_joins_two_trainers_without_a_model(tiny_a, cache_di
             node_url = wait_for(r"dashboard at (http://127\.0\.0\.1:\d+/)", log, proc).group(1)
             poll_status(node_url, lambda s: s["p2p"]["peers"] >= 2 and s["totals"].get("n_external_used", 0) > 0)
         assert 'sapo_up{role="bootstrap"} 1.0' in get(url + "metrics").decode()
+        poll_status(url, lambda s: sum(h["n_external_received"] or 0 for h in s["history"]) > 0)  # its traffic chart
     finally:
         codes = [stop(p) for p, _ in nodes] + [stop(boot)]
     assert codes == [0, 0, 0], boot_log.read_text()
