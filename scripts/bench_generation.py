@@ -2,8 +2,9 @@
 
 For every backend installed here (transformers always; vLLM where it imports) it builds the
 generator from the same policy, samples `--prompts` x `--n` completions with up to `--new-tokens`
-tokens (no stop strings; only EOS ends a completion early), and pushes the policy's weights
-`--syncs` times. Prints a table and saves JSON.
+tokens (no stop strings; only EOS ends a completion early), checks the sampling log-probs of up to 64
+completions against a transformers forward pass, and pushes the policy's weights `--syncs` times.
+Prints a table and saves JSON.
 
     .venv/bin/python scripts/bench_generation.py --model tiny-a --out docs/bench/generation-tiny-a-2cpu.json
     python scripts/bench_generation.py --model qwen2.5-0.5b-shaped --device cuda   # on a GPU
@@ -74,6 +75,7 @@ def bench_backend(backend: str, policy, args) -> dict:
         sync()
         times.append(time.perf_counter() - t0)
         tokens.append(sum(len(c.token_ids) for group in out for c in group))
+    drift = logprob_drift(policy, prompts, out)
     weights = export_weights(policy.model)
     pushes = []
     for _ in range(args.syncs):
@@ -89,7 +91,19 @@ def bench_backend(backend: str, policy, args) -> dict:
         "tokens_per_s": sum(tokens) / seconds, "rollouts_per_s": args.prompts * args.n * args.repeats / seconds,
         "mean_new_tokens": sum(tokens) / (args.prompts * args.n * args.repeats),
         "weight_sync_ms_median": 1000 * statistics.median(pushes), "weight_sync_ms_max": 1000 * max(pushes),
+        "max_abs_logprob_diff": drift,
     }
+
+
+def logprob_drift(policy, prompts, out, rows: int = 64) -> float:
+    """Largest gap between the sampling log-probs and a transformers forward pass of the same weights."""
+    from trainer.batch import collate, token_logprobs
+
+    pairs = [(prompts[i], c) for i, group in enumerate(out) for c in group if c.token_ids][:rows]
+    batch = collate([p for p, _ in pairs], [c.token_ids for _, c in pairs], policy.tokenizer.pad_token_id, policy.device)
+    with torch.no_grad():
+        forward = token_logprobs(policy.model, batch).float().cpu()
+    return max((forward[i, : len(c.logprobs)] - torch.tensor(c.logprobs)).abs().max().item() for i, (_, c) in enumerate(pairs))
 
 
 def sync() -> None:
@@ -121,11 +135,13 @@ def main() -> None:
     results = [bench_backend(b, policy, args) for b in backends]
 
     table = Table(title=f"generation: {args.model}, {args.prompts} prompts x {args.n}, up to {args.new_tokens} new tokens")
-    for col in ("backend", "start-up s", "tokens/s", "rollouts/s", "mean new tokens", "sync ms (median)", "sync ms (max)"):
+    for col in ("backend", "start-up s", "tokens/s", "rollouts/s", "mean new tokens", "sync ms (median)", "sync ms (max)",
+                "max |Δ logprob|"):
         table.add_column(col, justify="right")
     for r in results:
         table.add_row(r["backend"], f"{r['startup_s']:.1f}", f"{r['tokens_per_s']:.0f}", f"{r['rollouts_per_s']:.1f}",
-                      f"{r['mean_new_tokens']:.1f}", f"{r['weight_sync_ms_median']:.1f}", f"{r['weight_sync_ms_max']:.1f}")
+                      f"{r['mean_new_tokens']:.1f}", f"{r['weight_sync_ms_median']:.1f}", f"{r['weight_sync_ms_max']:.1f}",
+                      f"{r['max_abs_logprob_diff']:.1e}")
     Console().print(table)
     device = torch.cuda.get_device_name() if policy.device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     report = {"model": args.model, "parameters": sum(p.numel() for p in policy.model.parameters()),
