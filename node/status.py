@@ -40,7 +40,7 @@ class StatusConfig(BaseModel):
     def _host_port(cls, v: str) -> str:
         host, sep, port = v.rpartition(":")
         if not sep or not host or not port.isdigit() or int(port) > 65535:
-            raise ValueError(f"expected HOST:PORT, e.g. 127.0.0.1:8080 (got {v!r})")
+            raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:8080")
         return v
 
     def address(self) -> tuple[str, int]:

@@ -41,6 +41,8 @@ def load_network(name: str) -> NetworkProfile:
     """The profile called `name`, or read from the file `name`; ValueError says what is wrong."""
     path = SHIPPED / f"{name}.toml" if name in shipped_networks() else Path(name)
     if not path.is_file():
+        if "/" in name or name.endswith(".toml"):
+            raise ValueError(f"network profile file {name} does not exist")
         raise ValueError(f"unknown network {name!r}: choose {' or '.join(shipped_networks())}, or give a profile file")
     try:
         profile = NetworkProfile.model_validate(tomllib.loads(path.read_text()))

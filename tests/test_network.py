@@ -51,3 +51,5 @@ def test_network_flag_on_the_command_line(tmp_path):
     assert bad.returncode == 2
     assert "p2p.network" in bad.stderr and "unknown network 'mainnet': choose local or testnet" in bad.stderr
     assert "Traceback" not in bad.stderr
+    missing = run_sapo("config", "--network", str(tmp_path / "lab.toml"))
+    assert missing.returncode == 2 and f"network profile file {tmp_path / 'lab.toml'} does not exist" in missing.stderr
