@@ -27,6 +27,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from trainer.batch import sequence_logprobs
 from trainer.config import GenerationConfig, ModelConfig, VLLMConfig, default_cache_dir
 from trainer.generation import SamplingParams, make_generator, vllm_available
 from trainer.policy import encode_prompts, export_weights, load_policy
@@ -97,13 +98,10 @@ def bench_backend(backend: str, policy, args) -> dict:
 
 def logprob_drift(policy, prompts, out, rows: int = 64) -> float:
     """Largest gap between the sampling log-probs and a transformers forward pass of the same weights."""
-    from trainer.batch import collate, token_logprobs
-
     pairs = [(prompts[i], c) for i, group in enumerate(out) for c in group if c.token_ids][:rows]
-    batch = collate([p for p, _ in pairs], [c.token_ids for _, c in pairs], policy.tokenizer.pad_token_id, policy.device)
-    with torch.no_grad():
-        forward = token_logprobs(policy.model, batch).float().cpu()
-    return max((forward[i, : len(c.logprobs)] - torch.tensor(c.logprobs)).abs().max().item() for i, (_, c) in enumerate(pairs))
+    forward = sequence_logprobs(policy.model, [p for p, _ in pairs], [c.token_ids for _, c in pairs],
+                                policy.tokenizer.pad_token_id, policy.device)
+    return max((f - torch.tensor(c.logprobs)).abs().max().item() for f, (_, c) in zip(forward, pairs))
 
 
 def sync() -> None:

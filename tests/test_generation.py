@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from trainer.batch import collate, token_logprobs
+from trainer.batch import sequence_logprobs
 from trainer.config import GenerationConfig, ModelConfig, VLLMConfig
 from trainer.generation import BackendError, SamplingParams, make_generator, resolve_backend, vllm_available
 from trainer.policy import export_weights, load_policy, encode_prompts
@@ -67,12 +67,11 @@ def ids(out):
 def assert_logprobs_match(model, policy, out, prompts=PROMPTS):
     prompt_ids = encode_prompts(policy, prompts)
     rows = [(prompt_ids[i], c) for i, group in enumerate(out) for c in group]
-    batch = collate([p for p, _ in rows], [c.token_ids for _, c in rows], policy.tokenizer.pad_token_id, policy.device)
-    with torch.no_grad():
-        forward = token_logprobs(model, batch)
-    for i, (_, c) in enumerate(rows):
+    forward = sequence_logprobs(model, [p for p, _ in rows], [c.token_ids for _, c in rows],
+                                policy.tokenizer.pad_token_id, policy.device)
+    for expected, (_, c) in zip(forward, rows):
         assert len(c.logprobs) == len(c.token_ids)
-        assert torch.allclose(forward[i, : len(c.token_ids)], torch.tensor(c.logprobs), atol=LOGPROB_TOLERANCE)
+        assert torch.allclose(expected, torch.tensor(c.logprobs), atol=LOGPROB_TOLERANCE)
 
 
 def perturbed(model, scale=0.05, seed=0):

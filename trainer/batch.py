@@ -63,5 +63,14 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return torch.stack([_row_logprobs(row.float(), tgt) for row, tgt in zip(logits, targets)])
 
 
+@torch.no_grad()
+def sequence_logprobs(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], pad_id: int,
+                      device: torch.device) -> list[torch.Tensor]:
+    """Each completion's token log-probs under `model`, unpadded, on the CPU: what a sampler's own
+    log-probs are checked against."""
+    forward = token_logprobs(model, collate(prompts, completions, pad_id, device)).float().cpu()
+    return [forward[i, : len(c)] for i, c in enumerate(completions)]
+
+
 def _row_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
