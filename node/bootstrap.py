@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import Counter
 
 from node.config import ConfigError, NodeConfig
 from node.lifecycle import StopSignal
@@ -26,10 +25,11 @@ def run_bootstrap(cfg: NodeConfig, stop: StopSignal) -> None:
         raise ConfigError("--bootstrap-only needs the p2p layer: drop --p2p.enabled false")
     board = StatusBoard("bootstrap", {"model": None, "rounds": None, "peer_id": None, "network": cfg.p2p.network},
                         cfg.status.history)
-    received = Counter()  # groups in the messages it accepted (and forwarded)
+    relayed = 0  # groups in the messages it accepted (and forwarded); written on the p2p thread
 
     def count(message: WireMessage) -> None:
-        received["groups"] += len(message.groups)
+        nonlocal relayed
+        relayed += len(message.groups)
 
     with contextlib.ExitStack() as stack:
         if cfg.status.enabled:
@@ -42,7 +42,7 @@ def run_bootstrap(cfg: NodeConfig, stop: StopSignal) -> None:
                  " ".join(f"{a}/p2p/{gossip.peer_id}" for a in gossip.addrs))
         counted = 0
         while not stop.wait(TICK_S):
-            total = received["groups"]
+            total = relayed
             board.record({"time": time.time(), "peers": gossip.stats()["peers"], "n_external_received": total - counted})
             counted = total
         board.set_state("stopped")

@@ -113,7 +113,7 @@ class Node:
             if self.cfg.status.enabled:
                 stack.enter_context(StatusServer(self.cfg.status, self.board))
             if self.cfg.p2p.enabled:
-                self.gossip = stack.enter_context(Gossip(self.cfg.p2p, self.cfg.key_file(), self.pool.add))
+                self.gossip = stack.enter_context(self._new_gossip())
                 self.board.update_info(peer_id=self.gossip.peer_id)
                 if self.round == 0 and self.cfg.run.wait_for_peers:
                     self.board.set_state("waiting for peers")
@@ -217,10 +217,14 @@ class Node:
     def _restart_gossip(self, stop: StopSignal) -> None:
         """The p2p thread ended under us: start a new one with the same identity (the pool is kept)."""
         log.error("p2p layer stopped; restarting it")
-        gossip = self._retrying("p2p layer", lambda: Gossip(self.cfg.p2p, self.cfg.key_file(), self.pool.add).start(), stop)
+        gossip = self._retrying("p2p layer", lambda: self._new_gossip().start(), stop)
         if gossip is not None:
             self._stack.callback(gossip.stop)
             self.gossip = gossip
+
+    def _new_gossip(self) -> Gossip:
+        """The p2p layer, with this node's identity, feeding the pool."""
+        return Gossip(self.cfg.p2p, self.cfg.key_file(), self.pool.add)
 
     def _retrying(self, what: str, fn, stop: StopSignal):
         return retrying(what, fn, self.cfg.run.retries, self.cfg.run.retry_backoff_s, stop)
@@ -240,13 +244,14 @@ class Node:
         return {**self.gossip.stats(), "pool": self.pool.stats()}
 
     def _swarm_metrics(self) -> dict:
-        pool = self.pool.stats()
-        received, self._pool_accepted = pool["accepted"] - self._pool_accepted, pool["accepted"]
-        if self.gossip is None:
+        """This round's share of the live counters: peers, groups received, and the cumulative counters."""
+        live = self._live_p2p()
+        if not live:
             return {}
-        gossip = self.gossip.stats()
-        return {"peers": gossip.pop("peers"), "n_external_received": received,
-                "p2p": {**{k: v for k, v in gossip.items() if k != "peer_id"}, "pool": pool}}
+        accepted = live["pool"]["accepted"]
+        received, self._pool_accepted = accepted - self._pool_accepted, accepted
+        return {"peers": live.pop("peers"), "n_external_received": received,
+                "p2p": {k: v for k, v in live.items() if k != "peer_id"}}
 
     def _record(self, m: RoundMetrics) -> None:
         self.metrics.append(m)
