@@ -20,6 +20,7 @@ ALIASES = {
     "--out": "run.out_dir",
     "--rounds": "run.rounds",
     "--local": "run.local_groups",
+    "--external": "selection.external_groups",
     "--seed": "run.seed",
     "--tasks": "tasks.datasets",
     "--bootstrap": "p2p.bootstrap",

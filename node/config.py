@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import to_jsonable_python
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from node.selection import SelectionConfig
 from node.status import StatusConfig
 from p2p.config import P2PConfig
 from rewards.config import TasksConfig
@@ -29,9 +30,6 @@ class RunConfig(BaseModel):
     out_dir: Path = Field(Path("runs/node"), description="metrics.jsonl, checkpoints/ and config.json go here")
     rounds: int = Field(600, ge=1, description="stop after this many rounds (a resumed run counts from its checkpoint)")
     local_groups: int = Field(4, ge=1, description="I: tasks drawn per round, each sampled G times")
-    external_groups: int = Field(4, ge=0, description="J: groups other peers shared, taken from the pool each round (0: silo)")
-    when_short: Literal["fill_local", "fewer"] = Field(
-        "fill_local", description="when the pool has fewer than J usable groups: draw local tasks for the rest, or train on fewer")
     wait_for_peers: int = Field(0, ge=0, description="before round 1, wait up to 120 s for this many peers (for experiments that start nodes together)")
     torch_threads: int | None = Field(None, ge=1, description="CPU threads torch may use (null: torch's default, all cores); "
                                       "set it when several nodes share a machine, or they thrash")
@@ -69,6 +67,7 @@ class NodeConfig(BaseSettings):
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
     p2p: P2PConfig = Field(default_factory=P2PConfig)
     status: StatusConfig = Field(default_factory=StatusConfig)
 

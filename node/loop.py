@@ -15,7 +15,8 @@ from node.config import NodeConfig
 from node.lifecycle import StopSignal
 from node.metrics import MetricsLog, RoundMetrics
 from node.progress import Progress
-from node.share import publish_round, take_external
+from node.selection import Selector, informative
+from node.share import publish_round, self_messages
 from node.status import StatusBoard, StatusServer
 from node.supervise import ComponentFailed, describe, retrying
 from p2p.pool import RolloutPool
@@ -23,7 +24,8 @@ from p2p.service import Gossip
 from rewards import TaskSource
 from trainer import checkpoint
 from trainer.generation import SamplingParams, make_generator
-from trainer.grpo import GRPOTrainer
+from trainer.batch import RolloutGroup
+from trainer.grpo import GRPOTrainer, StepStats
 from trainer.policy import export_weights, load_policy
 from trainer.rollout import accuracy, accuracy_by_dataset, evaluate, rollout
 
@@ -61,11 +63,12 @@ class Node:
             )
         self.policy = load_policy(cfg.model, weights_from=resumed.model_dir if resumed else None)
         self.generator = make_generator(cfg.generation, self.policy)
-        self.trainer = GRPOTrainer(self.policy, cfg.grpo, cfg.generation.max_new_tokens, cfg.run.rounds)
+        self.trainer = GRPOTrainer(self.policy, cfg.grpo, cfg.generation.max_new_tokens, cfg.run.rounds, cfg.generation.stop)
         self.tasks = TaskSource(cfg.tasks.mix(), seed=cfg.run.seed)
         self.eval_tasks = TaskSource(cfg.tasks.mix(), seed=cfg.tasks.eval_seed).draw(cfg.tasks.eval_size)
         self.round = 0
         self.pool = RolloutPool(cfg.p2p.pool)
+        self.selector = Selector(cfg.selection, cfg.tasks)
         self.gossip: Gossip | None = None
         self._pool_accepted = 0
         self.board = StatusBoard("trainer", {"model": cfg.model.name, "rounds": cfg.run.rounds, "peer_id": None,
@@ -82,6 +85,8 @@ class Node:
         self.trainer.scheduler.load_state_dict(ckpt.trainer_state["scheduler"])
         torch.set_rng_state(ckpt.trainer_state["torch_rng"])
         self.generator.weight_version = ckpt.state["weight_version"]
+        if "selection" in ckpt.state:
+            self.selector.load_state_dict(ckpt.state["selection"])
         self.metrics.rewind(ckpt.round)
         log.info("resumed from %s at round %d", ckpt.path, ckpt.round)
 
@@ -92,7 +97,7 @@ class Node:
             "torch_rng": torch.get_rng_state(),
         }
         state = {"model": self.cfg.model.name, "task_position": self.tasks.position,
-                 "weight_version": self.generator.weight_version}
+                 "weight_version": self.generator.weight_version, "selection": self.selector.state_dict()}
         checkpoint.save(self.checkpoints, self.round, self.policy.model, self.policy.tokenizer, trainer_state, state,
                         keep=self.cfg.run.keep_checkpoints)
 
@@ -162,14 +167,53 @@ class Node:
     def _one_round(self, stop: StopSignal) -> bool:
         """Run the next round; False if a stop request made it abandon the round before training."""
         cfg, r = self.cfg, self.round + 1
-        started = time.perf_counter()
-        position = self.tasks.position
-        external, dropped = take_external(self.pool, cfg.run.external_groups, random.Random(round_seed(cfg.run.seed, r)),
-                                          cfg.tasks)
-        short = cfg.run.external_groups - len(external)
-        tasks = self.tasks.draw(cfg.run.local_groups + (short if cfg.run.when_short == "fill_local" else 0))
+        started, position = time.perf_counter(), self.tasks.position
+        pick = self.selector.external(self.pool, random.Random(round_seed(cfg.run.seed, r)), r)
+        slots = cfg.run.local_groups + (cfg.selection.external_groups - len(pick.groups)
+                                        if cfg.selection.when_short == "fill_local" else 0)
+        feed = cfg.selection.external_groups if cfg.selection.self_external else 0
 
         t0 = time.perf_counter()
+        sampled = self._generate(r, self.tasks.draw(self.selector.local_tasks(slots) + feed), stop, position)
+        seconds_generate = time.perf_counter() - t0
+        if sampled is None:
+            return False
+        groups, fed = sampled[: len(sampled) - feed], sampled[len(sampled) - feed:]
+        for msg in self_messages(cfg.model.name, r, fed, cfg.p2p.limits):
+            self.pool.add(msg)
+        published = publish_round(self.gossip, cfg.model.name, r, groups, cfg.p2p.limits) if self.gossip else 0
+
+        t0 = time.perf_counter()
+        local = self.selector.local(groups, slots, r)
+        stats = self._train(r, local + pick.groups)
+        seconds_train = time.perf_counter() - t0
+
+        self.round = r
+        eval_acc, eval_by_dataset = self._evaluate(stop) if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else (None, None)
+        seconds_other = time.perf_counter() - started - seconds_generate - seconds_train
+        rewards = [x for g in groups for x in g.rewards]
+        trained = stats.optimizer_steps > 0
+        self._record(RoundMetrics(
+            round=r, time=time.time(), reward_mean=sum(rewards) / len(rewards), accuracy_train=accuracy(groups),
+            eval_accuracy=eval_acc, eval_by_dataset=eval_by_dataset, n_local=len(groups), n_external=len(pick.groups),
+            tokens_generated=sum(len(ids) for g in sampled for ids in g.completion_ids or []),
+            seconds_generate=seconds_generate, seconds_train=seconds_train, seconds_other=seconds_other,
+            groups_trained=stats.groups_used, groups_dropped_uniform=stats.groups_dropped_uniform,
+            local_informative=sum(map(informative, groups)), external_inspected=pick.inspected,
+            external_informative=pick.informative,
+            loss=stats.loss if trained else None, kl=stats.kl if trained else None,
+            clip_frac=stats.clip_frac if trained else None, grad_norm=stats.grad_norm if trained else None,
+            lr=stats.lr if trained else None, weight_version=self.generator.weight_version,
+            n_external_used=stats.external_groups_used, external_masked=stats.external_masked,
+            external_reward_mean=_mean([x for g in pick.groups for x in g.rewards]),
+            external_peers=len({g.source for g in pick.groups}), external_dropped=dict(pick.dropped),
+            groups_published=published, **self._swarm_metrics(),
+        ))
+        return True
+
+    def _generate(self, r: int, tasks: list, stop: StopSignal, position: int) -> list[RolloutGroup] | None:
+        """Sample and score the round's local groups; None (tasks put back) if a stop request came first."""
+        cfg = self.cfg
         params = SamplingParams.from_config(cfg.generation, seed=round_seed(cfg.run.seed, r))
         try:
             groups = self._retrying("generation", lambda: rollout(self.generator, self.policy, tasks, params,
@@ -177,42 +221,21 @@ class Node:
         except ComponentFailed:
             self.tasks.position = position  # the failed round is drawn again after a restart
             raise
-        seconds_generate = time.perf_counter() - t0
         if groups is None or stop.requested:
             self.tasks.position = position  # the abandoned round is drawn again after a restart
-            return False
-        published = publish_round(self.gossip, cfg.model.name, r, groups, cfg.p2p.limits) if self.gossip else 0
+            return None
+        return groups
 
-        t0 = time.perf_counter()
+    def _train(self, r: int, groups: list[RolloutGroup]) -> StepStats:
+        """One GRPO step, then the new weights into the generator."""
         self.generator.release()
         try:
-            stats = self.trainer.step(groups + external)
+            stats = self.trainer.step(groups)
         except Exception as e:  # noqa: BLE001 - a step may have half-applied: stop without a checkpoint of it
             raise ComponentFailed(f"training step of round {r} failed: {describe(e)}", resumable=False) from e
         if stats.optimizer_steps:
             self.generator.load_weights(export_weights(self.policy.model))
-        seconds_train = time.perf_counter() - t0
-
-        self.round = r
-        eval_acc, eval_by_dataset = self._evaluate(stop) if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else (None, None)
-        rewards = [x for g in groups for x in g.rewards]
-        trained = stats.optimizer_steps > 0
-        self._record(RoundMetrics(
-            round=r, time=time.time(), reward_mean=sum(rewards) / len(rewards), accuracy_train=accuracy(groups),
-            eval_accuracy=eval_acc, eval_by_dataset=eval_by_dataset, n_local=len(groups), n_external=len(external),
-            tokens_generated=sum(len(ids) for g in groups for ids in g.completion_ids or []),
-            seconds_generate=seconds_generate, seconds_train=seconds_train,
-            seconds_other=time.perf_counter() - started - seconds_generate - seconds_train,
-            groups_trained=stats.groups_used, groups_dropped_uniform=stats.groups_dropped_uniform,
-            loss=stats.loss if trained else None, kl=stats.kl if trained else None,
-            clip_frac=stats.clip_frac if trained else None, grad_norm=stats.grad_norm if trained else None,
-            lr=stats.lr if trained else None, weight_version=self.generator.weight_version,
-            n_external_used=stats.external_groups_used, external_masked=stats.external_masked,
-            external_reward_mean=_mean([x for g in external for x in g.rewards]),
-            external_peers=len({g.source for g in external}), external_dropped=dict(dropped),
-            groups_published=published, **self._swarm_metrics(),
-        ))
-        return True
+        return stats
 
     def _restart_gossip(self, stop: StopSignal) -> None:
         """The p2p thread ended under us: start a new one with the same identity (the pool is kept)."""

@@ -27,6 +27,9 @@ class RoundMetrics:
     eval_by_dataset: dict[str, float] | None = None
     groups_trained: int = 0
     groups_dropped_uniform: int = 0
+    local_informative: int = 0  # local groups whose rewards differ (the others carry no gradient)
+    external_inspected: int = 0  # pool groups re-scored this round
+    external_informative: int = 0  # of those, groups whose rewards differ
     loss: float | None = None
     kl: float | None = None
     clip_frac: float | None = None

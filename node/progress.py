@@ -21,7 +21,8 @@ class Progress:
             parts.append(f"[cyan]eval acc {m.eval_accuracy:5.3f}[/]")
         if m.n_local:
             parts.append(f"groups {m.groups_trained}/{m.n_local + m.n_external} trained")
-            if m.n_external or m.peers:
-                parts.append(f"peers {m.peers} external {m.n_external} ({m.n_external_used} used)")
+            if m.n_external or m.peers or m.external_inspected:
+                parts.append(f"peers {m.peers} external {m.n_external} of {m.external_inspected} inspected "
+                             f"({m.n_external_used} used)")
             parts.append(f"gen {m.seconds_generate:4.1f}s train {m.seconds_train:4.1f}s other {m.seconds_other:4.1f}s")
         self.console.print("  ".join(parts))

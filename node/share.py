@@ -1,23 +1,18 @@
-"""What crosses the swarm: the node's own groups go out as text once per round; groups other peers
-shared come back in only after this node regenerates their tasks and scores them itself."""
+"""What the node shares: its own groups go out as text once per round, with no answers or rewards.
+(What it takes back in is `node.selection`.)"""
 
 from __future__ import annotations
 
 import logging
-import random
 import time
-from collections import Counter
 
 from p2p.config import Limits
-from p2p.pool import RolloutPool
 from p2p.service import Gossip
-from p2p.wire import WireGroup, pack_groups
-from rewards import TaskRef, regenerate
-from rewards.config import TasksConfig
+from p2p.wire import WireGroup, WireMessage, decode, pack_groups
 from trainer.batch import RolloutGroup
-from trainer.rollout import scored_group
 
 log = logging.getLogger(__name__)
+SELF = "self"  # the sender name of this node's own groups in its pool (`self_message`)
 
 
 def to_wire(group: RolloutGroup) -> WireGroup:
@@ -37,28 +32,8 @@ def publish_round(gossip: Gossip, model: str, round_: int, groups: list[RolloutG
     return len(groups) - skipped
 
 
-def take_external(pool: RolloutPool, j: int, rng: random.Random, tasks: TasksConfig) -> tuple[list[RolloutGroup], Counter[str]]:
-    """Up to j usable groups from the pool, re-scored here; unusable ones are dropped and counted.
-
-    Nothing the sender claims is used beyond the task reference and the texts: the task is rebuilt
-    from the reference and every completion is scored by this node's verifier.
-    """
-    groups: list[RolloutGroup] = []
-    dropped: Counter[str] = Counter()
-    while len(groups) < j:
-        batch = pool.sample(j - len(groups), rng)
-        if not batch:
-            break
-        for pooled in batch:
-            g = pooled.group
-            if not tasks.accepts(g.dataset, g.config):
-                dropped["not_accepted"] += 1
-                continue
-            try:
-                task = regenerate(TaskRef(g.dataset, g.config, g.seed, g.index))
-            except Exception as e:  # untrusted reference: any failure to rebuild it drops the group
-                log.debug("cannot regenerate %s/%s from %s: %s", g.dataset, g.index, pooled.peer, e)
-                dropped["unknown_task"] += 1
-                continue
-            groups.append(scored_group(task, g.completions, tasks.format_weight, source=pooled.peer))
-    return groups, dropped
+def self_messages(model: str, round_: int, groups: list[RolloutGroup], limits: Limits) -> list[WireMessage]:
+    """This node's own groups as they would arrive from a peer: packed, encoded and decoded by the wire
+    codec, texts only (`selection.self_external`, the control of the swarm-vs-silo experiment)."""
+    payloads, _ = pack_groups(SELF, model, round_, time.time(), [to_wire(g) for g in groups], limits)
+    return [decode(data, limits) for data in payloads]

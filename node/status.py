@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 # Per-round fields the dashboard charts and /status returns in `history`.
 HISTORY_FIELDS = ("round", "time", "reward_mean", "accuracy_train", "eval_accuracy", "peers", "n_local", "n_external",
                   "n_external_used", "n_external_received", "groups_published", "weight_version",
+                  "local_informative", "external_inspected", "external_informative",
                   "seconds_generate", "seconds_train", "seconds_other")
 PHASES = ("generate", "train", "other")
 
@@ -80,7 +81,8 @@ class StatusBoard:
                 self._last_eval = row["eval_accuracy"]
             for phase in PHASES:
                 self._totals[f"seconds_{phase}"] += row.get(f"seconds_{phase}") or 0.0
-            for key in ("tokens_generated", "n_external_used", "n_local", "n_external", "groups_published"):
+            for key in ("tokens_generated", "n_external_used", "n_local", "n_external", "groups_published",
+                        "local_informative", "external_inspected", "external_informative"):
                 self._totals[key] += row.get(key) or 0
             for reason, n in (row.get("external_dropped") or {}).items():
                 self._totals[f"external_dropped:{reason}"] += n
@@ -122,7 +124,13 @@ def prometheus(s: dict) -> str:
     metric("phase_seconds_total", "counter", "seconds spent per phase since start",
            [({"phase": p}, totals.get(f"seconds_{p}")) for p in PHASES])
     metric("tokens_generated_total", "counter", "completion tokens generated", [({}, totals.get("tokens_generated"))])
-    metric("local_groups_total", "counter", "local rollout groups trained on", [({}, totals.get("n_local"))])
+    metric("local_groups_total", "counter", "local rollout groups sampled", [({}, totals.get("n_local"))])
+    metric("local_groups_informative_total", "counter", "local groups whose rewards differ (the rest carry no gradient)",
+           [({}, totals.get("local_informative"))])
+    metric("external_groups_inspected_total", "counter", "pool groups regenerated and re-scored by this node",
+           [({}, totals.get("external_inspected"))])
+    metric("external_groups_informative_total", "counter", "re-scored pool groups whose rewards differ",
+           [({}, totals.get("external_informative"))])
     metric("external_groups_total", "counter", "external rollout groups taken into batches", [({}, totals.get("n_external"))])
     metric("external_groups_used_total", "counter", "external groups that carried signal into the loss",
            [({}, totals.get("n_external_used"))])

@@ -98,7 +98,7 @@ def start(spec: SwarmSpec, cache_dir: Path | None) -> list[Child]:
         out.mkdir(parents=True, exist_ok=True)
         port, status_port = free_port(), free_port()
         args = [sys.executable, "-m", "node.cli", "run", "--out", str(out), "--model", spec.preset(k),
-                "--rounds", str(spec.rounds), "--local", str(spec.local), "--run.external_groups", str(spec.external),
+                "--rounds", str(spec.rounds), "--local", str(spec.local), "--external", str(spec.external),
                 "--seed", str(spec.seed + k), "--listen", f"/ip4/127.0.0.1/tcp/{port}",
                 "--status.listen", f"127.0.0.1:{status_port}",
                 "--run.wait_for_peers", str(spec.nodes - 1),
@@ -140,14 +140,18 @@ def _last(rows: list[dict], key: str):
     return next((r[key] for r in reversed(rows) if r.get(key) is not None), None)
 
 
+def total(rows: list[dict], key: str) -> int:
+    return sum(r.get(key) or 0 for r in rows)
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
 def table(children: list[Child], rounds: int) -> Table:
     t = Table(title="sapo swarm", caption="Ctrl-C stops every node with a checkpoint")
-    for col in ("node", "model", "round", "reward", "eval acc", "peers", "out (msgs)", "in (groups)", "ext used", "state",
-                "dashboard"):
+    for col in ("node", "model", "round", "reward", "eval acc", "peers", "out (msgs)", "in (groups)",
+                "ext inspected/informative/used", "local informative", "state", "dashboard"):
         t.add_column(col, justify="right" if col not in ("node", "model", "state", "dashboard") else "left")
     for c in children:
         rows = c.rows
@@ -155,8 +159,9 @@ def table(children: list[Child], rounds: int) -> Table:
         state = "running" if c.proc.poll() is None else f"exit {c.proc.returncode}"
         t.add_row(c.name, c.preset, f"{rows[-1]['round'] if rows else 0}/{rounds}", _fmt(_last(rows, "reward_mean")),
                   _fmt(_last(rows, "eval_accuracy")), str(_last(rows, "peers") or 0), str(p2p.get("published", 0)),
-                  str(sum(r.get("n_external_received", 0) for r in rows)), str(sum(r.get("n_external_used", 0) for r in rows)),
-                  state, c.dashboard)
+                  str(total(rows, "n_external_received")),
+                  "/".join(str(total(rows, k)) for k in ("external_inspected", "external_informative", "n_external_used")),
+                  f"{total(rows, 'local_informative')}/{total(rows, 'n_local')}", state, c.dashboard)
     return t
 
 
@@ -171,8 +176,12 @@ def summarize(spec: SwarmSpec, children: list[Child]) -> dict:
             "name": c.name, "model": c.preset, "exit_code": c.proc.returncode, "rounds": len(trained),
             "cumulative_reward": cumulative, "mean_reward": cumulative / len(trained) if trained else None,
             "eval_first": evals[0][1] if evals else None, "eval_last": evals[-1][1] if evals else None,
-            "external_used": sum(r.get("n_external_used", 0) for r in trained),
-            "external_in_batch": sum(r.get("n_external", 0) for r in trained),
+            **{name: total(trained, key) for name, key in (
+                ("external_used", "n_external_used"), ("external_in_batch", "n_external"),
+                ("external_inspected", "external_inspected"), ("external_informative", "external_informative"),
+                ("local_groups", "n_local"), ("local_informative", "local_informative"),
+                ("tokens_generated", "tokens_generated"))},
+            "seconds": sum(r["seconds_generate"] + r["seconds_train"] + r["seconds_other"] for r in trained),
         })
     summary = {"nodes": spec.nodes, "rounds": spec.rounds, "local": spec.local, "external": spec.external,
                "presets": spec.presets, "seed": spec.seed, "per_node": nodes,

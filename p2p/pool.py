@@ -1,13 +1,12 @@
-"""The bounded pool of rollout groups received from other peers, and fair sampling from it.
+"""The bounded pool of rollout groups received from other peers.
 
 Bounded three ways: total size, each peer's share (a chatty or hostile peer cannot crowd out the
 others), and age (old groups come from policies long gone). Every group that leaves without being
-sampled is counted under a reason.
+taken is counted under a reason. Which groups a node takes is its own policy (`node.selection`).
 """
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections import Counter, deque
@@ -76,25 +75,24 @@ class RolloutPool:
                 added += 1
         return added
 
-    def sample(self, j: int, rng: random.Random, now: float | None = None) -> list[PooledGroup]:
-        """Take up to j groups out of the pool: one per peer in random order, round after round,
-        each peer's newest first, so J spreads over as many peers as hold groups."""
+    def groups(self, now: float | None = None) -> list[PooledGroup]:
+        """What the pool holds now, stale groups expired first."""
         now = time.time() if now is None else now
-        out: list[PooledGroup] = []
         with self._lock:
             self._expire(now)
-            peers = [p for p, q in self._by_peer.items() if q]
-            rng.shuffle(peers)
-            while len(out) < j and peers:
-                for p in list(peers):
-                    if len(out) == j:
-                        break
-                    out.append(self._by_peer[p].pop())
-                    self._size -= 1
-                    if not self._by_peer[p]:
-                        peers.remove(p)
-            self.sampled += len(out)
-        return out
+            return [g for q in self._by_peer.values() for g in q]
+
+    def take(self, group: PooledGroup) -> bool:
+        """Remove `group` for use; False if it left the pool since `groups()` listed it."""
+        with self._lock:
+            queue = self._by_peer.get(group.peer, ())
+            at = next((i for i, g in enumerate(queue) if g.key == group.key), None)
+            if at is None:
+                return False
+            del queue[at]
+            self._size -= 1
+            self.sampled += 1
+            return True
 
     def stats(self) -> dict[str, object]:
         with self._lock:

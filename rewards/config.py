@@ -40,9 +40,6 @@ class TasksConfig(BaseModel):
     eval_size: int = Field(200, ge=1, description="held-out tasks in the fixed evaluation set")
     eval_seed: int = Field(7, description="seed of the evaluation set (keep it apart from run.seed)")
     format_weight: float = Field(0.0, ge=0, description="extra reward for a well-formed <answer> block")
-    accept_external: Literal["own", "any"] = Field(
-        "own", description="external groups to train on: 'own' = same dataset and config as one of ours; "
-        "'any' = every task this node can regenerate")
 
     @field_validator("datasets", mode="before")
     @classmethod
@@ -59,5 +56,6 @@ class TasksConfig(BaseModel):
     def mix(self) -> list[DatasetMix]:
         return [d.mix() for d in self.datasets]
 
-    def accepts(self, dataset: str, config: dict[str, Any]) -> bool:
-        return self.accept_external == "any" or any(d.name == dataset and d.config == config for d in self.datasets)
+    def has(self, dataset: str, config: dict[str, Any]) -> bool:
+        """Whether this node draws tasks of this dataset with exactly this config."""
+        return any(d.name == dataset and d.config == config for d in self.datasets)

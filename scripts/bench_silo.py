@@ -42,7 +42,7 @@ def main() -> None:
     cfg = load_config(None, {
         "model": {"name": args.model},
         "run": {"out_dir": str(args.out), "rounds": 10**6, "seed": args.seed, "eval_every": args.eval_every,
-                "checkpoint_every": 10**6, "local_groups": 8, "external_groups": 0},
+                "checkpoint_every": 10**6, "local_groups": 8}, "selection": {"external_groups": 0},
         "p2p": {"enabled": False},  # a silo: 8 local groups per round, no network
         "status": {"enabled": False},
     })

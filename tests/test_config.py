@@ -8,7 +8,7 @@ from tests.conftest import run_sapo
 
 def test_defaults_work_without_any_input():
     cfg = load_config()
-    assert cfg.model.name == "tiny-a" and cfg.run.local_groups == 4 and cfg.run.external_groups == 4 and cfg.generation.completions_per_group == 8
+    assert cfg.model.name == "tiny-a" and cfg.run.local_groups == 4 and cfg.selection.external_groups == 4 and cfg.generation.completions_per_group == 8
 
 
 def test_precedence_is_file_then_env_then_flags(tmp_path, monkeypatch):
@@ -106,5 +106,5 @@ def test_the_shipped_gpu_config_is_valid_and_set_up_like_the_paper():
 
     cfg = load_config(ROOT / "docs/configs/paper-qwen2.5-0.5b.toml")
     assert cfg.model.name == "Qwen/Qwen2.5-0.5B-Instruct" and cfg.grpo.kl_coef == 0
-    assert cfg.generation.completions_per_group == 8 and (cfg.run.local_groups, cfg.run.external_groups) == (4, 4)
+    assert cfg.generation.completions_per_group == 8 and (cfg.run.local_groups, cfg.selection.external_groups) == (4, 4)
     assert len(cfg.tasks.datasets) == 9 and all(d.name.startswith("rg/") for d in cfg.tasks.datasets)

@@ -24,7 +24,7 @@ REQUIRED = {"round", "time", "reward_mean", "accuracy_train", "eval_accuracy", "
 def small_run(cache_dir, out, rounds, *extra):
     return ["run", "--model.cache_dir", str(cache_dir), "--out", str(out), "--rounds", str(rounds),
             "--local", "3", "--generation.completions_per_group", "4", "--tasks.eval_size", "40",
-            "--run.eval_every", "2", "--run.checkpoint_every", "2", "--run.external_groups", "0", *extra]
+            "--run.eval_every", "2", "--run.checkpoint_every", "2", "--external", "0", *extra]
 
 
 def metrics(out: Path) -> list[dict]:

@@ -114,7 +114,8 @@ def test_dashboard_shows_a_running_node_in_a_headless_browser(tiny_a, cache_dir,
         shown_round = int(re.search(r'id="round">(\d+) / 1000<', dom).group(1))
         assert shown_round >= 4
         drawn = {m.group(1): int(m.group(2)) for m in re.finditer(r'id="chart-(\w+)"[^>]*data-points="(\d+)"', dom)}
-        assert drawn.keys() == {"learning", "peers", "traffic"} and drawn["learning"] >= 2 * shown_round, drawn
+        assert drawn.keys() == {"learning", "peers", "signal", "traffic"} and drawn["learning"] >= 2 * shown_round, drawn
+        assert drawn["signal"] >= 2 * shown_round, drawn  # local informative and external counts, every round
         assert status["peer_id"] in dom
         shot = tmp_path / "dashboard.png"
         subprocess.run([*browser, f"--screenshot={shot}", url], capture_output=True, timeout=60)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from node.share import take_external
+from node.selection import SelectionConfig, Selector
 from p2p.config import PoolConfig
 from p2p.pool import RolloutPool
 from p2p.wire import VERSION, WireGroup, WireMessage
@@ -31,6 +31,12 @@ def pool_with(*groups: WireGroup, peer: str = PEER) -> RolloutPool:
     return pool
 
 
+def take_external(pool: RolloutPool, j: int, tasks: TasksConfig = TasksConfig(), **selection):
+    """The uniform rule's pick: every usable group, whatever its rewards."""
+    pick = Selector(SelectionConfig(external_groups=j, rule="uniform", **selection), tasks).external(pool, random.Random(0), 1)
+    return pick.groups, pick.dropped
+
+
 def wire(completions: list[str], ref: TaskRef = REF, **extra) -> WireGroup:
     return WireGroup.model_validate({"dataset": ref.dataset, "config": dict(ref.config), "seed": ref.seed,
                                      "index": ref.index, "completions": completions, **extra})
@@ -39,7 +45,7 @@ def wire(completions: list[str], ref: TaskRef = REF, **extra) -> WireGroup:
 def test_a_forged_group_earns_nothing_for_a_claimed_answer_or_reward():
     wrong = str(int(TASK.answer) + 1)
     forged = wire([f"<answer>{wrong}</answer>"] * 4, reward=[1, 1, 1, 1], answer=wrong, correct=True)
-    groups, dropped = take_external(pool_with(forged), 4, random.Random(0), TasksConfig())
+    groups, dropped = take_external(pool_with(forged), 4)
     assert len(groups) == 1 and not dropped
     assert groups[0].rewards == [0.0] * 4 and groups[0].source == PEER
     assert groups[0].task.answer == TASK.answer  # the node's own regeneration, not the sender's claim
@@ -47,7 +53,7 @@ def test_a_forged_group_earns_nothing_for_a_claimed_answer_or_reward():
 
 def test_an_honest_external_group_is_scored_by_this_nodes_verifier():
     honest = wire([f"<answer>{TASK.answer}</answer>", "<answer>nope</answer>"])
-    groups, _ = take_external(pool_with(honest), 4, random.Random(0), TasksConfig())
+    groups, _ = take_external(pool_with(honest), 4)
     assert groups[0].rewards == [1.0, 0.0] and groups[0].correct == [True, False]
 
 
@@ -60,12 +66,11 @@ def test_unaccepted_and_unregenerable_tasks_are_dropped_and_counted_and_the_pool
     pool = RolloutPool(PoolConfig(max_peer_share=1.0))
     for k, g in enumerate([other_config, not_ours, unknown, *good]):
         pool.add(WireMessage(v=VERSION, peer=f"peer{k}", model="m", round=1, created=time.time(), groups=[g]))
-    groups, dropped = take_external(pool, 3, random.Random(0), tasks)
+    groups, dropped = take_external(pool, 3, tasks)
     assert len(groups) == 3 and {g.task.ref.dataset for g in groups} == {"reverse"}
     assert dropped == {"not_accepted": 3}  # the pool is drained past them until J usable groups are found
-    anything = TasksConfig(datasets="arith,reverse", accept_external="any")
     pool = pool_with(unknown, not_ours)
-    groups, dropped = take_external(pool, 2, random.Random(0), anything)
+    groups, dropped = take_external(pool, 2, tasks, accept="any")
     assert dropped == {"unknown_task": 1} and [g.task.ref.dataset for g in groups] == ["count"]
 
 
@@ -76,7 +81,7 @@ def test_a_node_with_another_tokenizer_trains_on_text_from_a_tiny_a_node(tiny_a,
     probe = "<answer>1234</answer>"
     assert author.tokenizer(probe)["input_ids"] != learner.tokenizer(probe)["input_ids"]  # digit runs merge in tiny-b
     assert author.tokenizer.get_vocab() != learner.tokenizer.get_vocab()
-    groups, _ = take_external(pool_with(wire(texts)), 1, random.Random(0), TasksConfig())
+    groups, _ = take_external(pool_with(wire(texts)), 1)
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
     stats = GRPOTrainer(learner, GRPOConfig(external_min_logprob=None), 16, 10).step(groups)
     assert stats.external_groups_used == 1 and stats.optimizer_steps == 1
@@ -104,8 +109,8 @@ def test_a_three_node_mixed_swarm_trains_on_each_others_groups(tiny_a, tiny_b, c
 def test_a_lonely_node_fills_j_with_local_groups_exactly_like_a_silo_of_i_plus_j(tiny_a, cache_dir, tmp_path):
     common = ["run", "--model.cache_dir", str(cache_dir), "--rounds", "3", "--tasks.eval_size", "20",
               "--generation.completions_per_group", "4", "--p2p.enabled", "false"]
-    silo = run_sapo(*common, "--out", str(tmp_path / "silo"), "--local", "6", "--run.external_groups", "0")
-    lonely = run_sapo(*common, "--out", str(tmp_path / "lonely"), "--local", "2", "--run.external_groups", "4")
+    silo = run_sapo(*common, "--out", str(tmp_path / "silo"), "--local", "6", "--external", "0")
+    lonely = run_sapo(*common, "--out", str(tmp_path / "lonely"), "--local", "2", "--external", "4")
     assert silo.returncode == 0 and lonely.returncode == 0, silo.stderr + lonely.stderr
 
     def rows(name):
@@ -116,8 +121,8 @@ def test_a_lonely_node_fills_j_with_local_groups_exactly_like_a_silo_of_i_plus_j
         assert [m[key] for m in a] == [m[key] for m in b], key
     assert [m["loss"] for m in a[1:]] == pytest.approx([m["loss"] for m in b[1:]], abs=1e-6)
     assert all(m["n_external"] == 0 for m in b)
-    fewer = run_sapo(*common, "--out", str(tmp_path / "fewer"), "--local", "2", "--run.external_groups", "4",
-                     "--run.when_short", "fewer")
+    fewer = run_sapo(*common, "--out", str(tmp_path / "fewer"), "--local", "2", "--external", "4",
+                     "--selection.when_short", "fewer")
     assert fewer.returncode == 0, fewer.stderr
     assert [m["n_local"] for m in rows("fewer")[1:]] == [2, 2, 2]
 
@@ -180,3 +185,40 @@ def test_a_swarm_whose_bootstrap_node_cannot_start_says_why_in_one_line(tmp_path
     assert r.stderr.strip().splitlines()[-1].startswith(
         "sapo: the bootstrap node did not start (sapo: config error: model.name:")
     assert "Traceback" not in r.stderr and not (tmp_path / "s" / "node1").exists()
+
+
+def test_own_completions_sent_through_the_external_path_train_on_the_tokens_that_were_sampled(tiny_a, cache_dir):
+    """The control of the swarm-vs-silo experiment, at the token level: text in, the sampled ids out
+    (EOS and truncation included). A text protocol cannot carry the rest: samples that are not valid
+    UTF-8 (decoded with U+FFFD) and token sequences the tokenizer never produces for their text."""
+    from dataclasses import replace
+
+    from rewards import TaskSource
+    from rewards.source import DatasetMix
+    from trainer.generation import SamplingParams
+    from trainer.generation.hf import TransformersGenerator
+    from trainer.rollout import rollout
+
+    policy = load_policy(ModelConfig(name="tiny-a", cache_dir=cache_dir))
+    tasks = TaskSource([DatasetMix(n) for n in ("arith", "reverse", "count")], seed=5).draw(32)
+    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=6, stop=("</answer>",), seed=1)
+    local = rollout(TransformersGenerator(policy), policy, tasks, params)
+    external = [replace(g, completion_ids=None, truncated=[False] * len(g.completions), source=PEER) for g in local]
+    trainer = GRPOTrainer(policy, GRPOConfig(), max_new_tokens=6, total_rounds=1, stop=params.stop)
+
+    def rows(groups):
+        batch, _, _, truncated, _ = trainer._tensors(groups)
+        lengths = batch.completion_mask.sum(-1).long().tolist()
+        return [(batch.input_ids[i, batch.prompt_len: batch.prompt_len + n].tolist(), bool(truncated[i]))
+                for i, n in enumerate(lengths)]
+
+    texts = [t for g in local for t in g.completions]
+    ended = [ids[-1] == policy.tokenizer.eos_token_id for g in local for ids in g.completion_ids]
+    cut = [t for g in local for t in g.truncated]
+    assert any(ended) and any(cut) and all(t.endswith("</answer>") or e or c for t, e, c in zip(texts, ended, cut))
+    eos = policy.tokenizer.eos_token_id
+    canonical = policy.tokenizer(texts, add_special_tokens=False)["input_ids"]
+    lossy = [ids != [i for i in sampled if i != eos] for ids, sampled in zip(canonical, (i for g in local for i in g.completion_ids))]
+    assert 0 < sum(lossy) < 0.2 * len(texts)
+    same = [a == b for a, b, bad in zip(rows(local), rows(external), lossy) if not bad]
+    assert all(same), f"{same.count(False)} of {len(same)} completions train on other tokens than were sampled"

@@ -12,8 +12,10 @@ temper it.
 from __future__ import annotations
 
 import copy
+import operator
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -54,8 +56,8 @@ def make_scheduler(opt: torch.optim.Optimizer, cfg: GRPOConfig, total_steps: int
 
 
 class GRPOTrainer:
-    def __init__(self, policy: Policy, cfg: GRPOConfig, max_new_tokens: int, total_rounds: int):
-        self.policy, self.cfg, self.max_tokens = policy, cfg, max_new_tokens
+    def __init__(self, policy: Policy, cfg: GRPOConfig, max_new_tokens: int, total_rounds: int, stop: Sequence[str] = ()):
+        self.policy, self.cfg, self.max_tokens, self.stop = policy, cfg, max_new_tokens, tuple(stop)
         params = [p for p in policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, cfg, total_rounds * cfg.epochs * cfg.minibatches)
@@ -106,23 +108,35 @@ class GRPOTrainer:
         return stats
 
     def _tensors(self, groups: list[RolloutGroup]) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Tokenize with this node's own tokenizer: text from peers is re-tokenized, local ids are reused.
-
-        Re-tokenized text is cut at max_new_tokens; text that fills the whole budget counts as
-        truncated, since a peer's cut completion cannot be told apart from one that just fits."""
-        tok, device = self.policy.tokenizer, self.policy.device
+        """Tokenize with this node's own tokenizer: text from peers is re-tokenized, local ids are reused."""
+        device = self.policy.device
         prompt_ids = encode_prompts(self.policy, [g.task.prompt for g in groups])
         prompts, completions, rewards, group_ids, truncated, external = [], [], [], [], [], []
         for gi, g in enumerate(groups):
-            ids = g.completion_ids or tok(g.completions, add_special_tokens=False)["input_ids"]
-            for c_ids, r, t in zip(ids, g.rewards, g.truncated):
+            ids, cut = (g.completion_ids, g.truncated) if g.completion_ids is not None else self._external_ids(g.completions)
+            for c_ids, r, t in zip(ids, g.rewards, map(operator.or_, g.truncated, cut)):
                 prompts.append(prompt_ids[gi])
-                completions.append(c_ids[: self.max_tokens])
+                completions.append(c_ids)
                 rewards.append(r)
                 group_ids.append(gi)
-                truncated.append(t or (g.completion_ids is None and len(c_ids) >= self.max_tokens))
+                truncated.append(t)
                 external.append(g.source != "local")
-        batch = collate(prompts, completions, tok.pad_token_id, device)
+        batch = collate(prompts, completions, self.policy.tokenizer.pad_token_id, device)
         return (batch, torch.tensor(rewards, dtype=torch.float32, device=device),
                 torch.tensor(group_ids, dtype=torch.long, device=device),
                 torch.tensor(truncated, dtype=torch.bool, device=device), torch.tensor(external, dtype=torch.bool, device=device))
+
+    def _external_ids(self, texts: list[str]) -> tuple[list[list[int]], list[bool]]:
+        """Token ids of text that came from elsewhere, as this node's generator would have kept them.
+
+        Text that does not end with a stop string ended with its author's end-of-sequence token: it
+        gets this tokenizer's EOS, as this node's own samples keep theirs, so that the model learns
+        where to stop from either. What then does not fit the budget is cut there and counts as
+        truncated (a peer's cut completion cannot be told apart from one that runs past our budget)."""
+        eos = self.policy.stop_token_ids[:1]
+        out, truncated = [], []
+        for text, ids in zip(texts, self.policy.tokenizer(texts, add_special_tokens=False)["input_ids"]):
+            full = ids if self.stop and text.endswith(self.stop) else ids + eos
+            out.append(full[: self.max_tokens])
+            truncated.append(len(full) > self.max_tokens)
+        return out, truncated

@@ -1,0 +1,213 @@
+"""Swarm sampling: which rollout groups take a round's training slots.
+
+GRPO learns only from a group whose rewards differ: when every completion of a task scored the
+same, the group's advantages are zero and it adds nothing to the gradient, yet it still took one
+of the round's I + J slots. A node re-scores every external group with its own verifier before
+training, so it can see for free whether a group carries signal *for this node*. The SAPO paper's
+agents filter out zero-advantage rollouts before sampling from the swarm; Gensyn's public
+rl-swarm samples the swarm uniformly and trusts the sender's rewards. Here:
+
+- `uniform`: the first J usable groups in the pool's fair order (one per peer, newest first).
+- `signal`: the same order, but a group whose re-scored rewards are all equal is dropped and the
+  next one inspected, until J informative groups, the pool's end or `max_inspect` re-scorings.
+- `adaptive`: `signal`, inspecting first the groups most likely to carry signal: a Thompson draw
+  per peer from the decayed share of its groups that did, times a preference for tasks near this
+  node's own 50% pass rate, with a floor of uniformly random picks so that no peer is written off.
+
+Local groups get the same treatment when `local_overdraw` > 1: more tasks are drawn and sampled
+than there are local slots, and informative groups fill the slots first (DAPO's dynamic sampling,
+paid for in generation). Everything a rule learns is a few decayed counters per peer and per task,
+bounded in number and saved in checkpoints, so a resumed node chooses exactly as it would have.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from p2p.pool import PooledGroup, RolloutPool
+from rewards import TaskRef, regenerate
+from rewards.config import TasksConfig
+from trainer.batch import RolloutGroup
+from trainer.rollout import scored_group
+
+log = logging.getLogger(__name__)
+
+TASK_FLOOR = 0.2  # adaptive: weight of a task this node always or never solves, against 1 at a 50% pass rate
+
+
+class SelectionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    external_groups: int = Field(4, ge=0, description="J: groups other peers shared, taken from the pool each round (0: silo)")
+    rule: Literal["uniform", "signal", "adaptive"] = Field(
+        "signal", description="how external groups are chosen: uniform (any usable group), signal (only groups whose "
+        "re-scored rewards differ), adaptive (signal, inspecting first the peers and tasks that carried signal before)")
+    when_short: Literal["fill_local", "fewer"] = Field(
+        "fill_local", description="when the pool yields fewer than J groups: draw local tasks for the rest, or train on fewer")
+    accept: Literal["own", "any"] = Field(
+        "own", description="external tasks to consider: 'own' = same dataset and config as one of ours; "
+        "'any' = every task this node can regenerate")
+    max_inspect: int = Field(64, ge=1, description="most pool groups re-scored per round while looking for J informative ones")
+    local_overdraw: float = Field(1.0, ge=1, le=8, description="sample this many times I local tasks and fill the I local "
+                                  "slots with informative groups first (1: off; costs generation)")
+    decay: float = Field(0.98, gt=0, lt=1, description="adaptive: per-round decay of what it learned about peers and tasks")
+    explore: float = Field(0.1, ge=0, le=1, description="adaptive: share of inspections given to a uniformly random group")
+    max_tracked: int = Field(4096, ge=1, description="adaptive: most peers and most tasks it keeps statistics for")
+    self_external: bool = Field(False, description="control experiment: fill the J slots with this node's own extra groups "
+                                "of the previous round, sent through the external path (text, re-tokenized, re-scored)")
+
+
+def informative(group: RolloutGroup) -> bool:
+    """Whether GRPO gets any gradient from the group: its rewards are not all equal."""
+    return len(set(group.rewards)) > 1
+
+
+def task_key(dataset: str, config: dict) -> str:
+    return json.dumps([dataset, config], sort_keys=True, separators=(",", ":"))
+
+
+@dataclass
+class Pick:
+    """The external groups of one round, and what it took to find them."""
+
+    groups: list[RolloutGroup] = field(default_factory=list)
+    inspected: int = 0  # pool groups regenerated and re-scored
+    informative: int = 0  # of those, groups whose rewards differ
+    dropped: Counter[str] = field(default_factory=Counter)  # pool groups taken out unused, by reason
+
+
+class DecayedRates:
+    """Hits over trials per key, both decayed each round, for a bounded number of keys."""
+
+    def __init__(self, max_keys: int):
+        self.max_keys = max_keys
+        self.counts: dict[str, list[float]] = {}  # key -> [hits, trials, last round seen]
+
+    def rate(self, key: str, prior: float) -> float:
+        hits, trials, _ = self.counts.get(key, (0.0, 0.0, 0))
+        return (hits + prior) / (trials + 1)
+
+    def beta(self, key: str) -> tuple[float, float]:
+        """A Beta(1, 1) prior updated with the decayed counts."""
+        hits, trials, _ = self.counts.get(key, (0.0, 0.0, 0))
+        return 1 + hits, 1 + trials - hits
+
+    def add(self, key: str, hits: float, trials: float, round_: int) -> None:
+        entry = self.counts.setdefault(key, [0.0, 0.0, round_])
+        entry[0] += hits
+        entry[1] += trials
+        entry[2] = round_
+        if len(self.counts) > self.max_keys:
+            del self.counts[min(self.counts, key=lambda k: self.counts[k][2])]
+
+    def decay(self, factor: float) -> None:
+        for entry in self.counts.values():
+            entry[0] *= factor
+            entry[1] *= factor
+
+
+class Selector:
+    """Chooses the round's external groups from the pool and orders its local groups; owns what the
+    adaptive rule has learned (`state_dict` goes into checkpoints)."""
+
+    def __init__(self, cfg: SelectionConfig, tasks: TasksConfig):
+        self.cfg, self.tasks = cfg, tasks
+        self.peers = DecayedRates(cfg.max_tracked)  # share of inspected groups that carried signal
+        self.pass_rates = DecayedRates(cfg.max_tracked)  # this node's own share of correct completions per task
+
+    def local_tasks(self, slots: int) -> int:
+        """How many local tasks to draw for `slots` local slots."""
+        return math.ceil(slots * self.cfg.local_overdraw)
+
+    def external(self, pool: RolloutPool, rng: random.Random, round_: int) -> Pick:
+        """Up to J usable groups from the pool, re-scored here; the rest of what was looked at is dropped."""
+        cfg, pick = self.cfg, Pick()
+        if cfg.external_groups == 0:
+            return pick
+        self.peers.decay(cfg.decay)
+        filtering = cfg.rule != "uniform"
+        for pooled in self._order(pool.groups(), rng):
+            if len(pick.groups) == cfg.external_groups or (filtering and pick.inspected == cfg.max_inspect):
+                break
+            if not pool.take(pooled):
+                continue  # evicted by the p2p thread since the snapshot
+            group, reason = self._rescore(pooled)
+            if group is None:
+                pick.dropped[reason] += 1
+                continue
+            pick.inspected += 1
+            signal = informative(group)
+            pick.informative += signal
+            self.peers.add(pooled.peer, float(signal), 1.0, round_)
+            if filtering and not signal:
+                pick.dropped["uniform_rewards"] += 1
+                continue
+            pick.groups.append(group)
+        return pick
+
+    def local(self, groups: list[RolloutGroup], slots: int, round_: int) -> list[RolloutGroup]:
+        """The `slots` local groups to train on, informative ones first; learns this node's pass rates."""
+        self.pass_rates.decay(self.cfg.decay)
+        for g in groups:
+            ref = g.task.ref
+            self.pass_rates.add(task_key(ref.dataset, dict(ref.config)), float(sum(g.correct)), float(len(g.correct)), round_)
+        if len(groups) <= slots:
+            return groups
+        return sorted(groups, key=lambda g: not informative(g))[:slots]  # stable: draw order within each kind
+
+    def _order(self, candidates: list[PooledGroup], rng: random.Random) -> Iterator[PooledGroup]:
+        """Candidates in the order they are inspected; consumed only as far as the round needs."""
+        if self.cfg.rule != "adaptive":
+            yield from fair_order(candidates, rng)
+            return
+        peers = sorted({c.peer for c in candidates})
+        theta = {p: rng.betavariate(*self.peers.beta(p)) for p in peers}  # one Thompson draw per peer and round
+
+        def priority(c: PooledGroup) -> tuple[float, float]:
+            p = self.pass_rates.rate(task_key(c.group.dataset, c.group.config), prior=0.5)
+            return theta[c.peer] * (TASK_FLOOR + (1 - TASK_FLOOR) * 4 * p * (1 - p)), c.created
+
+        ranked = sorted(candidates, key=priority)  # best last: popped first
+        while ranked:
+            yield ranked.pop(rng.randrange(len(ranked)) if rng.random() < self.cfg.explore else -1)
+
+    def _rescore(self, pooled: PooledGroup) -> tuple[RolloutGroup | None, str]:
+        """Nothing the sender claims is used beyond the task reference and the texts: the task is
+        rebuilt from the reference and every completion is scored by this node's verifier."""
+        g = pooled.group
+        if not (self.cfg.accept == "any" or self.tasks.has(g.dataset, g.config)):
+            return None, "not_accepted"
+        try:
+            task = regenerate(TaskRef(g.dataset, g.config, g.seed, g.index))
+        except Exception as e:  # untrusted reference: any failure to rebuild it drops the group
+            log.debug("cannot regenerate %s/%s from %s: %s", g.dataset, g.index, pooled.peer, e)
+            return None, "unknown_task"
+        return scored_group(task, g.completions, self.tasks.format_weight, source=pooled.peer), ""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"peers": self.peers.counts, "pass_rates": self.pass_rates.counts}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.peers.counts = {k: list(v) for k, v in state["peers"].items()}
+        self.pass_rates.counts = {k: list(v) for k, v in state["pass_rates"].items()}
+
+
+def fair_order(candidates: list[PooledGroup], rng: random.Random) -> list[PooledGroup]:
+    """One group per peer in random peer order, round after round, each peer's newest first, so
+    that J spreads over as many peers as hold groups."""
+    by_peer: dict[str, list[PooledGroup]] = {}
+    for c in sorted(candidates, key=lambda c: c.created, reverse=True):
+        by_peer.setdefault(c.peer, []).append(c)
+    peers = sorted(by_peer)
+    rng.shuffle(peers)
+    queues = [by_peer[p] for p in peers]
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+

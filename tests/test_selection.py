@@ -1,0 +1,156 @@
+"""Swarm sampling rules: what takes the J external slots and the I local ones, and what the adaptive
+rule learns (and saves) about peers and tasks."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+
+from node.selection import SelectionConfig, Selector, fair_order, informative
+from p2p.config import PoolConfig
+from p2p.pool import RolloutPool
+from p2p.wire import VERSION, WireGroup, WireMessage
+from rewards import TaskRef, regenerate
+from rewards.config import TasksConfig
+from trainer.rollout import scored_group
+
+NOW = 1_800_000_000.0
+
+
+def group(index: int, signal: bool, dataset: str = "arith") -> WireGroup:
+    """Four completions of a task: half right when `signal`, else all wrong (equal rewards)."""
+    ref = TaskRef(dataset, {}, seed=3, index=index)
+    right, wrong = f"<answer>{regenerate(ref).answer}</answer>", "<answer>wrong</answer>"
+    texts = [right, wrong, right, wrong] if signal else [wrong] * 4
+    return WireGroup(dataset=ref.dataset, config={}, seed=ref.seed, index=ref.index, completions=texts)
+
+
+def offer(pool: RolloutPool, peer: str, groups: list[WireGroup], created: float = NOW) -> None:
+    pool.add(WireMessage(v=VERSION, peer=peer, model="m", round=1, created=created, groups=groups), now=created)
+
+
+def selector(**cfg) -> Selector:
+    return Selector(SelectionConfig(**cfg), TasksConfig())
+
+
+def pick(sel: Selector, pool: RolloutPool, round_: int = 1, seed: int = 0):
+    return sel.external(pool, random.Random(seed), round_)
+
+
+@pytest.mark.parametrize("rule", ["signal", "adaptive"])
+def test_a_group_with_uniform_rewards_never_takes_a_slot(rule):
+    pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
+    offer(pool, "a", [group(i, signal=i % 3 == 0) for i in range(12)])  # 4 informative of 12
+    offer(pool, "b", [group(100 + i, signal=False) for i in range(6)])
+    p = pick(selector(rule=rule, external_groups=3), pool)
+    assert len(p.groups) == 3 and all(informative(g) for g in p.groups)
+    assert p.informative == 3 and p.inspected == 3 + p.dropped["uniform_rewards"]
+    p = pick(selector(rule=rule, external_groups=8), pool)  # more slots than informative groups left
+    assert [informative(g) for g in p.groups] == [True] and len(pool) == 0
+    assert p.dropped == {"uniform_rewards": p.inspected - 1}
+
+
+def test_the_uniform_rule_takes_groups_whatever_their_rewards():
+    pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
+    offer(pool, "a", [group(i, signal=False) for i in range(4)])
+    p = pick(selector(rule="uniform", external_groups=3), pool)
+    assert (len(p.groups), p.inspected, p.informative, dict(p.dropped)) == (3, 3, 0, {})
+
+
+def test_signal_re_scores_at_most_max_inspect_groups_a_round():
+    pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
+    offer(pool, "a", [group(i, signal=False) for i in range(20)] + [group(99, signal=True)])
+    p = pick(selector(rule="signal", external_groups=2, max_inspect=5), pool)
+    assert (p.groups, p.inspected, len(pool)) == ([], 5, 16)
+
+
+def test_the_adaptive_rule_comes_to_prefer_a_peer_whose_groups_carry_signal_and_still_explores():
+    sel = selector(rule="adaptive", external_groups=1, max_inspect=1, explore=0.1)
+    inspected = Counter()
+    for r in range(1, 301):
+        pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
+        offer(pool, "never", [group(2 * r, signal=False)])
+        offer(pool, "useful", [group(2 * r + 1, signal=True)])
+        p = pick(sel, pool, round_=r, seed=r)
+        taken = {g.source for g in p.groups}
+        inspected["useful" if taken or p.dropped["uniform_rewards"] == 0 else "never"] += 1
+        if r == 50:
+            early = inspected.copy()
+    late = inspected - early
+    assert late["useful"] > 0.85 * sum(late.values())
+    assert late["never"] > 0  # the exploration floor keeps looking at the other peer
+    assert sel.peers.rate("useful", 0.5) > 0.9 and sel.peers.counts["never"][:2] == [0.0, pytest.approx(sel.peers.counts["never"][1])]
+    assert 0 < sel.peers.counts["never"][1] < sel.peers.counts["useful"][1]
+
+
+def test_without_history_the_adaptive_rule_inspects_tasks_near_this_nodes_50_percent_pass_rate_first():
+    sel = selector(rule="adaptive", external_groups=1, max_inspect=1, explore=0.0)
+    solved, half = regenerate(TaskRef("reverse", {}, 0, 1)), regenerate(TaskRef("arith", {}, 0, 1))
+    local = [scored_group(solved, [f"<answer>{solved.answer}</answer>"] * 4, 0.0),
+             scored_group(half, [f"<answer>{half.answer}</answer>", "x"] * 2, 0.0)]
+    for r in range(1, 11):
+        sel.local(local, slots=2, round_=r)
+    pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
+    offer(pool, "p", [group(5, signal=True, dataset="reverse"), group(6, signal=True, dataset="arith")])
+    assert [g.task.ref.dataset for g in pick(sel, pool, round_=11).groups] == ["arith"]
+
+
+def test_adaptive_state_survives_a_checkpoint_and_a_resumed_selector_chooses_exactly_the_same():
+    def pools(r: int) -> RolloutPool:
+        pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
+        for k, peer in enumerate("abcd"):
+            offer(pool, peer, [group(100 * r + 10 * k + i, signal=(i + k + r) % (k + 2) == 0) for i in range(3)])
+        return pool
+
+    def run(sel: Selector, rounds: range) -> list:
+        return [[(g.source, g.task.ref.index) for g in pick(sel, pools(r), round_=r, seed=r).groups] for r in rounds]
+
+    straight = selector(rule="adaptive", external_groups=2, max_inspect=3)
+    first = run(straight, range(1, 21))
+    resumed = selector(rule="adaptive", external_groups=2, max_inspect=3)
+    resumed.load_state_dict(json.loads(json.dumps(straight.state_dict())))  # as the checkpoint stores it
+    assert run(resumed, range(21, 41)) == run(straight, range(21, 41))
+    assert len({tuple(map(tuple, x)) for x in first}) > 1  # the choices do depend on the round
+
+
+def test_statistics_stay_bounded_and_forget_the_least_recently_seen():
+    sel = selector(rule="adaptive", external_groups=1, max_tracked=3)
+    for r, peer in enumerate("abcde", start=1):
+        pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
+        offer(pool, peer, [group(r, signal=True)])
+        pick(sel, pool, round_=r)
+    assert sorted(sel.peers.counts) == ["c", "d", "e"]
+
+
+def test_local_groups_fill_their_slots_informative_first_when_over_drawn():
+    sel = selector(local_overdraw=2.0)
+    assert sel.local_tasks(4) == 8 and selector(local_overdraw=1.5).local_tasks(3) == 5
+    tasks = [regenerate(TaskRef("arith", {}, 0, i)) for i in range(6)]
+    groups = [scored_group(t, [f"<answer>{t.answer}</answer>", "x"] if i in (2, 4) else ["x", "x"], 0.0)
+              for i, t in enumerate(tasks)]
+    kept = sel.local(groups, slots=3, round_=1)
+    assert [g.task.ref.index for g in kept] == [2, 4, 0]
+    assert sel.local(groups[:2], slots=3, round_=2) == groups[:2]
+
+
+def test_fair_order_spreads_over_peers_before_a_second_group_from_any_newest_first():
+    pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
+    for peer, n in (("a", 10), ("b", 1), ("c", 3), ("d", 2)):
+        for i in range(n):
+            offer(pool, peer, [group(100 * ord(peer) + i, signal=True)], created=NOW + i)
+    order = fair_order(pool.groups(now=NOW), random.Random(1))
+    assert sorted(g.peer for g in order[:4]) == ["a", "b", "c", "d"]
+    assert Counter(g.peer for g in order[4:9]) == {"a": 2, "c": 2, "d": 1}
+    assert [g.created for g in order if g.peer == "a"] == [NOW + i for i in reversed(range(10))]
+
+
+def test_the_selection_config_rejects_bad_values_naming_the_field():
+    from node.config import ConfigError, load_config
+
+    for bad, field in (({"rule": "best"}, "selection.rule"), ({"local_overdraw": 0.5}, "selection.local_overdraw"),
+                       ({"explore": 2}, "selection.explore")):
+        with pytest.raises(ConfigError, match=f"^{field}: "):
+            load_config(None, {"selection": bad})
