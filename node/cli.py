@@ -158,8 +158,14 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     for name in dict.fromkeys(presets):
         if name in PRESETS:
             ensure_preset(name, cache_dir)
+    task_mixes = [m.strip() for m in args.task_mixes.split(";") if m.strip()]
+    for mix in task_mixes:
+        try:
+            load_config(None, {"tasks": {"datasets": mix}})
+        except ConfigError as e:
+            raise ConfigError(f"--task-mixes: {e}") from None
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=args.local, external=args.external, presets=presets,
-                     out=args.out, seed=args.seed, extra=extra)
+                     out=args.out, seed=args.seed, extra=extra, task_mixes=task_mixes)
     try:
         summary = run(spec, cache_dir=cache_dir)
     except SwarmError as e:
@@ -228,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     swarm.add_argument("--local", type=int, default=4, help="I: local groups per round")
     swarm.add_argument("--external", type=int, default=4, help="J: external groups per round (0: every node a silo)")
     swarm.add_argument("--presets", default="tiny-a,tiny-b", help="models, given to the nodes in turn")
+    swarm.add_argument("--task-mixes", default="", help="task mixes given to the nodes in turn, separated by ';' "
+                       "(e.g. \"arith:4,reverse,count;arith,reverse:4,count\"); default: every node the default mix")
     swarm.add_argument("--out", type=Path, default=Path("runs/swarm"), help="node<k>/ folders and the summary")
     swarm.add_argument("--seed", type=int, default=0, help="node k runs with seed + k")
     swarm.add_argument("--cache-dir", type=Path, help="tiny preset cache (default: model.cache_dir)")

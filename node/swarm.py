@@ -45,9 +45,16 @@ class SwarmSpec:
     out: Path
     seed: int = 0
     extra: list[str] = field(default_factory=list)  # passed to every `sapo run`
+    task_mixes: list[str] = field(default_factory=list)  # `--tasks` values given to the nodes in turn
+    network: bool = True  # False: N unconnected silos (no p2p at all), for baselines
 
     def preset(self, k: int) -> str:
         return self.presets[k % len(self.presets)]
+
+    def node_args(self, k: int) -> list[str]:
+        """What differs between nodes besides their ports: model, seed and task mix."""
+        mix = ["--tasks", self.task_mixes[k % len(self.task_mixes)]] if self.task_mixes else []
+        return ["--model", self.preset(k), "--seed", str(self.seed + k), *mix]
 
 
 @dataclass
@@ -97,9 +104,9 @@ def start(spec: SwarmSpec, cache_dir: Path | None) -> list[Child]:
         out = spec.out / f"node{k}"
         out.mkdir(parents=True, exist_ok=True)
         port, status_port = free_port(), free_port()
-        args = [sys.executable, "-m", "node.cli", "run", "--out", str(out), "--model", spec.preset(k),
+        args = [sys.executable, "-m", "node.cli", "run", "--out", str(out), *spec.node_args(k),
                 "--rounds", str(spec.rounds), "--local", str(spec.local), "--external", str(spec.external),
-                "--seed", str(spec.seed + k), "--listen", f"/ip4/127.0.0.1/tcp/{port}",
+                "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--p2p.enabled", str(spec.network).lower(),
                 "--status.listen", f"127.0.0.1:{status_port}",
                 "--run.wait_for_peers", str(spec.nodes - 1),
                 # one machine, N nodes: without a share each, torch's thread pools spin against each other
@@ -111,7 +118,7 @@ def start(spec: SwarmSpec, cache_dir: Path | None) -> list[Child]:
         with open(out / "node.log", "ab") as logf:
             proc = subprocess.Popen([*args, *spec.extra], stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
         children.append(Child(f"node{k}", spec.preset(k), out, proc, f"http://127.0.0.1:{status_port}/"))
-        if k == 0:
+        if k == 0 and spec.network:
             bootstrap = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id(load_or_create(out / 'node.key'))}"
             if not wait_listening(port, proc, timeout=300):
                 stop(children)

@@ -1,13 +1,23 @@
 """The SAPO paper's swarm-vs-silo experiment at tiny scale on CPU.
 
-Every configuration runs the same swarm (N node processes on 127.0.0.1, the same seeds, the same
-rounds, I + J = 8 groups per round) and differs only in how many groups come from peers: 8/0 is the
-silo, then 6/2, 4/4 and 2/6. A heterogeneous swarm (tiny-a and tiny-b nodes mixed) runs 8/0 and 4/4.
-Cumulative reward = the sum over rounds of a node's mean reward on its own (local) completions,
-averaged over the swarm's nodes; each configuration is compared with the silo of the same seed.
+Every configuration runs a swarm of N node processes on 127.0.0.1 with the same seeds, rounds and
+I + J = 8 groups of G completions per round; only where the groups come from and how external ones
+are chosen differ: 8/0 is the silo, then 6/2, 4/4 and 2/6 under each swarm sampling rule (uniform,
+signal, adaptive), on two testbeds: a homogeneous swarm (one preset, one task mix) and a
+heterogeneous one (tiny-a and tiny-b nodes alternating, each with another family weighted up). The
+control (4 local + 4 of the node's own extra groups sent through the external path, no network)
+checks that the external path costs nothing when external groups are as good as local ones.
 
-    .venv/bin/python scripts/sapo_experiment.py --out runs/experiment            # the full grid
-    .venv/bin/python scripts/sapo_experiment.py --quick --out runs/experiment-quick
+Cumulative reward = the sum over rounds of a node's mean reward on its own (local) completions,
+averaged over the swarm's nodes. Each configuration is paired with the silo of its testbed and
+seed. Every finished run writes `<out>/<config>/seed<k>/result.json` (a rerun skips it), so the grid
+can be split over several invocations (`--only`); `--report` merges whatever is there into
+`results.json`, the table and the figure, which is drawn from that JSON alone.
+
+    .venv/bin/python scripts/sapo_experiment.py --out runs/experiment                   # the whole grid
+    .venv/bin/python scripts/sapo_experiment.py --out runs/experiment --only "homogeneous 8/0" "homogeneous 4/4 signal"
+    .venv/bin/python scripts/sapo_experiment.py --out runs/experiment --report
+    .venv/bin/python scripts/sapo_experiment.py --quick --out runs/experiment-quick     # 5-minute smoke run
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -30,6 +41,52 @@ from trainer.config import default_cache_dir  # noqa: E402
 from trainer.tiny import ensure_preset  # noqa: E402
 
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # two-sided t, df
+RULES = ("uniform", "signal", "adaptive")
+G = 8  # completions per group (the node default)
+TESTBEDS = {
+    "homogeneous": {"presets": ["tiny-a"], "task_mixes": []},
+    # one family weighted up per node, so one node's strength is another's gap; two tokenizers
+    "heterogeneous": {"presets": ["tiny-a", "tiny-b"],
+                      "task_mixes": ["arith:4,reverse,count", "arith,reverse:4,count", "arith,reverse,count:4"]},
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    testbed: str
+    local: int
+    external: int
+    rule: str = "uniform"
+    control: bool = False
+
+    @property
+    def name(self) -> str:
+        if self.control:
+            return f"{self.testbed} control {self.local}+{self.external} own"
+        return f"{self.testbed} {self.local}/{self.external}" + (f" {self.rule}" if self.external else "")
+
+    @property
+    def silo(self) -> Config:
+        return Config(self.testbed, self.local + self.external, 0)
+
+    def node_args(self, rounds: int, eval_every: int) -> list[str]:
+        args = ["--tasks.eval_size", "200", "--run.eval_every", str(eval_every), "--run.checkpoint_every", str(rounds),
+                "--selection.rule", self.rule]
+        return args + (["--selection.self_external", "true"] if self.control else [])
+
+    @property
+    def network(self) -> bool:
+        """A silo's learning does not depend on the network (tested): spare the CPU."""
+        return self.external > 0 and not self.control
+
+
+def grid(rules: list[str], quick: bool) -> list[Config]:
+    if quick:
+        return [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "signal"), Config("homogeneous", 4, 4, control=True)]
+    homo = [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, control=True)]
+    homo += [Config("homogeneous", i, 8 - i, rule) for i in (6, 4, 2) for rule in rules]
+    hetero = [Config("heterogeneous", 8, 0)] + [Config("heterogeneous", 4, 4, rule) for rule in rules]
+    return homo + hetero
 
 
 def ci95(xs: list[float]) -> float:
@@ -39,107 +96,198 @@ def ci95(xs: list[float]) -> float:
     return T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
 
 
-def grid(quick: bool) -> list[tuple[str, int, int, list[str]]]:
-    """(name, local, external, presets)."""
-    homo = [(f"{i}/{8 - i}", i, 8 - i, ["tiny-a"]) for i in (8, 6, 4, 2)]
-    hetero = [(f"mixed {i}/{8 - i}", i, 8 - i, ["tiny-a", "tiny-b"]) for i in (8, 4)]
-    return [homo[0], homo[2], hetero[0], hetero[1]] if quick else homo + hetero
+def slug(name: str) -> str:
+    return name.replace(" ", "-").replace("/", "-").replace("+", "-")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=150)
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="smoke run: 2 nodes, 20 rounds, 1 seed, fewer configurations")
-    p.add_argument("--out", type=Path, default=Path("runs/experiment"))
-    args = p.parse_args()
-    if args.quick:
-        args.nodes, args.rounds, args.seeds = 2, 20, 1
-    console = Console()
-    cache = default_cache_dir()
-    for preset in ("tiny-a", "tiny-b"):
-        ensure_preset(preset, cache)
+def node_record(node_dir: Path, summary: dict) -> dict:
+    """One node's totals and per-round curves, read from its metrics.jsonl."""
+    rows = [json.loads(line) for line in (node_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [r for r in rows if r.get("eval_accuracy") is not None]
+    trained = [r for r in rows if r["round"] > 0]
+    share = lambda num, den: [r[num] / r[den] if r[den] else None for r in trained]  # noqa: E731
+    return {
+        **{k: summary[k] for k in ("name", "model", "exit_code", "cumulative_reward", "tokens_generated", "seconds",
+                                   "external_used", "external_inspected", "external_informative", "local_groups",
+                                   "local_informative")},
+        "total_reward": sum(r["reward_mean"] * r["n_local"] * G for r in trained),
+        "eval_first": evals[0]["eval_accuracy"], "eval_last": evals[-1]["eval_accuracy"],
+        "eval_by_dataset_first": evals[0]["eval_by_dataset"], "eval_by_dataset_last": evals[-1]["eval_by_dataset"],
+        "curves": {"reward": [r["reward_mean"] for r in trained],
+                   "local_informative_share": share("local_informative", "n_local"),
+                   "external_informative_share": share("external_informative", "external_inspected"),
+                   "eval": [[r["round"], r["eval_accuracy"]] for r in evals]},
+    }
 
-    configs = grid(args.quick)
-    node_args = ["--tasks.eval_size", "100", "--run.eval_every", str(args.rounds), "--run.checkpoint_every", str(args.rounds)]
-    results: dict[str, list[dict]] = {name: [] for name, *_ in configs}
-    started = time.time()
-    for seed in range(args.seeds):
-        for name, local, external, presets in configs:
-            out = args.out / name.replace(" ", "-").replace("/", "-") / f"seed{seed}"
-            spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=local, external=external, presets=presets,
-                             out=out, seed=100 * seed, extra=node_args)
-            t0 = time.time()
-            summary = run(spec, cache_dir=cache, console=console, live=False)
-            per_node = summary["per_node"]
-            results[name].append({
-                "seed": seed, "seconds": time.time() - t0, "cumulative_reward": summary["cumulative_reward_mean"],
-                "eval_first": statistics.mean(n["eval_first"] for n in per_node),
-                "eval_last": statistics.mean(n["eval_last"] for n in per_node),
-                "external_used": sum(n["external_used"] for n in per_node),
-                "failed_nodes": sum(n["exit_code"] != 0 for n in per_node), "out": str(out)})
-            console.log(f"{name} seed {seed}: cumulative reward {summary['cumulative_reward_mean']:.2f} "
-                        f"({time.time() - t0:.0f} s, {time.time() - started:.0f} s so far)")
 
+def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) -> dict:
+    out = args.out / slug(cfg.name) / f"seed{seed}"
+    done = out / "result.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    bed = TESTBEDS[cfg.testbed]
+    spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=cfg.local, external=cfg.external, presets=bed["presets"],
+                     out=out, seed=100 * seed, extra=cfg.node_args(args.rounds, args.eval_every), task_mixes=bed["task_mixes"],
+                     network=cfg.network)
+    t0 = time.time()
+    summary = run(spec, cache_dir=default_cache_dir(), console=console, live=False)
+    nodes = [node_record(out / n["name"], n) for n in summary["per_node"]]
+    result = {"config": cfg.name, **asdict(cfg), "seed": seed, "nodes_n": args.nodes, "rounds": args.rounds,
+              "wall_seconds": time.time() - t0, "cpus": os.cpu_count(), "nodes": nodes}
+    if any(n["exit_code"] != 0 for n in nodes):
+        console.print(f"[red]{cfg.name} seed {seed}: a node failed; not saved (see {out})[/]")
+        return result
+    done.write_text(json.dumps(result))
+    return result
+
+
+def mean(xs: list[float]) -> float:
+    return statistics.mean(xs) if xs else float("nan")
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    """Per configuration: means and 95% intervals over seeds, paired with the same seed's silo."""
+    by_config: dict[str, list[dict]] = {}
+    for r in results:
+        by_config.setdefault(r["config"], []).append(r)
     rows = []
-    for name, local, external, presets in configs:
-        silo_name = "mixed 8/0" if len(presets) > 1 else "8/0"
-        runs, silo = results[name], results[silo_name]
-        cum = [r["cumulative_reward"] for r in runs]
-        ratios = [r["cumulative_reward"] / s["cumulative_reward"] for r, s in zip(runs, silo)]
-        rows.append({"config": name, "local": local, "external": external, "presets": presets,
-                     "cumulative_reward_mean": statistics.mean(cum), "cumulative_reward_ci95": ci95(cum),
-                     "ratio_to_silo_mean": statistics.mean(ratios), "ratio_to_silo_ci95": ci95(ratios),
-                     "eval_first": statistics.mean(r["eval_first"] for r in runs),
-                     "eval_last": statistics.mean(r["eval_last"] for r in runs), "runs": runs})
+    for name, runs in by_config.items():
+        cfg = Config(runs[0]["testbed"], runs[0]["local"], runs[0]["external"], runs[0]["rule"], runs[0]["control"])
+        silo = {r["seed"]: r for r in by_config.get(cfg.silo.name, [])}
+        runs = sorted(runs, key=lambda r: r["seed"])
+        cum = [mean([n["cumulative_reward"] for n in r["nodes"]]) for r in runs]
+        paired = [(c, mean([n["cumulative_reward"] for n in silo[r["seed"]]["nodes"]])) for c, r in zip(cum, runs) if r["seed"] in silo]
+        ratios = [c / s - 1 for c, s in paired]
+        eval_gain = [mean([n["eval_last"] - n["eval_first"] for n in r["nodes"]]) for r in runs]
+        node = lambda key: mean([n[key] for r in runs for n in r["nodes"]])  # noqa: E731
+        rows.append({
+            "config": name, **asdict(cfg), "seeds": [r["seed"] for r in runs],
+            "cumulative_reward": mean(cum), "cumulative_reward_ci95": ci95(cum),
+            "vs_silo": mean(ratios), "vs_silo_ci95": ci95(ratios), "vs_silo_per_seed": ratios,
+            "eval_first": node("eval_first"), "eval_last": node("eval_last"), "eval_gain_ci95": ci95(eval_gain),
+            "tokens_per_node": node("tokens_generated"), "seconds_per_node": node("seconds"),
+            "reward_per_1k_tokens": 1000 * sum(n["total_reward"] for r in runs for n in r["nodes"])
+            / max(1, sum(n["tokens_generated"] for r in runs for n in r["nodes"])),
+            "local_informative_share": node("local_informative") / max(1e-9, node("local_groups")),
+            "external_informative_share": (node("external_informative") / node("external_inspected")
+                                           if node("external_inspected") else None),
+            "external_used_per_round": node("external_used") / runs[0]["rounds"],
+        })
+    order = {c.name: i for i, c in enumerate(grid(list(RULES), quick=False) + grid(list(RULES), quick=True))}
+    return sorted(rows, key=lambda r: order.get(r["config"], len(order)))
 
-    table = Table(title=f"SAPO at tiny scale: {args.nodes} nodes x {args.rounds} rounds, {args.seeds} seed(s), 2-core CPU")
-    for col in ("config (local/external)", "cumulative reward", "vs silo", "eval before -> after"):
+
+def report(out: Path, console: Console) -> None:
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("*/seed*/result.json"))]
+    if not results:
+        raise SystemExit(f"sapo_experiment: no finished runs under {out}")
+    rows = summarize(results)
+    first = results[0]
+    subtitle = f"{first['nodes_n']} nodes x {first['rounds']} rounds, seeds per config: up to {max(len(r['seeds']) for r in rows)}"
+    table = Table(title=f"SAPO at tiny scale: {subtitle}, {first['cpus']}-core CPU")
+    for col in ("configuration", "cumulative reward", "vs silo (paired)", "eval before -> after", "local / ext informative",
+                "ext used /round", "tokens /node", "reward /1k tokens", "seeds"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(r["config"], f"{r['cumulative_reward_mean']:.2f} ± {r['cumulative_reward_ci95']:.2f}",
-                      f"{100 * (r['ratio_to_silo_mean'] - 1):+.1f}% ± {100 * r['ratio_to_silo_ci95']:.1f}",
-                      f"{r['eval_first']:.3f} -> {r['eval_last']:.3f}")
+        ext = "-" if r["external_informative_share"] is None else f"{r['external_informative_share']:.2f}"
+        table.add_row(r["config"], f"{r['cumulative_reward']:.2f} ± {r['cumulative_reward_ci95']:.2f}",
+                      f"{100 * r['vs_silo']:+.1f}% ± {100 * r['vs_silo_ci95']:.1f}",
+                      f"{r['eval_first']:.3f} -> {r['eval_last']:.3f}",
+                      f"{r['local_informative_share']:.2f} / {ext}", f"{r['external_used_per_round']:.2f}",
+                      f"{r['tokens_per_node']:,.0f}", f"{r['reward_per_1k_tokens']:.2f}", str(len(r["seeds"])))
     console.print(table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({
-        "command": "scripts/sapo_experiment.py " + " ".join(sys.argv[1:]), "nodes": args.nodes, "rounds": args.rounds,
-        "seeds": args.seeds, "cpus": os.cpu_count(), "minutes": (time.time() - started) / 60, "configs": rows}, indent=2))
-    figure(rows, args.out / "results.png", f"{args.nodes} nodes x {args.rounds} rounds, {args.seeds} seed(s)")
-    console.print(f"saved {args.out / 'results.json'} and {args.out / 'results.png'} ({(time.time() - started) / 60:.1f} min)")
+    (out / "results.json").write_text(json.dumps({"subtitle": subtitle, "configs": rows, "runs": results}))
+    figure(out / "results.json", out / "results.png")
+    console.print(f"saved {out / 'results.json'} and {out / 'results.png'}")
 
 
-def figure(rows: list[dict], path: Path, subtitle: str) -> None:
+def figure(results_json: Path, path: Path) -> None:
+    """Bars of cumulative reward against the silo, cumulative reward curves and informative shares, from the JSON alone."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_bar, ax_curve) = plt.subplots(1, 2, figsize=(12, 4.2))
-    names = [r["config"] for r in rows]
-    ax_bar.bar(names, [r["cumulative_reward_mean"] for r in rows],
-               yerr=[0 if math.isnan(r["cumulative_reward_ci95"]) else r["cumulative_reward_ci95"] for r in rows],
-               color=["tab:gray" if r["external"] == 0 else "tab:blue" for r in rows], capsize=4)
-    ax_bar.set(title="cumulative reward (mean over nodes, 95% CI over seeds)", xlabel="local/external groups per round")
-    ax_bar.tick_params(axis="x", rotation=30)
+    data = json.loads(results_json.read_text())
+    rows, runs = data["configs"], data["runs"]
+    colors = {"uniform": "tab:blue", "signal": "tab:orange", "adaptive": "tab:green"}
+
+    def color(r: dict) -> str:
+        return "tab:gray" if r["external"] == 0 else "tab:purple" if r["control"] else colors[r["rule"]]
+
+    def mean_curve(config: str, key: str) -> list[float]:
+        curves = [[statistics.mean(x for x in xs if x is not None) if any(x is not None for x in xs) else float("nan")
+                   for xs in zip(*[n["curves"][key] for n in r["nodes"]])] for r in runs if r["config"] == config]
+        return [statistics.mean(xs) for xs in zip(*curves)]
+
+    fig, (ax_bar, ax_cum, ax_inf) = plt.subplots(1, 3, figsize=(17, 4.8))
+    ax_bar.barh([r["config"] for r in rows], [100 * r["vs_silo"] for r in rows],
+                xerr=[0 if math.isnan(r["vs_silo_ci95"]) else 100 * r["vs_silo_ci95"] for r in rows],
+                color=[color(r) for r in rows], capsize=3)
+    ax_bar.axvline(0, color="black", linewidth=0.8)
+    ax_bar.invert_yaxis()
+    ax_bar.tick_params(axis="y", labelsize=7)
+    ax_bar.set(title="cumulative reward vs the same seed's silo (95% CI)", xlabel="%")
     for r in rows:
-        curves = []
-        for run_ in r["runs"]:
-            nodes = [[json.loads(line)["reward_mean"] for line in (Path(run_["out"]) / d / "metrics.jsonl").read_text().splitlines()[1:]]
-                     for d in sorted(os.listdir(run_["out"])) if d.startswith("node")]
-            curves.append([statistics.mean(xs) for xs in zip(*nodes)])
-        mean_curve = [statistics.mean(xs) for xs in zip(*curves)]
-        cumulative = [sum(mean_curve[: i + 1]) for i in range(len(mean_curve))]
-        ax_curve.plot(range(1, len(cumulative) + 1), cumulative, label=r["config"],
-                      linestyle="--" if r["external"] == 0 else "-")
-    ax_curve.set(title="cumulative reward over rounds (mean of seeds)", xlabel="round", ylabel="cumulative reward")
-    ax_curve.legend(fontsize=8)
-    ax_curve.grid(alpha=0.3)
-    fig.suptitle(f"SAPO swarm vs silo at tiny scale: {subtitle}")
+        if r["external"] in (0, 4):
+            cum = mean_curve(r["config"], "reward")
+            ax_cum.plot([sum(cum[: i + 1]) for i in range(len(cum))], color=color(r), label=r["config"],
+                        linestyle=":" if r["testbed"] == "heterogeneous" else "-")
+    ax_cum.set(title="cumulative reward (mean of nodes and seeds)", xlabel="round")
+    ax_cum.legend(fontsize=6)
+    for r in rows:
+        if r["external"] == 4 and r["testbed"] == "homogeneous" and not r["control"]:
+            for key, style in (("local_informative_share", "-"), ("external_informative_share", "--")):
+                curve = mean_curve(r["config"], key)
+                window = 15
+                smooth = [statistics.mean(c for c in curve[max(0, i - window): i + 1] if not math.isnan(c))
+                          if any(not math.isnan(c) for c in curve[max(0, i - window): i + 1]) else float("nan")
+                          for i in range(len(curve))]
+                ax_inf.plot(smooth, color=color(r), linestyle=style, label=f"{r['rule']}: {key.split('_')[0]}")
+    ax_inf.set(title="share of informative groups, homogeneous 4/4\n(local sampled, external inspected; moving mean)",
+               xlabel="round", ylim=(0, 1))
+    ax_inf.legend(fontsize=7)
+    for ax in (ax_cum, ax_inf):
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"SAPO swarm vs silo at tiny scale: {data['subtitle']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=300)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES)
+    p.add_argument("--only", nargs="+", metavar="CONFIG", help="run only these configurations (names as in the table)")
+    p.add_argument("--report", action="store_true", help="merge the finished runs under --out; run nothing")
+    p.add_argument("--quick", action="store_true", help="smoke run: 2 nodes, 20 rounds, 1 seed, 3 configurations")
+    p.add_argument("--out", type=Path, default=Path("runs/experiment"))
+    args = p.parse_args()
+    console = Console(width=max(170, Console().width))  # the table is wide; logs and pipes get it whole
+    if args.quick:
+        args.nodes, args.rounds, args.seeds, args.eval_every = 2, 20, 1, 10
+    if not args.report:
+        configs = grid(args.rules, args.quick)
+        if args.only:
+            unknown = set(args.only) - {c.name for c in configs}
+            if unknown:
+                raise SystemExit(f"sapo_experiment: --only: no configuration named {sorted(unknown)}; "
+                                 f"choose from {[c.name for c in configs]}")
+            configs = [c for c in configs if c.name in args.only]
+        for preset in ("tiny-a", "tiny-b"):
+            ensure_preset(preset, default_cache_dir())
+        started = time.time()
+        for seed in range(args.seeds):
+            for cfg in configs:
+                result = run_one(cfg, seed, args, console)
+                console.log(f"{cfg.name} seed {seed}: cumulative reward "
+                            f"{mean([n['cumulative_reward'] for n in result['nodes']]):.2f} "
+                            f"({result['wall_seconds']:.0f} s; {time.time() - started:.0f} s so far)")
+    report(args.out, console)
 
 
 if __name__ == "__main__":

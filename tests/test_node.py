@@ -59,15 +59,22 @@ def test_a_node_without_peers_runs_as_a_silo_without_warnings_and_with_p2p_off_h
 
 def test_a_resumed_run_continues_exactly_where_it_stopped(tiny_a, cache_dir, tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"
-    assert run_sapo(*small_run(cache_dir, straight, 4)).returncode == 0
-    assert run_sapo(*small_run(cache_dir, split, 2)).returncode == 0
-    r = run_sapo(*small_run(cache_dir, split, 4))
+    overdraw = ("--selection.local_overdraw", "2")  # local groups chosen by the selector, which learns pass rates
+    assert run_sapo(*small_run(cache_dir, straight, 4, *overdraw)).returncode == 0
+    assert run_sapo(*small_run(cache_dir, split, 2, *overdraw)).returncode == 0
+    r = run_sapo(*small_run(cache_dir, split, 4, *overdraw))
     assert r.returncode == 0, r.stderr
     a, b = metrics(straight), metrics(split)
     assert [m["round"] for m in b] == [0, 1, 2, 3, 4]
     for key in ("reward_mean", "accuracy_train", "tokens_generated", "eval_accuracy", "weight_version"):
         assert [m[key] for m in a] == [m[key] for m in b], key
     assert [m["loss"] for m in a[1:]] == pytest.approx([m["loss"] for m in b[1:]], abs=1e-6)
+    assert all(m["n_local"] == 6 for m in b[1:])
+
+    def selection_state(out: Path) -> dict:
+        return json.loads((out / "checkpoints" / "round-000004" / "state.json").read_text())["selection"]
+
+    assert selection_state(split)["pass_rates"] and selection_state(split) == selection_state(straight)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

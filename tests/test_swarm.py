@@ -91,13 +91,15 @@ def test_a_node_with_another_tokenizer_trains_on_text_from_a_tiny_a_node(tiny_a,
 @pytest.mark.slow
 def test_a_three_node_mixed_swarm_trains_on_each_others_groups(tiny_a, tiny_b, cache_dir, tmp_path):
     r = run_sapo("swarm", "--nodes", "3", "--rounds", "12", "--local", "2", "--external", "2", "--presets", "tiny-a,tiny-b",
-                 "--out", str(tmp_path), "--cache-dir", str(cache_dir),
+                 "--task-mixes", "arith,reverse; reverse,count", "--out", str(tmp_path), "--cache-dir", str(cache_dir),
                  "--node-args", "--tasks.eval_size 20 --generation.completions_per_group 4", timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [n["model"] for n in summary["per_node"]] == ["tiny-a", "tiny-b", "tiny-a"]
     assert (tmp_path / "summary.png").stat().st_size > 10_000
-    for k in range(3):
+    for k, mix in enumerate((["arith", "reverse"], ["reverse", "count"], ["arith", "reverse"])):
+        config = json.loads((tmp_path / f"node{k}" / "config.json").read_text())
+        assert [d["name"] for d in config["tasks"]["datasets"]] == mix
         rows = [json.loads(line) for line in (tmp_path / f"node{k}" / "metrics.jsonl").read_text().splitlines()][1:]
         assert len(rows) == 12
         assert sum(m["n_external_used"] for m in rows) > 0, f"node{k} never trained on a peer's group"
@@ -131,6 +133,8 @@ def test_a_lonely_node_fills_j_with_local_groups_exactly_like_a_silo_of_i_plus_j
     (["--nodes", "0"], "sapo: config error: --nodes: must be at least 1 (got 0)"),
     (["--node-args", "--grpo.lr -1"], 'sapo: config error: grpo.lr: Input should be greater than 0 (got "-1")'),
     (["--node-args", "--bogus 1"], "sapo: config error: --node-args: unrecognized arguments: --bogus 1"),
+    (["--task-mixes", "arith;nope:2"], "sapo: config error: --task-mixes: tasks.datasets.0: Value error, unknown dataset "
+                                       "'nope' (built-in: arith, reverse, count; reasoning-gym: 'rg/<name>')"),
 ])
 def test_bad_swarm_arguments_fail_before_any_node_starts(args, message, tmp_path):
     r = run_sapo("swarm", "--out", str(tmp_path / "s"), *args)
