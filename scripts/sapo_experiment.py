@@ -58,12 +58,14 @@ class Config:
     external: int
     rule: str = "uniform"
     control: bool = False
+    negatives: bool = False  # grpo.external_negatives: the ablation of learning only from peers' successes
 
     @property
     def name(self) -> str:
         if self.control:
-            return f"{self.testbed} control {self.local}+{self.external} own"
-        return f"{self.testbed} {self.local}/{self.external}" + (f" {self.rule}" if self.external else "")
+            return f"{self.testbed} control {self.local}+{self.external} own" + (" +negatives" if self.negatives else "")
+        return (f"{self.testbed} {self.local}/{self.external}" + (f" {self.rule}" if self.external else "")
+                + (" +negatives" if self.negatives else ""))
 
     @property
     def silo(self) -> Config:
@@ -71,7 +73,7 @@ class Config:
 
     def node_args(self, rounds: int, eval_every: int) -> list[str]:
         args = ["--tasks.eval_size", "200", "--run.eval_every", str(eval_every), "--run.checkpoint_every", str(rounds),
-                "--selection.rule", self.rule]
+                "--selection.rule", self.rule, "--grpo.external_negatives", str(self.negatives).lower()]
         return args + (["--selection.self_external", "true"] if self.control else [])
 
     @property
@@ -83,7 +85,8 @@ class Config:
 def grid(rules: list[str], quick: bool) -> list[Config]:
     if quick:
         return [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "signal"), Config("homogeneous", 4, 4, control=True)]
-    homo = [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, control=True)]
+    homo = [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, control=True),
+            Config("homogeneous", 4, 4, control=True, negatives=True), Config("homogeneous", 4, 4, "signal", negatives=True)]
     homo += [Config("homogeneous", i, 8 - i, rule) for i in (6, 4, 2) for rule in rules]
     hetero = [Config("heterogeneous", 8, 0)] + [Config("heterogeneous", 4, 4, rule) for rule in rules]
     return homo + hetero
@@ -152,7 +155,7 @@ def summarize(results: list[dict]) -> list[dict]:
         by_config.setdefault(r["config"], []).append(r)
     rows = []
     for name, runs in by_config.items():
-        cfg = Config(runs[0]["testbed"], runs[0]["local"], runs[0]["external"], runs[0]["rule"], runs[0]["control"])
+        cfg = Config(*(runs[0][k] for k in ("testbed", "local", "external", "rule", "control", "negatives")))
         silo = {r["seed"]: r for r in by_config.get(cfg.silo.name, [])}
         runs = sorted(runs, key=lambda r: r["seed"])
         cum = [mean([n["cumulative_reward"] for n in r["nodes"]]) for r in runs]

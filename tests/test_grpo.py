@@ -151,6 +151,25 @@ def test_external_completions_off_this_policys_support_are_masked_and_local_ones
     assert stats.external_masked == 0 and not unchanged(before, policy.model)
 
 
+@pytest.mark.parametrize("negatives", [True, False])
+def test_external_completions_below_their_group_mean_leave_the_loss_only_when_external_negatives_is_off(
+        policy, monkeypatch, negatives):
+    seen = []
+    real = grpo_module.grpo_loss
+
+    def spy(logps, old_logps, advantages, mask, *args, **kwargs):
+        seen.append((advantages.clone(), mask.clone()))
+        return real(logps, old_logps, advantages, mask, *args, **kwargs)
+
+    monkeypatch.setattr(grpo_module, "grpo_loss", spy)
+    cfg = GRPOConfig(external_min_logprob=None, external_negatives=negatives)
+    GRPOTrainer(policy, cfg, 16, 10).step([group([1, 0, 0, 0]), group([1, 0, 0, 0], source="12D3KooWpeer")])
+    advantages, mask = seen[0]  # rows in the step's shuffled order
+    kept = mask.sum(-1) > 0
+    assert (advantages < 0).sum() == 6 and kept[advantages > 0].all()
+    assert int(kept[advantages < 0].sum()) == (6 if negatives else 3)  # off: the local group's three stay
+
+
 def test_in_support_external_groups_train_like_local_ones_with_own_logprobs_as_old_policy(policy, loss_calls):
     seen = loss_calls
     trainer = GRPOTrainer(policy, GRPOConfig(external_min_logprob=None, lr=1e-3), 16, 10)

@@ -75,6 +75,9 @@ class GRPOConfig(Section):
     epochs: int = Field(1, ge=1, description="optimisation passes over each round's batch")
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
     max_grad_norm: float = Field(1.0, gt=0, description="clip the global gradient norm")
+    external_negatives: bool = Field(False, description="also push down external completions that scored below their "
+                                     "group's mean; off by default: a peer's mistakes are text this policy did not "
+                                     "write, and pushing them down cost reward in the swarm experiment")
     external_min_logprob: float | None = Field(
         -5.0, lt=0, description="mask external completions whose mean token log-prob under this node's pre-update "
         "policy is below this (text it would almost never write); null keeps all")

@@ -76,6 +76,8 @@ class GRPOTrainer:
         batch, rewards, group_ids, truncated, external = self._tensors(kept)
         advantages = group_advantages(rewards, group_ids, cfg.advantage_scale)
         loss_mask = batch.completion_mask * (~truncated if cfg.mask_truncated else torch.ones_like(truncated))[:, None]
+        if not cfg.external_negatives:  # learn from peers' successes only
+            loss_mask = loss_mask * ~(external & (advantages < 0))[:, None]
         with torch.no_grad():  # the "old" policy for every epoch is the model before this round's update
             old_logps = token_logprobs(model, batch)
             ref_logps = token_logprobs(self.reference, batch) if self.reference is not None else None
