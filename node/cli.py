@@ -165,7 +165,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
         except ConfigError as e:
             raise ConfigError(f"--task-mixes: {e}") from None
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=args.local, external=args.external, presets=presets,
-                     out=args.out, seed=args.seed, extra=extra, task_mixes=task_mixes)
+                     out=args.out, seed=args.seed, extra=extra, task_mixes=task_mixes, baseline=args.baseline)
     try:
         summary = run(spec, cache_dir=cache_dir)
     except SwarmError as e:
@@ -174,8 +174,16 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     for n in summary["per_node"]:
         print(f"{n['name']} ({n['model']}): {n['rounds']} rounds, cumulative reward {n['cumulative_reward']:.2f}, "
               f"eval {n['eval_first']} -> {n['eval_last']}, external groups used {n['external_used']}, exit {n['exit_code']}")
+    alone = summary.get("baseline", {}).get("per_node", [])
+    for n, a in zip(summary["per_node"], alone):
+        print(f"{n['name']} alone ({summary['baseline']['local']} local groups, no peers): "
+              f"cumulative reward {a['cumulative_reward']:.2f}, eval {a['eval_first']} -> {a['eval_last']}, exit {a['exit_code']}")
+    if alone:
+        print(f"in the swarm the nodes earned {100 * summary['vs_baseline']:+.1f}% cumulative reward against the same nodes "
+              f"alone ({summary['cumulative_reward_mean']:.2f} vs {summary['baseline']['cumulative_reward_mean']:.2f}, "
+              f"mean of {len(alone)} nodes, {args.rounds} rounds)")
     print(f"summary: {args.out / 'summary.json'}, {args.out / 'summary.png'}; per-node metrics in {args.out}/node*/")
-    return 0 if all(n["exit_code"] == 0 for n in summary["per_node"]) else 1
+    return 0 if all(n["exit_code"] == 0 for n in summary["per_node"] + alone) else 1
 
 
 class _NodeArgsParser(argparse.ArgumentParser):
@@ -236,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     swarm.add_argument("--presets", default="tiny-a,tiny-b", help="models, given to the nodes in turn")
     swarm.add_argument("--task-mixes", default="", help="task mixes given to the nodes in turn, separated by ';' "
                        "(e.g. \"arith:4,reverse,count;arith,reverse:4,count\"); default: every node the default mix")
+    swarm.add_argument("--baseline", action="store_true", help="also run every node alone (I + J local groups, no peers) "
+                       "beside the swarm, in <out>/silo/, and print how much the swarm gained")
     swarm.add_argument("--out", type=Path, default=Path("runs/swarm"), help="node<k>/ folders and the summary")
     swarm.add_argument("--seed", type=int, default=0, help="node k runs with seed + k")
     swarm.add_argument("--cache-dir", type=Path, help="tiny preset cache (default: model.cache_dir)")

@@ -47,6 +47,13 @@ class SwarmSpec:
     extra: list[str] = field(default_factory=list)  # passed to every `sapo run`
     task_mixes: list[str] = field(default_factory=list)  # `--tasks` values given to the nodes in turn
     network: bool = True  # False: N unconnected silos (no p2p at all), for baselines
+    baseline: bool = False  # also run each node alone (I + J local groups, no network) beside the swarm
+
+    def silo(self) -> "SwarmSpec":
+        """The same nodes alone: same models, seeds, task mixes and rounds, all I + J groups local."""
+        return SwarmSpec(nodes=self.nodes, rounds=self.rounds, local=self.local + self.external, external=0,
+                         presets=self.presets, out=self.out / "silo", seed=self.seed, extra=self.extra,
+                         task_mixes=self.task_mixes, network=False)
 
     def preset(self, k: int) -> str:
         return self.presets[k % len(self.presets)]
@@ -96,7 +103,8 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout: float) -> bool:
     return False
 
 
-def start(spec: SwarmSpec, cache_dir: Path | None) -> list[Child]:
+def start(spec: SwarmSpec, cache_dir: Path | None, processes: int | None = None, prefix: str = "node") -> list[Child]:
+    """Start the swarm's nodes, the bootstrap node first; `processes` is how many share the cores."""
     spec.out.mkdir(parents=True, exist_ok=True)
     children: list[Child] = []
     bootstrap = ""
@@ -110,14 +118,14 @@ def start(spec: SwarmSpec, cache_dir: Path | None) -> list[Child]:
                 "--status.listen", f"127.0.0.1:{status_port}",
                 "--run.wait_for_peers", str(spec.nodes - 1),
                 # one machine, N nodes: without a share each, torch's thread pools spin against each other
-                "--run.torch_threads", str(max(1, (os.cpu_count() or 1) // spec.nodes))]
+                "--run.torch_threads", str(max(1, (os.cpu_count() or 1) // (processes or spec.nodes)))]
         if cache_dir is not None:
             args += ["--model.cache_dir", str(cache_dir)]
         if bootstrap:
             args += ["--bootstrap", bootstrap]
         with open(out / "node.log", "ab") as logf:
             proc = subprocess.Popen([*args, *spec.extra], stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-        children.append(Child(f"node{k}", spec.preset(k), out, proc, f"http://127.0.0.1:{status_port}/"))
+        children.append(Child(f"{prefix}{k}", spec.preset(k), out, proc, f"http://127.0.0.1:{status_port}/"))
         if k == 0 and spec.network:
             bootstrap = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id(load_or_create(out / 'node.key'))}"
             if not wait_listening(port, proc, timeout=300):
@@ -172,29 +180,37 @@ def table(children: list[Child], rounds: int) -> Table:
     return t
 
 
-def summarize(spec: SwarmSpec, children: list[Child]) -> dict:
-    nodes = []
-    for c in children:
-        c.refresh()
-        trained = [r for r in c.rows if r["round"] > 0]
-        evals = [(r["round"], r["eval_accuracy"]) for r in c.rows if r.get("eval_accuracy") is not None]
-        cumulative = sum(r["reward_mean"] for r in trained)
-        nodes.append({
-            "name": c.name, "model": c.preset, "exit_code": c.proc.returncode, "rounds": len(trained),
-            "cumulative_reward": cumulative, "mean_reward": cumulative / len(trained) if trained else None,
-            "eval_first": evals[0][1] if evals else None, "eval_last": evals[-1][1] if evals else None,
-            **{name: total(trained, key) for name, key in (
-                ("external_used", "n_external_used"), ("external_in_batch", "n_external"),
-                ("external_inspected", "external_inspected"), ("external_informative", "external_informative"),
-                ("local_groups", "n_local"), ("local_informative", "local_informative"),
-                ("tokens_generated", "tokens_generated"))},
-            "seconds": sum(r["seconds_generate"] + r["seconds_train"] + r["seconds_other"] for r in trained),
-        })
+def node_summary(c: Child) -> dict:
+    c.refresh()
+    trained = [r for r in c.rows if r["round"] > 0]
+    evals = [(r["round"], r["eval_accuracy"]) for r in c.rows if r.get("eval_accuracy") is not None]
+    cumulative = sum(r["reward_mean"] for r in trained)
+    return {
+        "name": c.name, "model": c.preset, "exit_code": c.proc.returncode, "rounds": len(trained),
+        "cumulative_reward": cumulative, "mean_reward": cumulative / len(trained) if trained else None,
+        "eval_first": evals[0][1] if evals else None, "eval_last": evals[-1][1] if evals else None,
+        **{name: total(trained, key) for name, key in (
+            ("external_used", "n_external_used"), ("external_in_batch", "n_external"),
+            ("external_inspected", "external_inspected"), ("external_informative", "external_informative"),
+            ("local_groups", "n_local"), ("local_informative", "local_informative"),
+            ("tokens_generated", "tokens_generated"))},
+        "seconds": sum(r["seconds_generate"] + r["seconds_train"] + r["seconds_other"] for r in trained),
+    }
+
+
+def summarize(spec: SwarmSpec, children: list[Child], silos: list[Child] = ()) -> dict:
+    nodes = [node_summary(c) for c in children]
     summary = {"nodes": spec.nodes, "rounds": spec.rounds, "local": spec.local, "external": spec.external,
                "presets": spec.presets, "seed": spec.seed, "per_node": nodes,
                "cumulative_reward_mean": sum(n["cumulative_reward"] for n in nodes) / max(1, len(nodes))}
+    if silos:
+        alone = [node_summary(c) for c in silos]
+        summary["baseline"] = {"local": spec.local + spec.external, "per_node": alone,
+                               "cumulative_reward_mean": sum(n["cumulative_reward"] for n in alone) / len(alone)}
+        summary["vs_baseline"] = summary["cumulative_reward_mean"] / max(1e-9, summary["baseline"]["cumulative_reward_mean"]) - 1
     (spec.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot(children, spec.out / "summary.png", f"{spec.nodes} nodes, I={spec.local} local + J={spec.external} external")
+    plot([*children, *silos], spec.out / "summary.png", f"{spec.nodes} nodes, I={spec.local} local + J={spec.external} external"
+         + (f" (silo: each node alone, {spec.local + spec.external} local)" if silos else ""))
     return summary
 
 
@@ -238,9 +254,15 @@ def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None 
         stopping = True
 
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    children: list[Child] = []
+    nodes: list[Child] = []
+    silos: list[Child] = []
+    children = nodes  # everything to show and stop
     try:
-        children = start(spec, cache_dir)
+        processes = spec.nodes * (2 if spec.baseline else 1)
+        children = nodes = start(spec, cache_dir, processes)
+        if spec.baseline:
+            silos = start(spec.silo(), cache_dir, processes, prefix="silo")
+            children = nodes + silos
         with Live(table(children, spec.rounds), console=console, refresh_per_second=2, transient=not live) as view:
             while not stopping and any(c.proc.poll() is None for c in children):
                 for c in children:
@@ -257,4 +279,4 @@ def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None 
         stop(children)
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return summarize(spec, children)
+    return summarize(spec, nodes, silos)

@@ -108,6 +108,24 @@ def test_a_three_node_mixed_swarm_trains_on_each_others_groups(tiny_a, tiny_b, c
 
 
 @pytest.mark.slow
+def test_a_swarm_with_a_baseline_runs_the_same_nodes_alone_and_reports_the_difference(tiny_a, cache_dir, tmp_path):
+    r = run_sapo("swarm", "--nodes", "2", "--rounds", "3", "--local", "2", "--external", "2", "--presets", "tiny-a",
+                 "--baseline", "--out", str(tmp_path), "--cache-dir", str(cache_dir),
+                 "--node-args", "--tasks.eval_size 10 --generation.completions_per_group 4", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    alone = summary["baseline"]["per_node"]
+    assert [n["name"] for n in alone] == ["silo0", "silo1"] and summary["baseline"]["local"] == 4
+    assert summary["vs_baseline"] == pytest.approx(summary["cumulative_reward_mean"] / summary["baseline"]["cumulative_reward_mean"] - 1)
+    for k in range(2):
+        rows = [json.loads(line) for line in (tmp_path / "silo" / f"node{k}" / "metrics.jsonl").read_text().splitlines()][1:]
+        assert [(m["n_local"], m["n_external"], m["p2p"]) for m in rows] == [(4, 0, None)] * 3
+        config = json.loads((tmp_path / "silo" / f"node{k}" / "config.json").read_text())
+        assert config["run"]["seed"] == k and config["model"]["name"] == "tiny-a"  # the same node, alone
+    assert f"the same nodes alone ({summary['cumulative_reward_mean']:.2f} vs " in r.stdout
+
+
+@pytest.mark.slow
 def test_a_lonely_node_fills_j_with_local_groups_exactly_like_a_silo_of_i_plus_j(tiny_a, cache_dir, tmp_path):
     common = ["run", "--model.cache_dir", str(cache_dir), "--rounds", "3", "--tasks.eval_size", "20",
               "--generation.completions_per_group", "4", "--p2p.enabled", "false"]

@@ -6,14 +6,16 @@ node's own pre-update log-probs as the old policy: the ratio starts at 1 and the
 clip) bound how far one round moves on any sample. External completions that this policy would
 almost never write (mean token log-prob below `external_min_logprob`) are masked out: their
 gradient mostly teaches another model's habits, with high variance and no importance weight to
-temper it.
+temper it. External completions that scored below their group's mean are masked too, unless
+`external_negatives` is on: a peer's mistakes are sequences this policy did not write, and pushing
+them down spends the step on text it rarely produces; what a peer got right is what it can learn.
 """
 
 from __future__ import annotations
 
 import copy
-import operator
 import math
+import operator
 from dataclasses import dataclass
 from typing import Sequence
 
