@@ -176,7 +176,8 @@ def summarize(results: list[dict]) -> list[dict]:
                                            if node("external_inspected") else None),
             "external_used_per_round": node("external_used") / runs[0]["rounds"],
         })
-    order = {c.name: i for i, c in enumerate(grid(list(RULES), quick=False) + grid(list(RULES), quick=True))}
+    names = dict.fromkeys(c.name for c in grid(list(RULES), quick=False) + grid(list(RULES), quick=True))
+    order = {name: i for i, name in enumerate(names)}
     return sorted(rows, key=lambda r: order.get(r["config"], len(order)))
 
 
@@ -200,8 +201,23 @@ def report(out: Path, console: Console) -> None:
                       f"{r['tokens_per_node']:,.0f}", f"{r['reward_per_1k_tokens']:.2f}", str(len(r["seeds"])))
     console.print(table)
     (out / "results.json").write_text(json.dumps({"subtitle": subtitle, "configs": rows, "runs": results}))
+    (out / "results.md").write_text(markdown(rows))
     figure(out / "results.json", out / "results.png")
-    console.print(f"saved {out / 'results.json'} and {out / 'results.png'}")
+    console.print(f"saved {out / 'results.json'}, {out / 'results.md'} (the table for the README) and {out / 'results.png'}")
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| configuration | cumulative reward (95% CI) | vs silo, paired (95% CI) | eval before -> after | "
+             "informative share local / external | tokens per node | reward per 1k tokens | seeds |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        ext = "-" if r["external_informative_share"] is None else f"{r['external_informative_share']:.2f}"
+        ci = lambda x: "n/a" if math.isnan(x) else f"{x:.2f}"  # noqa: E731
+        lines.append(f"| {r['config']} | {r['cumulative_reward']:.2f} ± {ci(r['cumulative_reward_ci95'])} | "
+                     f"{100 * r['vs_silo']:+.1f}% ± {ci(100 * r['vs_silo_ci95'])} | {r['eval_first']:.3f} -> {r['eval_last']:.3f} | "
+                     f"{r['local_informative_share']:.2f} / {ext} | {r['tokens_per_node']:,.0f} | "
+                     f"{r['reward_per_1k_tokens']:.2f} | {len(r['seeds'])} |")
+    return "\n".join(lines) + "\n"
 
 
 def figure(results_json: Path, path: Path) -> None:

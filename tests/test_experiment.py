@@ -1,0 +1,79 @@
+"""The swarm-vs-silo experiment's bookkeeping: runs paired with the same seed's silo, intervals over
+seeds, and a report (table, markdown, figure) drawn from the merged JSON alone."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import statistics
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("sapo_experiment", ROOT / "scripts" / "sapo_experiment.py")
+experiment = sys.modules["sapo_experiment"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+spec.loader.exec_module(experiment)
+Config = experiment.Config
+
+
+def fake_run(cfg: Config, seed: int, cumulative: list[float], rounds: int = 5) -> dict:
+    j = 1 if cfg.external else 0
+    nodes = [{"name": f"node{k}", "model": "tiny-a", "exit_code": 0, "cumulative_reward": c, "tokens_generated": 1000,
+              "seconds": 10.0, "external_used": 2 * rounds * j, "external_inspected": 4 * rounds * j,
+              "external_informative": 3 * rounds * j, "local_groups": 4 * rounds, "local_informative": 2 * rounds,
+              "total_reward": 50.0, "eval_first": 0.3, "eval_last": 0.4, "eval_by_dataset_first": {},
+              "eval_by_dataset_last": {},
+              "curves": {"reward": [c / rounds] * rounds, "local_informative_share": [0.5] * rounds,
+                         "external_informative_share": [0.75] * rounds if cfg.external else [None] * rounds,
+                         "eval": [[0, 0.3], [rounds, 0.4]]}}
+             for k, c in enumerate(cumulative)]
+    return {"config": cfg.name, "testbed": cfg.testbed, "local": cfg.local, "external": cfg.external, "rule": cfg.rule,
+            "control": cfg.control, "negatives": cfg.negatives, "seed": seed, "nodes_n": len(nodes), "rounds": rounds,
+            "wall_seconds": 1.0, "cpus": 2, "nodes": nodes}
+
+
+def test_each_configuration_is_compared_with_the_silo_of_its_own_seed():
+    silo, swarm = Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "signal")
+    runs = [fake_run(silo, s, [10.0 + s, 10.0 + s]) for s in range(3)]
+    runs += [fake_run(swarm, s, [12.0 + 2 * s, 12.0 + 2 * s]) for s in range(3)]
+    rows = {r["config"]: r for r in experiment.summarize(runs)}
+    ratios = [(12 + 2 * s) / (10 + s) - 1 for s in range(3)]
+    got = rows["homogeneous 4/4 signal"]
+    assert got["vs_silo_per_seed"] == pytest.approx(ratios)
+    assert got["vs_silo"] == pytest.approx(statistics.mean(ratios))
+    assert got["vs_silo_ci95"] == pytest.approx(4.30 * statistics.stdev(ratios) / math.sqrt(3))
+    assert got["cumulative_reward"] == pytest.approx(14.0) and rows["homogeneous 8/0"]["vs_silo"] == 0
+    assert got["external_informative_share"] == 0.75 and rows["homogeneous 8/0"]["external_informative_share"] is None
+    assert list(rows) == ["homogeneous 8/0", "homogeneous 4/4 signal"]  # the grid's order
+
+
+def test_a_run_without_its_silo_is_reported_without_a_paired_ratio():
+    rows = experiment.summarize([fake_run(Config("heterogeneous", 4, 4, "adaptive"), 0, [5.0])])
+    assert math.isnan(rows[0]["vs_silo"]) and rows[0]["cumulative_reward"] == 5.0
+
+
+def test_the_report_merges_per_run_files_and_draws_the_figure_from_the_json(tmp_path):
+    from rich.console import Console
+
+    for cfg in (Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "signal"), Config("homogeneous", 4, 4, control=True)):
+        for seed in range(2):
+            folder = tmp_path / experiment.slug(cfg.name) / f"seed{seed}"
+            folder.mkdir(parents=True)
+            (folder / "result.json").write_text(json.dumps(fake_run(cfg, seed, [10.0 + seed, 11.0])))
+    experiment.report(tmp_path, Console(file=open(tmp_path / "table.txt", "w"), width=200))
+    merged = json.loads((tmp_path / "results.json").read_text())
+    assert len(merged["runs"]) == 6 and [r["config"] for r in merged["configs"]][1] == "homogeneous control 4+4 own"
+    md = (tmp_path / "results.md").read_text().splitlines()
+    assert len(md) == 2 + 3 and md[3].startswith("| homogeneous control 4+4 own | 10.75 ± ")
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "homogeneous 4/4 signal" in (tmp_path / "table.txt").read_text()
+
+
+def test_an_empty_output_folder_is_one_line(tmp_path):
+    from rich.console import Console
+
+    with pytest.raises(SystemExit, match="no finished runs under"):
+        experiment.report(tmp_path, Console())
