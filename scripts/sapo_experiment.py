@@ -221,7 +221,8 @@ def markdown(rows: list[dict]) -> str:
 
 
 def figure(results_json: Path, path: Path) -> None:
-    """Bars of cumulative reward against the silo, cumulative reward curves and informative shares, from the JSON alone."""
+    """Bars of cumulative reward against the silo, cumulative reward and held-out accuracy curves, and informative
+    shares, from the JSON alone."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -239,7 +240,11 @@ def figure(results_json: Path, path: Path) -> None:
                    for xs in zip(*[n["curves"][key] for n in r["nodes"]])] for r in runs if r["config"] == config]
         return [statistics.mean(xs) for xs in zip(*curves)]
 
-    fig, (ax_bar, ax_cum, ax_inf) = plt.subplots(1, 3, figsize=(17, 4.8))
+    def mean_eval(config: str) -> tuple[list[int], list[float]]:
+        evals = [n["curves"]["eval"] for r in runs if r["config"] == config for n in r["nodes"]]
+        return [rnd for rnd, _ in evals[0]], [statistics.mean(acc) for acc in zip(*[[a for _, a in e] for e in evals])]
+
+    fig, (ax_bar, ax_cum, ax_eval, ax_inf) = plt.subplots(1, 4, figsize=(22, 4.8))
     ax_bar.barh([r["config"] for r in rows], [100 * r["vs_silo"] for r in rows],
                 xerr=[0 if math.isnan(r["vs_silo_ci95"]) else 100 * r["vs_silo_ci95"] for r in rows],
                 color=[color(r) for r in rows], capsize=3)
@@ -250,10 +255,13 @@ def figure(results_json: Path, path: Path) -> None:
     for r in rows:
         if r["external"] in (0, 4):
             cum = mean_curve(r["config"], "reward")
-            ax_cum.plot([sum(cum[: i + 1]) for i in range(len(cum))], color=color(r), label=r["config"],
-                        linestyle=":" if r["testbed"] == "heterogeneous" else "-")
+            style = {"color": color(r), "label": r["config"], "linestyle": ":" if r["testbed"] == "heterogeneous" else "-"}
+            ax_cum.plot([sum(cum[: i + 1]) for i in range(len(cum))], **style)
+            ax_eval.plot(*mean_eval(r["config"]), marker=".", **style)
     ax_cum.set(title="cumulative reward (mean of nodes and seeds)", xlabel="round")
-    ax_cum.legend(fontsize=6)
+    ax_eval.set(title="held-out accuracy (greedy, 200 tasks; mean of nodes and seeds)", xlabel="round")
+    for ax in (ax_cum, ax_eval):
+        ax.legend(fontsize=6)
     for r in rows:
         if r["external"] == 4 and r["testbed"] == "homogeneous" and not r["control"]:
             for key, style in (("local_informative_share", "-"), ("external_informative_share", "--")):
@@ -266,7 +274,7 @@ def figure(results_json: Path, path: Path) -> None:
     ax_inf.set(title="share of informative groups, homogeneous 4/4\n(local sampled, external inspected; moving mean)",
                xlabel="round", ylim=(0, 1))
     ax_inf.legend(fontsize=7)
-    for ax in (ax_cum, ax_inf):
+    for ax in (ax_cum, ax_eval, ax_inf):
         ax.grid(alpha=0.3)
     fig.suptitle(f"SAPO swarm vs silo at tiny scale: {data['subtitle']}")
     fig.tight_layout()
