@@ -6,7 +6,9 @@ are chosen differ: 8/0 is the silo, then 6/2, 4/4 and 2/6 under each swarm sampl
 signal, adaptive), on two testbeds: a homogeneous swarm (one preset, one task mix) and a
 heterogeneous one (tiny-a and tiny-b nodes alternating, each with another family weighted up). The
 control (4 local + 4 of the node's own extra groups sent through the external path, no network)
-checks that the external path costs nothing when external groups are as good as local ones.
+checks that the external path costs nothing when external groups are as good as local ones. The
+silo with local over-draw (16 tasks sampled, the 8 slots filled with informative groups first) asks
+whether a gain comes from sharing or merely from training on informative groups.
 
 Cumulative reward = the sum over rounds of a node's mean reward on its own (local) completions,
 averaged over the swarm's nodes. Each configuration is paired with the silo of its testbed and
@@ -59,13 +61,14 @@ class Config:
     rule: str = "uniform"
     control: bool = False
     negatives: bool = False  # grpo.external_negatives: the ablation of learning only from peers' successes
+    overdraw: float = 1.0  # selection.local_overdraw: local tasks sampled per local slot
 
     @property
     def name(self) -> str:
+        suffix = (" +negatives" if self.negatives else "") + (f" overdraw {self.overdraw:g}" if self.overdraw != 1 else "")
         if self.control:
-            return f"{self.testbed} control {self.local}+{self.external} own" + (" +negatives" if self.negatives else "")
-        return (f"{self.testbed} {self.local}/{self.external}" + (f" {self.rule}" if self.external else "")
-                + (" +negatives" if self.negatives else ""))
+            return f"{self.testbed} control {self.local}+{self.external} own" + suffix
+        return f"{self.testbed} {self.local}/{self.external}" + (f" {self.rule}" if self.external else "") + suffix
 
     @property
     def silo(self) -> Config:
@@ -73,7 +76,8 @@ class Config:
 
     def node_args(self, rounds: int, eval_every: int) -> list[str]:
         args = ["--tasks.eval_size", "200", "--run.eval_every", str(eval_every), "--run.checkpoint_every", str(rounds),
-                "--selection.rule", self.rule, "--grpo.external_negatives", str(self.negatives).lower()]
+                "--selection.rule", self.rule, "--grpo.external_negatives", str(self.negatives).lower(),
+                "--selection.local_overdraw", str(self.overdraw)]
         return args + (["--selection.self_external", "true"] if self.control else [])
 
     @property
@@ -85,7 +89,7 @@ class Config:
 def grid(rules: list[str], quick: bool) -> list[Config]:
     if quick:
         return [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "signal"), Config("homogeneous", 4, 4, control=True)]
-    homo = [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, control=True),
+    homo = [Config("homogeneous", 8, 0), Config("homogeneous", 8, 0, overdraw=2), Config("homogeneous", 4, 4, control=True),
             Config("homogeneous", 4, 4, control=True, negatives=True), Config("homogeneous", 4, 4, "signal", negatives=True)]
     homo += [Config("homogeneous", i, 8 - i, rule) for i in (6, 4, 2) for rule in rules]
     hetero = [Config("heterogeneous", 8, 0)] + [Config("heterogeneous", 4, 4, rule) for rule in rules]
@@ -155,7 +159,8 @@ def summarize(results: list[dict]) -> list[dict]:
         by_config.setdefault(r["config"], []).append(r)
     rows = []
     for name, runs in by_config.items():
-        cfg = Config(*(runs[0][k] for k in ("testbed", "local", "external", "rule", "control", "negatives")))
+        cfg = Config(**{k: runs[0][k] for k in ("testbed", "local", "external", "rule", "control", "negatives")},
+                     overdraw=runs[0].get("overdraw", 1.0))
         silo = {r["seed"]: r for r in by_config.get(cfg.silo.name, [])}
         runs = sorted(runs, key=lambda r: r["seed"])
         cum = [mean([n["cumulative_reward"] for n in r["nodes"]]) for r in runs]
