@@ -3,9 +3,12 @@
 GRPO learns only from a group whose rewards differ: when every completion of a task scored the
 same, the group's advantages are zero and it adds nothing to the gradient, yet it still took one
 of the round's I + J slots. A node re-scores every external group with its own verifier before
-training, so it can see for free whether a group carries signal *for this node*. The SAPO paper's
-agents filter out zero-advantage rollouts before sampling from the swarm; Gensyn's public
-rl-swarm samples the swarm uniformly and trusts the sender's rewards. Here:
+training, so it can see for free whether a group carries signal *for this node*. The SAPO paper
+(arXiv 2509.08721, sections 3.2 and 5) has every node discard zero-advantage rollouts from the swarm's
+pool, then sample the rest uniformly: that is `signal` below (the paper does not say how a node gets
+advantages for a peer's rollouts; here they come from re-scoring the regenerated task). Gensyn's public
+rl-swarm (early 2026) samples peers' questions uniformly with no reward filter, and scores them
+against the answer the sender put in the payload. Here:
 
 - `uniform`: the first J usable groups in the pool's fair order (one per peer, newest first).
 - `signal`: the same order, but a group whose re-scored rewards are all equal is dropped and the
