@@ -92,6 +92,7 @@ def grid(rules: list[str], quick: bool) -> list[Config]:
     homo = [Config("homogeneous", 8, 0), Config("homogeneous", 8, 0, overdraw=2), Config("homogeneous", 4, 4, control=True),
             Config("homogeneous", 4, 4, control=True, negatives=True), Config("homogeneous", 4, 4, "signal", negatives=True)]
     homo += [Config("homogeneous", i, 8 - i, rule) for i in (6, 4, 2) for rule in rules]
+    homo += [Config("homogeneous", 4, 4, "signal", overdraw=2)]  # does sharing add to filtering local groups?
     hetero = [Config("heterogeneous", 8, 0)] + [Config("heterogeneous", 4, 4, rule) for rule in rules]
     return homo + hetero
 
