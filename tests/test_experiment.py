@@ -77,3 +77,14 @@ def test_an_empty_output_folder_is_one_line(tmp_path):
 
     with pytest.raises(SystemExit, match="no finished runs under"):
         experiment.report(tmp_path, Console())
+
+
+def test_the_testbeds_task_mixes_are_valid_node_configs_and_the_heterogeneous_one_crosses_presets_with_strengths():
+    from rewards.config import TasksConfig
+
+    for bed in experiment.TESTBEDS.values():
+        for mix in bed["task_mixes"]:
+            assert [d.name for d in TasksConfig(datasets=json.loads(mix)).datasets] == ["arith", "reverse"]
+    het = experiment.TESTBEDS["heterogeneous"]
+    nodes = [(het["presets"][k % 2], json.loads(het["task_mixes"][k % 4])[0]["weight"]) for k in range(4)]
+    assert sorted(nodes) == [("tiny-a", 1), ("tiny-a", 3), ("tiny-b", 1), ("tiny-b", 3)]
