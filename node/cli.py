@@ -153,17 +153,17 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     extra = shlex.split(args.node_args)
     node_flags = _parse_node_args(extra)
     load_config(node_flags.config, _overrides(node_flags))  # a bad knob fails here, not in N children
-    _setup_logging("INFO")
-    cache_dir = args.cache_dir or NodeConfig().model.cache_dir
-    for name in dict.fromkeys(presets):
-        if name in PRESETS:
-            ensure_preset(name, cache_dir)
     task_mixes = [m.strip() for m in args.task_mixes.split(";") if m.strip()]
     for mix in task_mixes:
         try:
             load_config(None, {"tasks": {"datasets": mix}})
         except ConfigError as e:
             raise ConfigError(f"--task-mixes: {e}") from None
+    _setup_logging("INFO")
+    cache_dir = args.cache_dir or NodeConfig().model.cache_dir
+    for name in dict.fromkeys(presets):
+        if name in PRESETS:
+            ensure_preset(name, cache_dir)
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=args.local, external=args.external, presets=presets,
                      out=args.out, seed=args.seed, extra=extra, task_mixes=task_mixes, baseline=args.baseline)
     try:

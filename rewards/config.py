@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -44,9 +45,14 @@ class TasksConfig(BaseModel):
     @field_validator("datasets", mode="before")
     @classmethod
     def _shorthand(cls, value: Any) -> Any:
-        """'arith,reverse:2' -> [{'name': 'arith'}, {'name': 'reverse', 'weight': 2}]."""
+        """'arith,reverse:2' -> [{'name': 'arith'}, {'name': 'reverse', 'weight': 2}]; a JSON list is read as one."""
         if not isinstance(value, str):
             return value
+        if value.lstrip().startswith("["):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"not valid JSON ({e.msg})") from None
         specs = []
         for part in filter(None, (p.strip() for p in value.split(","))):
             name, _, weight = part.partition(":")

@@ -45,6 +45,13 @@ def test_task_shorthand_sets_names_and_weights():
     assert [(d.name, d.weight) for d in cfg.tasks.datasets] == [("arith", 1.0), ("reverse", 2.0), ("rg/leg_counting", 1.0)]
 
 
+def test_task_text_may_be_a_json_list_with_configs_and_bad_json_is_named():
+    cfg = load_config(None, {"tasks": {"datasets": ' [{"name": "arith", "config": {"max_operand": 4}}, {"name": "reverse"}]'}})
+    assert [(d.name, d.config) for d in cfg.tasks.datasets] == [("arith", {"max_operand": 4}), ("reverse", {})]
+    with pytest.raises(ConfigError, match=re.escape("tasks.datasets: Value error, not valid JSON")):
+        load_config(None, {"tasks": {"datasets": '[{"name": arith}]'}})
+
+
 @pytest.mark.parametrize("name,text,message", [
     ("absent.toml", None, "cannot read"),
     ("bad.toml", "[grpo\nlr=", "not valid TOML"),
