@@ -13,9 +13,10 @@ against the answer the sender put in the payload. Here:
 - `uniform`: the first J usable groups in the pool's fair order (one per peer, newest first).
 - `signal`: the same order, but a group whose re-scored rewards are all equal is dropped and the
   next one inspected, until J informative groups, the pool's end or `max_inspect` re-scorings.
-- `adaptive`: `signal`, inspecting first the groups most likely to carry signal: a Thompson draw
-  per peer from the decayed share of its groups that did, times a preference for tasks near this
-  node's own 50% pass rate, with a floor of uniformly random picks so that no peer is written off.
+- `adaptive`: `signal`, inspecting first the groups most likely to carry signal: peers share the
+  inspections in proportion to a Thompson draw from the decayed share of their groups that did,
+  each peer's groups of tasks near this node's own 50% pass rate first, with a floor of uniformly
+  random picks so that no peer is written off.
 
 Local groups get the same treatment when `local_overdraw` > 1: more tasks are drawn and sampled
 than there are local slots, and informative groups fill the slots first (DAPO's dynamic sampling,
@@ -171,16 +172,23 @@ class Selector:
         if self.cfg.rule != "adaptive":
             yield from fair_order(candidates, rng)
             return
-        peers = sorted({c.peer for c in candidates})
-        theta = {p: rng.betavariate(*self.peers.beta(p)) for p in peers}  # one Thompson draw per peer and round
-
-        def priority(c: PooledGroup) -> tuple[float, float]:
-            p = self.pass_rates.rate(task_key(c.group.dataset, c.group.config), prior=0.5)
-            return theta[c.peer] * (TASK_FLOOR + (1 - TASK_FLOOR) * 4 * p * (1 - p)), c.created
-
-        ranked = sorted(candidates, key=priority)  # best last: popped first
+        by_peer: dict[str, list[PooledGroup]] = {}
+        for c in sorted(candidates, key=lambda c: (-self._task_weight(c), -c.created)):
+            by_peer.setdefault(c.peer, []).append(c)
+        # Weighted fair queueing over peers: a peer's k-th group comes at virtual time k / theta, theta
+        # a Thompson draw of the share of its groups that carried signal here. Peers share the slots in
+        # proportion to their usefulness; ranking groups by theta alone gave the best peer every slot
+        # (1.5 peers per round instead of 2.9 under `signal`, measured) and lost the swarm's variety.
+        theta = {p: max(rng.betavariate(*self.peers.beta(p)), 1e-6) for p in sorted(by_peer)}
+        ranked = [c for _, _, c in sorted(((k + 1) / theta[p], p, c) for p, queue in by_peer.items()
+                                          for k, c in enumerate(queue))]
         while ranked:
-            yield ranked.pop(rng.randrange(len(ranked)) if rng.random() < self.cfg.explore else -1)
+            yield ranked.pop(rng.randrange(len(ranked)) if rng.random() < self.cfg.explore else 0)
+
+    def _task_weight(self, c: PooledGroup) -> float:
+        """1 for a task this node solves half the time, down to TASK_FLOOR for one it always or never solves."""
+        p = self.pass_rates.rate(task_key(c.group.dataset, c.group.config), prior=0.5)
+        return TASK_FLOOR + (1 - TASK_FLOOR) * 4 * p * (1 - p)
 
     def _rescore(self, pooled: PooledGroup) -> tuple[RolloutGroup | None, str]:
         """Nothing the sender claims is used beyond the task reference and the texts: the task is

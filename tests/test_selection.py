@@ -86,6 +86,19 @@ def test_the_adaptive_rule_comes_to_prefer_a_peer_whose_groups_carry_signal_and_
     assert 0 < sel.peers.counts["never"][1] < sel.peers.counts["useful"][1]
 
 
+def test_the_adaptive_rule_spreads_the_slots_over_peers_that_are_equally_useful():
+    sel = selector(rule="adaptive", external_groups=4, explore=0.0)
+    distinct = []
+    for r in range(1, 61):
+        pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
+        for k, peer in enumerate("abcd"):
+            offer(pool, peer, [group(1000 * r + 10 * k + i, signal=True) for i in range(4)])
+        p = pick(sel, pool, round_=r, seed=r)
+        assert len(p.groups) == 4
+        distinct.append(len({g.source for g in p.groups}))
+    assert sum(distinct[30:]) / 30 >= 3.5  # once their usefulness is known, about one group per peer
+
+
 def test_without_history_the_adaptive_rule_inspects_tasks_near_this_nodes_50_percent_pass_rate_first():
     sel = selector(rule="adaptive", external_groups=1, max_inspect=1, explore=0.0)
     solved, half = regenerate(TaskRef("reverse", {}, 0, 1)), regenerate(TaskRef("arith", {}, 0, 1))
