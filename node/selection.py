@@ -32,7 +32,7 @@ import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -172,9 +172,7 @@ class Selector:
         if self.cfg.rule != "adaptive":
             yield from fair_order(candidates, rng)
             return
-        by_peer: dict[str, list[PooledGroup]] = {}
-        for c in sorted(candidates, key=lambda c: (-self._task_weight(c), -c.created)):
-            by_peer.setdefault(c.peer, []).append(c)
+        by_peer = peer_queues(candidates, key=lambda c: (-self._task_weight(c), -c.created))
         # Weighted fair queueing over peers: a peer's k-th group comes at virtual time k / theta, theta
         # a Thompson draw of the share of its groups that carried signal here. Peers share the slots in
         # proportion to their usefulness; ranking groups by theta alone gave the best peer every slot
@@ -214,11 +212,16 @@ class Selector:
 def fair_order(candidates: list[PooledGroup], rng: random.Random) -> list[PooledGroup]:
     """One group per peer in random peer order, round after round, each peer's newest first, so
     that J spreads over as many peers as hold groups."""
-    by_peer: dict[str, list[PooledGroup]] = {}
-    for c in sorted(candidates, key=lambda c: c.created, reverse=True):
-        by_peer.setdefault(c.peer, []).append(c)
+    by_peer = peer_queues(candidates, key=lambda c: -c.created)
     peers = sorted(by_peer)
     rng.shuffle(peers)
     queues = [by_peer[p] for p in peers]
     return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
+
+def peer_queues(candidates: list[PooledGroup], key: Callable[[PooledGroup], Any]) -> dict[str, list[PooledGroup]]:
+    """Each peer's candidates, in `key` order."""
+    by_peer: dict[str, list[PooledGroup]] = {}
+    for c in sorted(candidates, key=key):
+        by_peer.setdefault(c.peer, []).append(c)
+    return by_peer
