@@ -48,7 +48,7 @@ class TasksConfig(BaseModel):
         """'arith,reverse:2' -> [{'name': 'arith'}, {'name': 'reverse', 'weight': 2}]; a JSON list is read as one."""
         if not isinstance(value, str):
             return value
-        if value.lstrip().startswith("["):
+        if value.lstrip().startswith(("[", "{")):  # JSON; an object is then refused as not a list
             try:
                 return json.loads(value)
             except json.JSONDecodeError as e:

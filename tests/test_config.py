@@ -50,6 +50,8 @@ def test_task_text_may_be_a_json_list_with_configs_and_bad_json_is_named():
     assert [(d.name, d.config) for d in cfg.tasks.datasets] == [("arith", {"max_operand": 4}), ("reverse", {})]
     with pytest.raises(ConfigError, match=re.escape("tasks.datasets: Value error, not valid JSON")):
         load_config(None, {"tasks": {"datasets": '[{"name": arith}]'}})
+    with pytest.raises(ConfigError, match=re.escape("tasks.datasets: Input should be a valid list")):
+        load_config(None, {"tasks": {"datasets": '{"name": "arith"}'}})
 
 
 @pytest.mark.parametrize("name,text,message", [
