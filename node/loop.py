@@ -184,7 +184,7 @@ class Node:
         published = publish_round(self.gossip, cfg.model.name, r, groups, cfg.p2p.limits) if self.gossip else 0
 
         t0 = time.perf_counter()
-        local = self.selector.local(groups, slots, r)
+        local = self.selector.local(groups, slots)
         stats = self._train(r, local + pick.groups)
         seconds_train = time.perf_counter() - t0
 
