@@ -251,7 +251,9 @@ def figure(results_json: Path, path: Path) -> None:
     colors = {"uniform": "tab:blue", "signal": "tab:orange", "adaptive": "tab:green"}
 
     def color(r: dict) -> str:
-        return "tab:gray" if r["external"] == 0 else "tab:purple" if r["control"] else colors[r["rule"]]
+        if r["external"] == 0 or r["control"] or r["negatives"]:
+            return "tab:gray" if r["external"] == 0 else "tab:purple" if r["control"] else "tab:red"
+        return colors[r["rule"]]
 
     def mean_curve(config: str, key: str) -> list[float]:
         curves = [[statistics.mean(x for x in xs if x is not None) if any(x is not None for x in xs) else float("nan")
@@ -288,7 +290,7 @@ def figure(results_json: Path, path: Path) -> None:
                 smooth = [statistics.mean(c for c in curve[max(0, i - window): i + 1] if not math.isnan(c))
                           if any(not math.isnan(c) for c in curve[max(0, i - window): i + 1]) else float("nan")
                           for i in range(len(curve))]
-                ax_inf.plot(smooth, color=color(r), linestyle=style, label=f"{r['rule']}: {key.split('_')[0]}")
+                ax_inf.plot(smooth, color=color(r), linestyle=style, label=f"{r['config'].removeprefix('homogeneous 4/4 ')}: {key.split('_')[0]}")
     ax_inf.set(title="share of informative groups, homogeneous 4/4\n(local sampled, external inspected; moving mean)",
                xlabel="round", ylim=(0, 1))
     ax_inf.legend(fontsize=7)
