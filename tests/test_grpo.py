@@ -238,3 +238,38 @@ def test_gradient_checkpointing_trains(tiny_a, cache_dir):
     before = params(policy.model)
     GRPOTrainer(policy, GRPOConfig(), 16, 10).step([group([1, 0])])
     assert not unchanged(before, policy.model)
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\(\)` has been overridden")
+@pytest.mark.parametrize("aggregation", ["token", "sequence", "constant"])
+def test_micro_batches_accumulate_the_same_gradient_and_statistics_as_one_pass(policy, aggregation):
+    """Texts of different lengths, some rows masked (truncated), a KL term and two minibatches:
+    every optimizer step sees the gradient that the whole minibatch in one pass would give."""
+    texts = [GOOD, BAD, GOOD + " and more words", "<answer>", GOOD, BAD + BAD, "x", GOOD]
+    groups = [group([1, 0, 1, 0], texts=texts[:4], truncated=[False, False, True, False]),
+              group([1, 0, 0, 1], texts=texts[4:], source="12D3KooWpeer")]
+
+    def run(micro: int) -> tuple[list[dict[str, torch.Tensor]], object]:
+        torch.manual_seed(0)  # the same minibatch split in both runs
+        model_copy = copy.deepcopy(policy)
+        cfg = GRPOConfig(loss_aggregation=aggregation, minibatches=2, micro_batch=micro, kl_coef=0.1,
+                         external_min_logprob=None, external_negatives=True)
+        trainer = GRPOTrainer(model_copy, cfg, max_new_tokens=16, total_rounds=10)
+        grads, step = [], trainer.optimizer.step
+
+        def recording_step(*args, **kwargs):
+            grads.append({n: p.grad.clone() for n, p in model_copy.model.named_parameters() if p.grad is not None})
+            return step(*args, **kwargs)
+
+        trainer.optimizer.step = recording_step
+        return grads, trainer.step(groups)
+
+    whole, whole_stats = run(0)
+    micro, micro_stats = run(3)
+    assert len(whole) == len(micro) == 2 and whole[0].keys() == micro[0].keys()
+    for a, b in zip(whole, micro):
+        assert any(g.abs().sum() > 0 for g in a.values())
+        for name in a:
+            assert torch.allclose(a[name], b[name], atol=1e-6, rtol=1e-4), name
+    for key in ("loss", "ratio_mean", "clip_frac", "kl", "grad_norm"):
+        assert getattr(micro_stats, key) == pytest.approx(getattr(whole_stats, key), rel=1e-4, abs=1e-7), key

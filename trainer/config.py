@@ -75,6 +75,8 @@ class GRPOConfig(Section):
     mask_truncated: bool = Field(True, description="exclude completions that hit max_new_tokens from the loss")
     epochs: int = Field(1, ge=1, description="optimisation passes over each round's batch")
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
+    micro_batch: int = Field(0, ge=0, description="sequences per forward and backward pass, gradients accumulated over "
+                             "the minibatch (0: the whole minibatch at once); bounds training memory on real models")
     max_grad_norm: float = Field(1.0, gt=0, description="clip the global gradient norm")
     external_negatives: bool = Field(False, description="also push down external completions that scored below their "
                                      "group's mean; off by default: a peer's mistakes are text this policy did not "

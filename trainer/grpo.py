@@ -57,6 +57,13 @@ def make_scheduler(opt: torch.optim.Optimizer, cfg: GRPOConfig, total_steps: int
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
+def merge_stats(parts: list[dict[str, float]]) -> dict[str, float]:
+    """One minibatch's statistics from its micro-batches': losses add up, token means are re-weighted."""
+    tokens = sum(p["tokens"] for p in parts)
+    merged = {k: sum(p[k] * p["tokens"] for p in parts) / max(tokens, 1) for k in ("ratio_mean", "clip_frac", "kl")}
+    return {**merged, "loss": sum(p["loss"] for p in parts)}
+
+
 class GRPOTrainer:
     def __init__(self, policy: Policy, cfg: GRPOConfig, max_new_tokens: int, total_rounds: int, stop: Sequence[str] = ()):
         self.policy, self.cfg, self.max_tokens, self.stop = policy, cfg, max_new_tokens, tuple(stop)
@@ -81,8 +88,8 @@ class GRPOTrainer:
         if not cfg.external_negatives:  # learn from peers' successes only
             loss_mask = loss_mask * ~(external & (advantages < 0))[:, None]
         with torch.no_grad():  # the "old" policy for every epoch is the model before this round's update
-            old_logps = token_logprobs(model, batch)
-            ref_logps = token_logprobs(self.reference, batch) if self.reference is not None else None
+            old_logps = self._logprobs(model, batch)
+            ref_logps = self._logprobs(self.reference, batch) if self.reference is not None else None
             if cfg.external_min_logprob is not None:
                 mean_logp = (old_logps * batch.completion_mask).sum(-1) / batch.completion_mask.sum(-1).clamp(min=1)
                 off_support = external & (mean_logp < cfg.external_min_logprob)
@@ -94,11 +101,16 @@ class GRPOTrainer:
         history = []
         for _ in range(cfg.epochs):
             for rows in torch.randperm(n, device=rewards.device).chunk(cfg.minibatches):
-                logps = token_logprobs(model, batch.select(rows))
-                loss, info = grpo_loss(logps, old_logps[rows], advantages[rows], loss_mask[rows], cfg, self.max_tokens,
-                                       None if ref_logps is None else ref_logps[rows])
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                parts = []
+                for part in self._micro(rows):  # gradients accumulate; memory is one micro-batch's
+                    logps = token_logprobs(model, batch.select(part))
+                    loss, part_info = grpo_loss(logps, old_logps[part], advantages[part], loss_mask[part], cfg,
+                                                self.max_tokens, None if ref_logps is None else ref_logps[part],
+                                                whole_mask=loss_mask[rows])
+                    loss.backward()
+                    parts.append(part_info)
+                info = merge_stats(parts)
                 info["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item()
                 info["lr"] = self.scheduler.get_last_lr()[0]
                 self.optimizer.step()
@@ -110,6 +122,13 @@ class GRPOTrainer:
         for key in ("loss", "ratio_mean", "clip_frac", "kl", "grad_norm", "lr"):
             setattr(stats, key, sum(h[key] for h in history) / len(history))
         return stats
+
+    def _micro(self, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return rows.split(self.cfg.micro_batch or len(rows))
+
+    def _logprobs(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
+        return torch.cat([token_logprobs(model, batch.select(part)) for part in self._micro(rows)])
 
     def _tensors(self, groups: list[RolloutGroup]) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Tokenize with this node's own tokenizer: text from peers is re-tokenized, local ids are reused."""
