@@ -273,3 +273,22 @@ def test_micro_batches_accumulate_the_same_gradient_and_statistics_as_one_pass(p
             assert torch.allclose(a[name], b[name], atol=1e-6, rtol=1e-4), name
     for key in ("loss", "ratio_mean", "clip_frac", "kl", "grad_norm"):
         assert getattr(micro_stats, key) == pytest.approx(getattr(whole_stats, key), rel=1e-4, abs=1e-7), key
+
+
+def test_log_probs_of_a_few_short_rows_of_a_wide_batch_equal_each_row_alone(policy):
+    """The columns that are padding in every selected row are skipped, and nothing else changes."""
+    from trainer.batch import collate, token_logprobs
+    from trainer.policy import encode_prompts
+
+    prompts = encode_prompts(policy, [TASK.prompt, "7+1=?", TASK.prompt + " and a much longer prompt"])
+    completions = [policy.tokenizer(t, add_special_tokens=False)["input_ids"] for t in (GOOD, "x", GOOD * 4)]
+    wide = collate(prompts, completions, policy.tokenizer.pad_token_id, policy.device)
+    with torch.no_grad():
+        short = token_logprobs(policy.model, wide.select(torch.tensor([0, 1])))
+        for i in (0, 1):
+            alone = token_logprobs(policy.model, collate([prompts[i]], [completions[i]], policy.tokenizer.pad_token_id,
+                                                         policy.device))[0]
+            n = len(completions[i])
+            assert torch.allclose(short[i, :n], alone, atol=1e-5)
+    longest = max(len(completions[0]), len(completions[1]))
+    assert short.shape[1] == wide.completion_mask.shape[1] > longest and (short[:, longest:] == 0).all()

@@ -53,14 +53,24 @@ def collate(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
 
 
 def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """Log-probs (B, C) of each completion token under `model`; gradients flow if enabled."""
-    C = batch.completion_mask.shape[1]
-    positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=positions, use_cache=False,
-                   logits_to_keep=C + 1).logits[:, :-1]
-    targets = batch.input_ids[:, batch.prompt_len :]
+    """Log-probs (B, C) of each completion token under `model` (0 past the longest completion); gradients flow if enabled.
+
+    Columns that are padding in every row (left of the longest prompt, right of the longest
+    completion) are not run: a subset of a round's rows is often much shorter than the round's longest.
+    """
+    P, C = batch.prompt_len, batch.completion_mask.shape[1]
+    used = batch.attention_mask.any(0).nonzero()
+    start = int(used.min()) if len(used) else P
+    ends = batch.completion_mask.any(0).nonzero()
+    width = int(ends.max()) + 1 if len(ends) else 1
+    ids, attn = batch.input_ids[:, start : P + width], batch.attention_mask[:, start : P + width]
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
+                   logits_to_keep=width + 1).logits[:, :-1]
+    targets = ids[:, P - start :]
     # Row by row: a full (B, C, vocab) float32 log-softmax is GBs for real vocabularies.
-    return torch.stack([_row_logprobs(row.float(), tgt) for row, tgt in zip(logits, targets)])
+    logps = torch.stack([_row_logprobs(row.float(), tgt) for row, tgt in zip(logits, targets)])
+    return torch.nn.functional.pad(logps, (0, C - width))
 
 
 @torch.no_grad()

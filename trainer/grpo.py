@@ -103,7 +103,7 @@ class GRPOTrainer:
             for rows in torch.randperm(n, device=rewards.device).chunk(cfg.minibatches):
                 self.optimizer.zero_grad(set_to_none=True)
                 parts = []
-                for part in self._micro(rows):  # gradients accumulate; memory is one micro-batch's
+                for part in self._micro(rows, batch):  # gradients accumulate; memory is one micro-batch's
                     logps = token_logprobs(model, batch.select(part))
                     loss, part_info = grpo_loss(logps, old_logps[part], advantages[part], loss_mask[part], cfg,
                                                 self.max_tokens, None if ref_logps is None else ref_logps[part],
@@ -123,12 +123,17 @@ class GRPOTrainer:
             setattr(stats, key, sum(h[key] for h in history) / len(history))
         return stats
 
-    def _micro(self, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _micro(self, rows: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, ...]:
+        """`rows` in micro-batches of similar completion lengths, so that each runs little padding."""
+        rows = rows[batch.completion_mask[rows].sum(-1).argsort(stable=True)]
         return rows.split(self.cfg.micro_batch or len(rows))
 
     def _logprobs(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
-        return torch.cat([token_logprobs(model, batch.select(part)) for part in self._micro(rows)])
+        logps = torch.empty_like(batch.completion_mask)
+        for part in self._micro(rows, batch):
+            logps[part] = token_logprobs(model, batch.select(part))
+        return logps
 
     def _tensors(self, groups: list[RolloutGroup]) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Tokenize with this node's own tokenizer: text from peers is re-tokenized, local ids are reused."""
