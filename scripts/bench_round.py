@@ -1,0 +1,126 @@
+"""Benchmark: one SAPO round's compute on a model preset, phase by phase, against what the CPU can do.
+
+Samples T tasks x G completions of up to N new tokens with the node's own generator, then runs one
+GRPO step on them (rewards replaced by coin flips, so that every group carries a gradient whatever
+the model answers), for each micro-batch size asked for. Prints a table and saves JSON: seconds and
+tokens per phase, peak memory, rounds per minute, and the physical budget: the round's FLOPs
+(2 x parameters per token forward, 3x that for a training token, the standard estimate) against the
+GFLOP/s this machine reaches in a large float32 matrix product.
+
+    .venv/bin/python scripts/bench_round.py --model smollm2-135m --micro-batch 8 --out docs/bench/round-smollm2-2cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import random
+import resource
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from rewards import TaskSource
+from rewards.source import DatasetMix
+from trainer.config import GRPOConfig, ModelConfig
+from trainer.generation import SamplingParams
+from trainer.generation.hf import TransformersGenerator
+from trainer.grpo import GRPOTrainer
+from trainer.policy import load_policy
+from trainer.rollout import rollout
+
+TASKS = [DatasetMix("arith", {"max_operand": 4, "ops": "+"})]
+
+
+def matmul_gflops(seconds: float = 2.0, n: int = 2048) -> float:
+    """What this machine's torch reaches in a float32 matrix product: the ceiling for dense model compute."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        a @ b
+        count += 1
+    return 2 * n**3 * count / (time.perf_counter() - started) / 1e9
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux reports KiB
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--tasks", type=int, default=8)
+    parser.add_argument("--completions", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--micro-batch", type=int, nargs="+", default=[8], help="one GRPO step per value (0: one pass)")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="save the JSON here")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    console = Console()
+
+    torch.manual_seed(args.seed)
+    policy = load_policy(ModelConfig(name=args.model))
+    params = sum(p.numel() for p in policy.model.parameters())
+    generator = TransformersGenerator(policy)
+    tasks = TaskSource(TASKS, seed=args.seed).draw(args.tasks)
+    sampling = SamplingParams(n=args.completions, temperature=args.temperature, top_p=args.top_p,
+                              max_new_tokens=args.max_new_tokens, stop=("</answer>",), seed=args.seed)
+    started = time.perf_counter()
+    groups = rollout(generator, policy, tasks, sampling)
+    generate_s = time.perf_counter() - started
+    prompt_tokens = sum(len(ids) for ids in policy.tokenizer([policy.format_prompt(t.prompt) for t in tasks])["input_ids"])
+    completion_tokens = sum(len(c) for g in groups for c in g.completion_ids)
+    coin = random.Random(args.seed)
+    for g in groups:
+        g.rewards = [float(coin.random() < 0.5) for _ in g.rewards]
+        g.rewards[0], g.rewards[1] = 0.0, 1.0  # never a group without signal
+        g.truncated = [False] * len(g.rewards)  # every row takes part in the loss
+
+    gflops = matmul_gflops()
+    train_tokens = args.completions * prompt_tokens + completion_tokens
+    rows = []
+    for micro in args.micro_batch:
+        trainer = GRPOTrainer(policy, GRPOConfig(lr=1e-7, micro_batch=micro), args.max_new_tokens, total_rounds=1)
+        started = time.perf_counter()
+        trainer.step(groups)
+        train_s = time.perf_counter() - started
+        # sampling: prompts once per completion plus each new token; training: the old-log-prob pass
+        # (forward) and the update (forward + backward, 3x) over every prompt and completion token
+        flops = 2 * params * (args.completions * prompt_tokens + completion_tokens) + 2 * params * train_tokens * 4
+        rows.append({"micro_batch": micro, "generate_s": round(generate_s, 1), "train_s": round(train_s, 1),
+                     "round_s": round(generate_s + train_s, 1), "rounds_per_minute": round(60 / (generate_s + train_s), 3),
+                     "peak_rss_gb": round(peak_rss_gb(), 2), "round_gflop": round(flops / 1e9, 1),
+                     "share_of_matmul_peak": round(flops / 1e9 / gflops / (generate_s + train_s), 3)})
+
+    table = Table(title=f"one round on {args.model}: {args.tasks} tasks x {args.completions} completions x "
+                        f"<= {args.max_new_tokens} new tokens ({completion_tokens} generated)")
+    for key in rows[0]:
+        table.add_column(key.replace("_", " "), justify="right")
+    for r in rows:
+        table.add_row(*map(str, r.values()))
+    console.print(table)
+    console.print(f"{params / 1e6:.1f}M parameters; float32 matrix product: {gflops:.0f} GFLOP/s on "
+                  f"{torch.get_num_threads()} threads (peak RSS is the process's, cumulative over the rows)")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({
+            "model": args.model, "parameters": params, "tasks": args.tasks, "completions": args.completions,
+            "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+            "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "matmul_gflops": round(gflops, 1),
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "machine": platform.machine(), "rows": rows,
+        }, indent=2))
+        console.print(f"saved {args.out}")
+
+
+if __name__ == "__main__":
+    main()
