@@ -251,9 +251,11 @@ def figure(results_json: Path, path: Path) -> None:
     colors = {"uniform": "tab:blue", "signal": "tab:orange", "adaptive": "tab:green"}
 
     def color(r: dict) -> str:
-        if r["external"] == 0 or r["control"] or r["negatives"]:
-            return "tab:gray" if r["external"] == 0 else "tab:purple" if r["control"] else "tab:red"
-        return colors[r["rule"]]
+        if r["external"] == 0:
+            return "tab:gray"
+        if r["control"]:
+            return "tab:purple"
+        return "tab:red" if r["negatives"] else colors[r["rule"]]
 
     def mean_curve(config: str, key: str) -> list[float]:
         curves = [[statistics.mean(x for x in xs if x is not None) if any(x is not None for x in xs) else float("nan")

