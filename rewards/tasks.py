@@ -56,7 +56,12 @@ class Task:
 
     @property
     def prompt(self) -> str:
-        return f"{self.question}\n{ANSWER_INSTRUCTION}\n"
+        return task_prompt(self.question)
+
+
+def task_prompt(question: str) -> str:
+    """What a model is asked: the question and the answer format the verifier reads."""
+    return f"{question}\n{ANSWER_INSTRUCTION}\n"
 
 
 def regenerate(ref: TaskRef) -> Task:

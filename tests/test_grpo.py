@@ -236,43 +236,67 @@ def test_gradient_checkpointing_trains(tiny_a, cache_dir):
     policy = load_policy(ModelConfig(name="tiny-a", cache_dir=cache_dir, gradient_checkpointing=True))
     assert getattr(policy.model, "is_activation_checkpointing", None) or policy.model.is_gradient_checkpointing
     before = params(policy.model)
-    GRPOTrainer(policy, GRPOConfig(), 16, 10).step([group([1, 0])])
+    trainer = GRPOTrainer(policy, GRPOConfig(), 16, 10)
+    trainer.step([group([1, 0])])
     assert not unchanged(before, policy.model)
+    assert not trainer.share_prompts  # checkpointed layers drop the KV cache a shared prompt passes on
 
 
-@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\(\)` has been overridden")
+TEXTS = [GOOD, BAD, GOOD + " and more words", "<answer>", GOOD, BAD + BAD, "x", GOOD]
+
+
+def mixed_groups():
+    """Texts of different lengths, a truncated row and an external group."""
+    return [group([1, 0, 1, 0], texts=TEXTS[:4], truncated=[False, False, True, False]),
+            group([1, 0, 0, 1], texts=TEXTS[4:], source="12D3KooWpeer")]
+
+
+def recorded_steps(policy, cfg: GRPOConfig) -> tuple[list[dict[str, torch.Tensor]], object]:
+    """The gradient each optimizer step of one GRPO step on `mixed_groups` applied, and the step's statistics."""
+    torch.manual_seed(0)  # the same minibatch split in every run
+    model_copy = copy.deepcopy(policy)
+    trainer = GRPOTrainer(model_copy, cfg, max_new_tokens=16, total_rounds=10)
+    grads, step = [], trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        grads.append({n: p.grad.clone() for n, p in model_copy.model.named_parameters() if p.grad is not None})
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step
+    return grads, trainer.step(mixed_groups())
+
+
+def assert_same_gradients(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys() and any(g.abs().sum() > 0 for g in a.values())
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=1e-6, rtol=1e-4), name
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 @pytest.mark.parametrize("aggregation", ["token", "sequence", "constant"])
 def test_micro_batches_accumulate_the_same_gradient_and_statistics_as_one_pass(policy, aggregation):
-    """Texts of different lengths, some rows masked (truncated), a KL term and two minibatches:
-    every optimizer step sees the gradient that the whole minibatch in one pass would give."""
-    texts = [GOOD, BAD, GOOD + " and more words", "<answer>", GOOD, BAD + BAD, "x", GOOD]
-    groups = [group([1, 0, 1, 0], texts=texts[:4], truncated=[False, False, True, False]),
-              group([1, 0, 0, 1], texts=texts[4:], source="12D3KooWpeer")]
-
-    def run(micro: int) -> tuple[list[dict[str, torch.Tensor]], object]:
-        torch.manual_seed(0)  # the same minibatch split in both runs
-        model_copy = copy.deepcopy(policy)
-        cfg = GRPOConfig(loss_aggregation=aggregation, minibatches=2, micro_batch=micro, kl_coef=0.1,
-                         external_min_logprob=None, external_negatives=True)
-        trainer = GRPOTrainer(model_copy, cfg, max_new_tokens=16, total_rounds=10)
-        grads, step = [], trainer.optimizer.step
-
-        def recording_step(*args, **kwargs):
-            grads.append({n: p.grad.clone() for n, p in model_copy.model.named_parameters() if p.grad is not None})
-            return step(*args, **kwargs)
-
-        trainer.optimizer.step = recording_step
-        return grads, trainer.step(groups)
-
-    whole, whole_stats = run(0)
-    micro, micro_stats = run(3)
-    assert len(whole) == len(micro) == 2 and whole[0].keys() == micro[0].keys()
+    """Some rows masked, a KL term and two minibatches: every optimizer step sees the gradient that
+    the whole minibatch in one pass would give."""
+    cfg = dict(loss_aggregation=aggregation, minibatches=2, kl_coef=0.1, external_min_logprob=None, external_negatives=True)
+    whole, whole_stats = recorded_steps(policy, GRPOConfig(**cfg, micro_batch=0))
+    micro, micro_stats = recorded_steps(policy, GRPOConfig(**cfg, micro_batch=3))
+    assert len(whole) == len(micro) == 2
     for a, b in zip(whole, micro):
-        assert any(g.abs().sum() > 0 for g in a.values())
-        for name in a:
-            assert torch.allclose(a[name], b[name], atol=1e-6, rtol=1e-4), name
+        assert_same_gradients(a, b)
     for key in ("loss", "ratio_mean", "clip_frac", "kl", "grad_norm"):
         assert getattr(micro_stats, key) == pytest.approx(getattr(whole_stats, key), rel=1e-4, abs=1e-7), key
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_a_single_pass_takes_its_old_logprobs_from_itself_and_steps_as_a_separate_old_pass_would(policy, aggregation):
+    """epochs = minibatches = 1 skips the old-log-prob forward; its one step must equal the first step
+    of a run that makes that forward (two epochs), off-support masking included, in micro-batches."""
+    cfg = dict(loss_aggregation=aggregation, external_min_logprob=-4.0, micro_batch=3)
+    with_old_pass, _ = recorded_steps(policy, GRPOConfig(**cfg, epochs=2))
+    single, stats = recorded_steps(policy, GRPOConfig(**cfg, epochs=1))
+    assert len(single) == 1 and stats.ratio_mean == pytest.approx(1.0) and stats.external_masked > 0
+    assert_same_gradients(with_old_pass[0], single[0])
 
 
 def test_log_probs_of_a_few_short_rows_of_a_wide_batch_equal_each_row_alone(policy):
@@ -292,3 +316,27 @@ def test_log_probs_of_a_few_short_rows_of_a_wide_batch_equal_each_row_alone(poli
             assert torch.allclose(short[i, :n], alone, atol=1e-5)
     longest = max(len(completions[0]), len(completions[1]))
     assert short.shape[1] == wide.completion_mask.shape[1] > longest and (short[:, longest:] == 0).all()
+
+
+def test_shared_prompts_give_the_same_log_probs_and_gradients_as_one_forward_per_row(policy):
+    """Two groups with prompts of different lengths (left padding), completions of different lengths."""
+    from trainer.batch import collate, token_logprobs
+    from trainer.policy import encode_prompts
+
+    prompts = encode_prompts(policy, [TASK.prompt, TASK.prompt + " and a longer prompt"])
+    completions = [policy.tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS[:6]]
+    batch = collate([prompts[0]] * 3 + [prompts[1]] * 3, completions, policy.tokenizer.pad_token_id, policy.device)
+    assert batch.prompt_index.tolist() == [0, 0, 0, 1, 1, 1]
+    model = policy.model.train()
+    results = []
+    for share in (False, True):
+        model.zero_grad()
+        logps = token_logprobs(model, batch, share_prompts=share)
+        (logps * batch.completion_mask).sum().backward()
+        results.append((logps.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    model.eval()
+    (plain, plain_grads), (shared, shared_grads) = results
+    assert GRPOTrainer(policy, GRPOConfig(), 16, 10).share_prompts
+    assert torch.allclose(plain, shared, atol=1e-5)
+    assert_same_gradients(plain_grads, shared_grads)
+

@@ -3,6 +3,8 @@
 import torch
 
 from trainer import policy as policy_module
+from rewards.tasks import task_prompt
+from trainer.config import ModelConfig
 from trainer.policy import encode_prompts, pick_device, pick_dtype
 
 
@@ -33,6 +35,15 @@ def test_prompts_use_the_chat_template_when_the_tokenizer_has_one(policy):
     policy.use_chat_template = True
     assert policy.format_prompt("2+2=?") == "<user>2+2=?</user><bot>"
     assert policy.tokenizer.decode(encode_prompts(policy, ["2+2=?"])[0]) == "<user>2+2=?</user><bot>"
+
+
+def test_a_chat_example_comes_before_the_task_as_one_worked_exchange(policy):
+    policy.tokenizer.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}|{% endfor %}<assistant>"
+    policy.use_chat_template = True
+    policy.chat_example = ("1+1?", "<answer>2</answer>")
+    assert policy.format_prompt("2+2=?") == (
+        f"<user>{task_prompt('1+1?')}|<assistant><answer>2</answer>|<user>2+2=?|<assistant>")
+    assert ModelConfig().chat_example is not None and ModelConfig(chat_example=None).chat_example is None
 
 
 def test_a_saved_tokenizer_is_loaded_as_saved(tiny_a):

@@ -1,7 +1,8 @@
 """Rollout groups and the padded tensors the trainer runs on.
 
 Prompts are left-padded and completions right-padded, so every completion starts at the same
-column and the LM head only runs over the completion region.
+column and the LM head only runs over the completion region. The G completions of a group share
+one prompt, which the trainer can run once per micro-batch instead of once per row.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ class Batch:
     attention_mask: torch.Tensor  # (B, P + C)
     completion_mask: torch.Tensor  # (B, C) float, 1 on real completion tokens
     prompt_len: int  # P
+    prompt_index: torch.Tensor  # (B,) rows with equal values have equal prompts
 
     def select(self, rows: torch.Tensor) -> "Batch":
-        return Batch(self.input_ids[rows], self.attention_mask[rows], self.completion_mask[rows], self.prompt_len)
+        return Batch(self.input_ids[rows], self.attention_mask[rows], self.completion_mask[rows], self.prompt_len,
+                     self.prompt_index[rows])
 
 
 def collate(prompts: list[list[int]], completions: list[list[int]], pad_id: int, device: torch.device) -> Batch:
@@ -49,14 +52,19 @@ def collate(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
         ids[i, P : P + len(c)] = torch.tensor(c, dtype=torch.long)
         attn[i, P - len(p) : P + len(c)] = 1
         cmask[i, : len(c)] = 1
-    return Batch(ids.to(device), attn.to(device), cmask.to(device), P)
+    first: dict[tuple[int, ...], int] = {}
+    prompt_index = torch.tensor([first.setdefault(tuple(p), len(first)) for p in prompts], dtype=torch.long)
+    return Batch(ids.to(device), attn.to(device), cmask.to(device), P, prompt_index.to(device))
 
 
-def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+def token_logprobs(model: torch.nn.Module, batch: Batch, share_prompts: bool = False) -> torch.Tensor:
     """Log-probs (B, C) of each completion token under `model` (0 past the longest completion); gradients flow if enabled.
 
     Columns that are padding in every row (left of the longest prompt, right of the longest
     completion) are not run: a subset of a round's rows is often much shorter than the round's longest.
+    `share_prompts` runs each distinct prompt once and its completions on the prompt's KV cache
+    (gradients flow through the cache); a model with gradient checkpointing drops that cache in
+    training, so its trainer leaves this off.
     """
     P, C = batch.prompt_len, batch.completion_mask.shape[1]
     used = batch.attention_mask.any(0).nonzero()
@@ -65,9 +73,22 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     width = int(ends.max()) + 1 if len(ends) else 1
     ids, attn = batch.input_ids[:, start : P + width], batch.attention_mask[:, start : P + width]
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
-                   logits_to_keep=width + 1).logits[:, :-1]
-    targets = ids[:, P - start :]
+    prompt = P - start
+    if share_prompts:
+        distinct, rows_of = batch.prompt_index.unique(return_inverse=True)
+        # one row of each prompt (any: their prompt columns are equal)
+        first = torch.empty_like(distinct).scatter_(0, rows_of, torch.arange(len(rows_of), device=rows_of.device))
+        head = model(input_ids=ids[first, :prompt], attention_mask=attn[first, :prompt],
+                     position_ids=positions[first, :prompt], use_cache=True, logits_to_keep=1)
+        cache = head.past_key_values
+        cache.batch_select_indices(rows_of)
+        tail = model(input_ids=ids[:, prompt:], attention_mask=attn, position_ids=positions[:, prompt:],
+                     past_key_values=cache, use_cache=True).logits
+        logits = torch.cat([head.logits[rows_of], tail[:, :-1]], dim=1)
+    else:
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
+                       logits_to_keep=width + 1).logits[:, :-1]
+    targets = ids[:, prompt:]
     # Row by row: a full (B, C, vocab) float32 log-softmax is GBs for real vocabularies.
     logps = torch.stack([_row_logprobs(row.float(), tgt) for row, tgt in zip(logits, targets)])
     return torch.nn.functional.pad(logps, (0, C - width))

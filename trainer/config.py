@@ -32,6 +32,10 @@ class ModelConfig(Section):
     device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="auto: cuda, then mps, then cpu")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on GPUs that support it, else fp32")
     chat_template: bool = Field(True, description="wrap prompts in the tokenizer's chat template when it has one")
+    chat_example: tuple[str, str] | None = Field(
+        ("What is 12 + 9?", "12 + 9 = 21.\n<answer>21</answer>"),
+        description="a worked exchange (question, reply) put before every task in chat-template prompts, so that a "
+        "small instruct model sees the answer format once; null sends the task alone")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
     trust_remote_code: bool = Field(False, description="allow model code shipped with a hub model (runs that code)")
     lora: LoraConfig = Field(default_factory=LoraConfig)

@@ -23,7 +23,7 @@ import torch
 
 from trainer.batch import Batch, RolloutGroup, collate, token_logprobs
 from trainer.config import GRPOConfig
-from trainer.loss import group_advantages, grpo_loss
+from trainer.loss import group_advantages, grpo_loss, loss_count
 from trainer.policy import Policy, encode_prompts
 
 
@@ -57,19 +57,21 @@ def make_scheduler(opt: torch.optim.Optimizer, cfg: GRPOConfig, total_steps: int
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def merge_stats(parts: list[dict[str, float]]) -> dict[str, float]:
-    """One minibatch's statistics from its micro-batches': losses add up, token means are re-weighted."""
+def merge_stats(parts: list[dict[str, float]], count: float) -> dict[str, float]:
+    """One minibatch's statistics from its micro-batches': summed losses over the count, token means re-weighted."""
     tokens = sum(p["tokens"] for p in parts)
     merged = {k: sum(p[k] * p["tokens"] for p in parts) / max(tokens, 1) for k in ("ratio_mean", "clip_frac", "kl")}
-    return {**merged, "loss": sum(p["loss"] for p in parts)}
+    return {**merged, "loss": sum(p["loss"] for p in parts) / count}
 
 
 class GRPOTrainer:
     def __init__(self, policy: Policy, cfg: GRPOConfig, max_new_tokens: int, total_rounds: int, stop: Sequence[str] = ()):
         self.policy, self.cfg, self.max_tokens, self.stop = policy, cfg, max_new_tokens, tuple(stop)
-        params = [p for p in policy.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
+        self.params = [p for p in policy.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, cfg, total_rounds * cfg.epochs * cfg.minibatches)
+        # Gradient checkpointing drops the KV cache that a shared prompt passes on (see token_logprobs).
+        self.share_prompts = not any(getattr(m, "gradient_checkpointing", False) for m in policy.model.modules())
         self.reference = None
         if cfg.kl_coef > 0:
             self.reference = copy.deepcopy(policy.model).eval().requires_grad_(False)
@@ -87,14 +89,13 @@ class GRPOTrainer:
         loss_mask = batch.completion_mask * (~truncated if cfg.mask_truncated else torch.ones_like(truncated))[:, None]
         if not cfg.external_negatives:  # learn from peers' successes only
             loss_mask = loss_mask * ~(external & (advantages < 0))[:, None]
-        with torch.no_grad():  # the "old" policy for every epoch is the model before this round's update
-            old_logps = self._logprobs(model, batch)
+        # The "old" policy of every epoch is the model before this round's update. With one pass over
+        # the batch that is the model of the pass itself: its own log-probs, detached, save a forward.
+        one_pass = cfg.epochs == cfg.minibatches == 1
+        with torch.no_grad():
+            old_logps = None if one_pass else self._logprobs(model, batch)
             ref_logps = self._logprobs(self.reference, batch) if self.reference is not None else None
-            if cfg.external_min_logprob is not None:
-                mean_logp = (old_logps * batch.completion_mask).sum(-1) / batch.completion_mask.sum(-1).clamp(min=1)
-                off_support = external & (mean_logp < cfg.external_min_logprob)
-                loss_mask = loss_mask * (~off_support)[:, None]
-                stats.external_masked = int(off_support.sum())
+        off_support = torch.zeros_like(external)
 
         model.train()
         n = len(rewards)
@@ -104,35 +105,51 @@ class GRPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 parts = []
                 for part in self._micro(rows, batch):  # gradients accumulate; memory is one micro-batch's
-                    logps = token_logprobs(model, batch.select(part))
-                    loss, part_info = grpo_loss(logps, old_logps[part], advantages[part], loss_mask[part], cfg,
-                                                self.max_tokens, None if ref_logps is None else ref_logps[part],
-                                                whole_mask=loss_mask[rows])
+                    logps = token_logprobs(model, batch.select(part), self.share_prompts)
+                    old = logps.detach() if old_logps is None else old_logps[part]
+                    off_support[part] = external[part] & self._off_support(old, batch.completion_mask[part])
+                    loss_mask[part] *= (~off_support[part])[:, None]
+                    loss, part_info = grpo_loss(logps, old, advantages[part], loss_mask[part], cfg, self.max_tokens,
+                                                None if ref_logps is None else ref_logps[part], count=1)
                     loss.backward()
                     parts.append(part_info)
-                info = merge_stats(parts)
-                info["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item()
+                # The loss was summed over micro-batches; its denominator is known once every mask is.
+                count = loss_count(loss_mask[rows], cfg.loss_aggregation, self.max_tokens)
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.div_(count)
+                info = merge_stats(parts, float(count))
+                info["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm).item()
                 info["lr"] = self.scheduler.get_last_lr()[0]
                 self.optimizer.step()
                 self.scheduler.step()
                 history.append(info)
         model.eval()
+        stats.external_masked = int(off_support.sum())
 
         stats.sequences, stats.optimizer_steps = n, len(history)
         for key in ("loss", "ratio_mean", "clip_frac", "kl", "grad_norm", "lr"):
             setattr(stats, key, sum(h[key] for h in history) / len(history))
         return stats
 
+    def _off_support(self, old_logps: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+        """Rows whose mean token log-prob under the pre-update policy is below `external_min_logprob`."""
+        if self.cfg.external_min_logprob is None:
+            return torch.zeros(len(old_logps), dtype=torch.bool, device=old_logps.device)
+        mean = (old_logps * completion_mask).sum(-1) / completion_mask.sum(-1).clamp(min=1)
+        return mean < self.cfg.external_min_logprob
+
     def _micro(self, rows: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, ...]:
-        """`rows` in micro-batches of similar completion lengths, so that each runs little padding."""
-        rows = rows[batch.completion_mask[rows].sum(-1).argsort(stable=True)]
+        """`rows` in micro-batches of few prompts (each runs once) and similar completion lengths (little padding)."""
+        lengths = batch.completion_mask[rows].sum(-1).long()
+        rows = rows[(batch.prompt_index[rows] * (batch.completion_mask.shape[1] + 1) + lengths).argsort(stable=True)]
         return rows.split(self.cfg.micro_batch or len(rows))
 
     def _logprobs(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
         logps = torch.empty_like(batch.completion_mask)
         for part in self._micro(rows, batch):
-            logps[part] = token_logprobs(model, batch.select(part))
+            logps[part] = token_logprobs(model, batch.select(part), share_prompts=True)  # no_grad: nothing checkpointed
         return logps
 
     def _tensors(self, groups: list[RolloutGroup]) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -28,21 +28,29 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale: str)
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int,
-              whole: torch.Tensor | None = None) -> torch.Tensor:
+              count: float | torch.Tensor | None = None) -> torch.Tensor:
     """Reduce (B, C) token losses to a scalar: DAPO 'token', GRPO 'sequence' or Dr. GRPO 'constant'.
 
-    `whole` is the mask of the whole minibatch when these rows are one micro-batch of it: the
-    denominator is then the minibatch's, so the micro-batches' losses add up to the minibatch's loss.
+    `count` replaces the denominator `loss_count(mask)`: a trainer that accumulates micro-batches
+    passes 1 and divides the summed gradient by the minibatch's count once the minibatch's mask is final.
     """
-    whole = mask if whole is None else whole
     masked = per_token * mask
-    if mode == "token":
-        return masked.sum() / whole.sum().clamp(min=1)
     if mode == "sequence":
-        counts = mask.sum(-1)
-        has = counts > 0
-        return (masked.sum(-1)[has] / counts[has]).sum() / (whole.sum(-1) > 0).sum().clamp(min=1)
-    return masked.sum() / (whole.shape[0] * max_tokens)
+        tokens = mask.sum(-1)
+        has = tokens > 0
+        total = (masked.sum(-1)[has] / tokens[has]).sum()
+    else:
+        total = masked.sum()
+    return total / (loss_count(mask, mode, max_tokens) if count is None else count)
+
+
+def loss_count(mask: torch.Tensor, mode: str, max_tokens: int) -> torch.Tensor:
+    """The denominator of `aggregate`: masked tokens ('token'), sequences with any ('sequence') or B x max_tokens."""
+    if mode == "token":
+        return mask.sum().clamp(min=1)
+    if mode == "sequence":
+        return (mask.sum(-1) > 0).sum().clamp(min=1)
+    return torch.tensor(float(mask.shape[0] * max_tokens))
 
 
 def grpo_loss(
@@ -53,10 +61,10 @@ def grpo_loss(
     cfg: GRPOConfig,
     max_tokens: int,
     ref_logps: torch.Tensor | None = None,
-    whole_mask: torch.Tensor | None = None,
+    count: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped policy-gradient loss over (B, C) token log-probs with per-sequence advantages (B,);
-    `whole_mask` as in `aggregate`. Its statistics are token means, with the token count to merge them."""
+    `count` as in `aggregate`. Its statistics are token means, with the token count to merge them."""
     adv = advantages[:, None]
     ratio = torch.exp(logps - old_logps)
     clipped_ratio = ratio.clamp(1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
@@ -70,7 +78,7 @@ def grpo_loss(
         delta = ref_logps - logps
         kl = torch.exp(delta) - delta - 1  # k3 estimator: unbiased, always >= 0
         per_token = per_token + cfg.kl_coef * kl
-    loss = aggregate(per_token, mask, cfg.loss_aggregation, max_tokens, whole_mask)
+    loss = aggregate(per_token, mask, cfg.loss_aggregation, max_tokens, count)
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
         stats = {

@@ -12,6 +12,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from rewards.tasks import task_prompt
 from trainer.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class Policy:
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     use_chat_template: bool
+    chat_example: tuple[str, str] | None = None  # (question, reply), see ModelConfig.chat_example
     source: str | None = None  # the folder or hub id it was loaded from; an engine that loads its own copy needs it
     trust_remote_code: bool = False
 
@@ -36,6 +38,9 @@ class Policy:
         if not self.use_chat_template:
             return prompt
         messages = [{"role": "user", "content": prompt}]
+        if self.chat_example is not None:
+            question, reply = self.chat_example
+            messages = [{"role": "user", "content": task_prompt(question)}, {"role": "assistant", "content": reply}, *messages]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     @property
@@ -115,8 +120,8 @@ def load_policy(cfg: ModelConfig, weights_from: Path | None = None) -> Policy:
         model = _with_lora(model, cfg, weights_from)
     log.info("loaded %s (%.2fM parameters, %s, %s)", source, sum(p.numel() for p in model.parameters()) / 1e6, device, dtype)
     use_template = cfg.chat_template and bool(getattr(tokenizer, "chat_template", None))
-    return Policy(model=model, tokenizer=tokenizer, device=device, use_chat_template=use_template, source=source,
-                  trust_remote_code=cfg.trust_remote_code)
+    return Policy(model=model, tokenizer=tokenizer, device=device, use_chat_template=use_template,
+                  chat_example=cfg.chat_example, source=source, trust_remote_code=cfg.trust_remote_code)
 
 
 def _with_lora(model: PreTrainedModel, cfg: ModelConfig, adapter_from: Path | None) -> PreTrainedModel:
