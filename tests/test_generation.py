@@ -166,6 +166,22 @@ def test_stop_strings_end_the_text_and_are_kept(backend):
         assert "a" not in before_last and "e" not in before_last
 
 
+def test_rows_that_stop_early_leave_the_others_decoding_on_the_right_cache(backend):
+    """Completions of many lengths in one batch: each one's log-probs still match a forward pass."""
+    policy, gen = backend
+    out = sample(gen, policy, n=8, max_new_tokens=30, stop=("a", "e"))
+    lengths = [len(c.token_ids) for g in out for c in g]
+    assert min(lengths) < 5 and max(lengths) > 10
+    assert_logprobs_match(policy.model, policy, out)
+
+
+def test_a_tiny_nucleus_keeps_only_the_most_likely_token(backend):
+    policy, gen = backend
+    greedy = sample(gen, policy, n=1, temperature=0.0, seed=None, stop=())
+    nucleus = sample(gen, policy, n=3, temperature=1.0, top_p=1e-6, stop=())
+    assert all(c.token_ids == g[0].token_ids for g, group in zip(greedy, nucleus) for c in group)
+
+
 def test_weight_push_changes_outputs_and_logprobs_follow_the_new_weights(backend):
     policy, gen = backend
     before = sample(gen, policy, n=1, temperature=0.0)

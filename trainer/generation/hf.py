@@ -1,14 +1,20 @@
-"""The transformers backend: the CPU default, and the reference the other backends must match."""
+"""The transformers backend: the CPU default, and the reference the other backends must match.
+
+Its own decode loop rather than `generate`, for two savings a GRPO round lives on: each prompt runs
+once and its n completions decode on copies of its KV cache, and rows leave the batch as they
+finish (`generate` keeps every row until the longest one stops, and a round's lengths vary widely).
+"""
 
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
 import torch
-from transformers import GenerationConfig as HFGenerationConfig
 
 from trainer.generation import Completion, SamplingParams, isolated_rng, to_completion
 from trainer.policy import Policy, plain_copy
+
+COMPACT_SHARE = 0.25  # drop finished rows from the batch once they are this share of it (a copy of the cache)
 
 
 class TransformersGenerator:
@@ -16,9 +22,6 @@ class TransformersGenerator:
 
     def __init__(self, policy: Policy, batch_size: int = 256):
         self.model = plain_copy(policy.model).eval().requires_grad_(False)
-        # A checkpoint's own generation_config (top_k, repetition penalty, ...) would otherwise fill
-        # in whatever a call leaves unset and change what the sampling parameters mean.
-        self.model.generation_config = HFGenerationConfig()
         self.tokenizer = policy.tokenizer
         self.device = policy.device
         self.batch_size = batch_size
@@ -34,31 +37,64 @@ class TransformersGenerator:
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        flat = [ids for ids in prompt_ids for _ in range(params.n)]
+        per_batch = max(1, self.batch_size // params.n)  # prompts whose rows decode together
         with isolated_rng(self.device):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
-            done = [c for i in range(0, len(flat), self.batch_size) for c in self._sample(flat[i : i + self.batch_size], params)]
+            done = [c for i in range(0, len(prompt_ids), per_batch)
+                    for c in self._sample(list(prompt_ids[i : i + per_batch]), params)]
         return [done[i * params.n : (i + 1) * params.n] for i in range(len(prompt_ids))]
 
     def _sample(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """`params.n` completions of each prompt, in prompt order."""
         enc = self.tokenizer.pad({"input_ids": prompts}, return_tensors="pt").to(self.device)
-        greedy = params.temperature == 0
-        gen_cfg = HFGenerationConfig(
-            do_sample=not greedy,
-            temperature=None if greedy else params.temperature,
-            top_p=None if greedy else params.top_p,
-            top_k=None if greedy else 0,
-            max_new_tokens=params.max_new_tokens,
-            eos_token_id=sorted(self.terminators),
-            pad_token_id=self.tokenizer.pad_token_id,
-            stop_strings=list(params.stop) or None,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        out = self.model.generate(**enc, generation_config=gen_cfg, tokenizer=self.tokenizer)
-        new_tokens = out.sequences[:, enc["input_ids"].shape[1] :]
-        logprobs = torch.stack([step.float().log_softmax(-1).gather(-1, tok[:, None])[:, 0]
-                                for step, tok in zip(out.logits, new_tokens.T)], dim=1)
-        return [to_completion(self.tokenizer, self.terminators, row.tolist(), lp.tolist(), params.stop,
-                              self.weight_version) for row, lp in zip(new_tokens, logprobs)]
+        attn = enc["attention_mask"]
+        out = self.model(input_ids=enc["input_ids"], attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+                         use_cache=True, logits_to_keep=1)
+        copies = torch.arange(len(prompts), device=self.device).repeat_interleave(params.n)
+        cache, logits, attn = out.past_key_values, out.logits[copies, -1], attn[copies]
+        cache.batch_select_indices(copies)
+        rows = list(range(len(copies)))  # the output row of each batch row
+        finished = [False] * len(rows)
+        tokens: list[list[int]] = [[] for _ in rows]
+        logprobs: list[list[float]] = [[] for _ in rows]
+        window = max((len(s) for s in params.stop), default=0)  # tokens that can hold a stop string
+        for step in range(params.max_new_tokens):
+            chosen = self._choose(logits, params)
+            chosen_logps = logits.float().log_softmax(-1).gather(-1, chosen[:, None])[:, 0]
+            for i, (row, tok, lp) in enumerate(zip(rows, chosen.tolist(), chosen_logps.tolist())):
+                if finished[i]:
+                    continue
+                tokens[row].append(tok)
+                logprobs[row].append(lp)
+                finished[i] = tok in self.terminators or (window > 0 and self._stopped(tokens[row][-window:], params.stop))
+            if all(finished) or step == params.max_new_tokens - 1:
+                break
+            if sum(finished) >= COMPACT_SHARE * len(finished):
+                keep = [i for i, f in enumerate(finished) if not f]
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                attn, chosen = attn[index], chosen[index]
+                rows, finished = [rows[i] for i in keep], [False] * len(keep)
+            attn = torch.cat([attn, attn.new_ones(len(attn), 1)], dim=1)
+            out = self.model(input_ids=chosen[:, None], attention_mask=attn, position_ids=attn.sum(-1, keepdim=True) - 1,
+                             past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1]
+        return [to_completion(self.tokenizer, self.terminators, t, lp, params.stop, self.weight_version)
+                for t, lp in zip(tokens, logprobs)]
+
+    def _stopped(self, tail: list[int], stop: Sequence[str]) -> bool:
+        text = self.tokenizer.decode(tail, skip_special_tokens=True)
+        return any(s in text for s in stop)
+
+    @staticmethod
+    def _choose(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        """The next token of each row: argmax at temperature 0, else a draw from the tempered nucleus."""
+        if params.temperature == 0:
+            return logits.argmax(-1)
+        probs = (logits.float() / params.temperature).softmax(-1)
+        if params.top_p < 1:
+            ranked, order = probs.sort(-1, descending=True)
+            ranked[ranked.cumsum(-1) - ranked > params.top_p] = 0  # the mass before them already covers top_p
+            probs = torch.zeros_like(probs).scatter_(-1, order, ranked)
+        return torch.multinomial(probs, 1)[:, 0]
