@@ -82,6 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from p2p.service import P2PError
     from trainer.checkpoint import CheckpointError
     from trainer.generation import BackendError
+    from trainer.memory import MemoryPlanError
     from trainer.policy import ModelLoadError
 
     cfg = load_config(args.config, _overrides(args))
@@ -97,6 +98,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError(f"model.name: {e}") from None
         except BackendError as e:
             raise ConfigError(f"generation.backend: {e}") from None
+        except MemoryPlanError as e:
+            raise ConfigError(str(e)) from None
         except (CheckpointError, IdentityError, P2PError, StatusError) as e:
             print(f"sapo: {e}", file=sys.stderr)
             return 1

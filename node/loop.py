@@ -26,7 +26,8 @@ from trainer import checkpoint
 from trainer.generation import SamplingParams, make_generator
 from trainer.batch import RolloutGroup
 from trainer.grpo import GRPOTrainer, StepStats
-from trainer.policy import export_weights, load_policy
+from trainer import memory
+from trainer.policy import encode_prompts, export_weights, load_policy
 from trainer.rollout import accuracy, accuracy_by_dataset, evaluate, rollout
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,10 @@ class Node:
             )
         self.policy = load_policy(cfg.model, weights_from=resumed.model_dir if resumed else None)
         self.generator = make_generator(cfg.generation, self.policy)
-        self.trainer = GRPOTrainer(self.policy, cfg.grpo, cfg.generation.max_new_tokens, cfg.run.rounds, cfg.generation.stop)
         self.tasks = TaskSource(cfg.tasks.mix(), seed=cfg.run.seed)
         self.eval_tasks = TaskSource(cfg.tasks.mix(), seed=cfg.tasks.eval_seed).draw(cfg.tasks.eval_size)
+        grpo = cfg.grpo.model_copy(update={"micro_batch": self._micro_batch()})
+        self.trainer = GRPOTrainer(self.policy, grpo, cfg.generation.max_new_tokens, cfg.run.rounds, cfg.generation.stop)
         self.round = 0
         self.pool = RolloutPool(cfg.p2p.pool)
         self.selector = Selector(cfg.selection, cfg.tasks)
@@ -77,6 +79,24 @@ class Node:
         if resumed:
             self._restore(resumed)
         (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+
+    def _micro_batch(self) -> int:
+        """The configured micro-batch checked against this machine's memory (0: the largest that fits).
+        On a GPU the configured one stands: planning for accelerators is not done here."""
+        cfg = self.cfg
+        if self.policy.device.type != "cpu":
+            return cfg.grpo.micro_batch
+        g = cfg.generation.completions_per_group
+        longest_prompt = max(len(ids) for ids in encode_prompts(self.policy, [t.prompt for t in self.eval_tasks[:64]]))
+        shape = memory.RoundShape(
+            rows=-(-(cfg.run.local_groups + cfg.selection.external_groups) * g // cfg.grpo.minibatches),
+            generation_rows=min(cfg.generation.batch_size, max(cfg.run.local_groups * g, cfg.tasks.eval_size)),
+            prompt_tokens=longest_prompt + longest_prompt // 4, completion_tokens=cfg.generation.max_new_tokens)
+        budget = cfg.run.memory_gb * 1e9 if cfg.run.memory_gb else memory.available_bytes()
+        micro = memory.plan_micro_batch(memory.shape_of(self.policy.model), shape, cfg.grpo.micro_batch, budget)
+        if micro != cfg.grpo.micro_batch:
+            log.info("training in micro-batches of %d sequences (of %d per step): what fits in memory", micro, shape.rows)
+        return micro
 
     def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
         self.round = ckpt.round
