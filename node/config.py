@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import to_jsonable_python
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -72,6 +72,13 @@ class NodeConfig(BaseSettings):
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
     p2p: P2PConfig = Field(default_factory=P2PConfig)
     status: StatusConfig = Field(default_factory=StatusConfig)
+
+    @model_validator(mode="after")
+    def _recipe(self) -> "NodeConfig":
+        from node.recipes import apply_recipe
+
+        apply_recipe(self)
+        return self
 
     def key_file(self) -> Path:
         return self.p2p.key_file or self.run.out_dir / "node.key"

@@ -1,13 +1,17 @@
 """Benchmark: one SAPO round's compute on a model preset, phase by phase, against what the CPU can do.
 
-Samples T tasks x G completions of up to N new tokens with the node's own generator, then runs one
-GRPO step on them (rewards replaced by coin flips, so that every group carries a gradient whatever
-the model answers), for each micro-batch size asked for. Prints a table and saves JSON: seconds and
-tokens per phase, peak memory, rounds per minute, and the physical budget: the round's FLOPs
-(2 x parameters per token forward, 3x that for a training token, the standard estimate) against the
-GFLOP/s this machine reaches in a large float32 matrix product.
+Samples T tasks x G completions of up to N new tokens with the node's own generator and prompt (the
+model's recipe, node/recipes.py, gives the tasks and sampling settings unless flags do), then runs
+one GRPO step on them (rewards replaced by coin flips, so that every group carries a gradient
+whatever the model answers) for each training variant asked for: full fine-tuning or LoRA, and a
+micro-batch size. Prints a table and saves JSON: seconds and tokens per phase, peak memory, rounds
+per minute, and the physical budget: the round's model FLOPs against the GFLOP/s this machine
+reaches in a large float32 matrix product. FLOPs count what the round must compute: each distinct
+prompt once and each completion token, at 2 x parameters per token forward and 3x that for a
+training token (2x with LoRA, where frozen weights take no gradient); one forward per training token
+more when the step needs a separate old-policy pass (epochs or minibatches above 1).
 
-    .venv/bin/python scripts/bench_round.py --model smollm2-135m --micro-batch 8 --out docs/bench/round-smollm2-2cpu.json
+    .venv/bin/python scripts/bench_round.py --variants full:8 full:16 lora:16 --out docs/bench/round-smollm2-135m-2cpu.json
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import platform
 import random
 import resource
+import sys
 import time
 from pathlib import Path
 
@@ -26,16 +31,15 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from node.config import load_config
 from rewards import TaskSource
-from rewards.source import DatasetMix
-from trainer.config import GRPOConfig, ModelConfig
+from trainer.config import GRPOConfig, LoraConfig, ModelConfig
 from trainer.generation import SamplingParams
 from trainer.generation.hf import TransformersGenerator
 from trainer.grpo import GRPOTrainer
-from trainer.policy import load_policy
+from trainer.policy import encode_prompts, load_policy
 from trainer.rollout import rollout
 
-TASKS = [DatasetMix("arith", {"max_operand": 4, "ops": "+"})]
 
 
 def matmul_gflops(seconds: float = 2.0, n: int = 2048) -> float:
@@ -59,26 +63,31 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--completions", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--micro-batch", type=int, nargs="+", default=[8], help="one GRPO step per value (0: one pass)")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--variants", nargs="+", default=["full:8"],
+                        help="training variants, full:MICRO or lora:MICRO (MICRO 0: the whole batch in one pass)")
+    parser.add_argument("--temperature", type=float, help="default: the model's recipe")
+    parser.add_argument("--top-p", type=float, help="default: the model's recipe")
+    parser.add_argument("--no-example", action="store_true", help="no worked exchange in the prompt")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="save the JSON here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)
 
+    node = load_config(overrides={"model": {"name": args.model, **({"chat_example": None} if args.no_example else {})}})
+    temperature = node.generation.temperature if args.temperature is None else args.temperature
+    top_p = node.generation.top_p if args.top_p is None else args.top_p
     torch.manual_seed(args.seed)
-    policy = load_policy(ModelConfig(name=args.model))
+    policy = load_policy(node.model)
     params = sum(p.numel() for p in policy.model.parameters())
     generator = TransformersGenerator(policy)
-    tasks = TaskSource(TASKS, seed=args.seed).draw(args.tasks)
-    sampling = SamplingParams(n=args.completions, temperature=args.temperature, top_p=args.top_p,
+    tasks = TaskSource(node.tasks.mix(), seed=args.seed).draw(args.tasks)
+    sampling = SamplingParams(n=args.completions, temperature=temperature, top_p=top_p,
                               max_new_tokens=args.max_new_tokens, stop=("</answer>",), seed=args.seed)
     started = time.perf_counter()
     groups = rollout(generator, policy, tasks, sampling)
     generate_s = time.perf_counter() - started
-    prompt_tokens = sum(len(ids) for ids in policy.tokenizer([policy.format_prompt(t.prompt) for t in tasks])["input_ids"])
+    prompt_tokens = sum(len(ids) for ids in encode_prompts(policy, [t.prompt for t in tasks]))
     completion_tokens = sum(len(c) for g in groups for c in g.completion_ids)
     coin = random.Random(args.seed)
     for g in groups:
@@ -87,19 +96,22 @@ def main() -> None:
         g.truncated = [False] * len(g.rewards)  # every row takes part in the loss
 
     gflops = matmul_gflops()
-    train_tokens = args.completions * prompt_tokens + completion_tokens
+    tokens = prompt_tokens + completion_tokens  # each distinct prompt runs once, in sampling and in training
     rows = []
-    for micro in args.micro_batch:
-        trainer = GRPOTrainer(policy, GRPOConfig(lr=1e-7, micro_batch=micro), args.max_new_tokens, total_rounds=1)
+    for variant in args.variants:
+        kind, _, micro = variant.partition(":")
+        lora = kind == "lora"
+        model_cfg = node.model.model_copy(update={"lora": LoraConfig(enabled=lora)})
+        trained = load_policy(model_cfg) if lora else policy
+        trainer = GRPOTrainer(trained, GRPOConfig(lr=1e-7, micro_batch=int(micro or 0)), args.max_new_tokens, total_rounds=1)
         started = time.perf_counter()
         trainer.step(groups)
         train_s = time.perf_counter() - started
-        # sampling: prompts once per completion plus each new token; training: the old-log-prob pass
-        # (forward) and the update (forward + backward, 3x) over every prompt and completion token
-        flops = 2 * params * (args.completions * prompt_tokens + completion_tokens) + 2 * params * train_tokens * 4
-        rows.append({"micro_batch": micro, "generate_s": round(generate_s, 1), "train_s": round(train_s, 1),
-                     "round_s": round(generate_s + train_s, 1), "rounds_per_minute": round(60 / (generate_s + train_s), 3),
-                     "peak_rss_gb": round(peak_rss_gb(), 2), "round_gflop": round(flops / 1e9, 1),
+        flops = 2 * params * tokens + (4 if lora else 6) * params * tokens
+        rows.append({"variant": kind, "micro_batch": int(micro or 0), "generate_s": round(generate_s, 1),
+                     "train_s": round(train_s, 1), "round_s": round(generate_s + train_s, 1),
+                     "rounds_per_minute": round(60 / (generate_s + train_s), 3), "peak_rss_gb": round(peak_rss_gb(), 2),
+                     "round_gflop": round(flops / 1e9, 1),
                      "share_of_matmul_peak": round(flops / 1e9 / gflops / (generate_s + train_s), 3)})
 
     table = Table(title=f"one round on {args.model}: {args.tasks} tasks x {args.completions} completions x "
@@ -115,7 +127,8 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
             "model": args.model, "parameters": params, "tasks": args.tasks, "completions": args.completions,
-            "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+            "task_mix": [d.model_dump() for d in node.tasks.datasets], "chat_example": node.model.chat_example,
+            "max_new_tokens": args.max_new_tokens, "temperature": temperature, "top_p": top_p,
             "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "matmul_gflops": round(gflops, 1),
             "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "machine": platform.machine(), "rows": rows,
         }, indent=2))

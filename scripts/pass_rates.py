@@ -45,7 +45,8 @@ CANDIDATES = [
     DatasetMix("rg/spell_backward", {"min_word_len": 3, "max_word_len": 5}),
     DatasetMix("rg/gcd", {"min_value": 1, "max_value": 30}),
     DatasetMix("rg/products", {"min_digits": 1, "max_digits": 1}),
-    DatasetMix("rg/simple_equations", {"min_terms": 2, "max_terms": 2, "min_value": 1, "max_value": 10, "operators": ["+", "-"]}),
+    DatasetMix("rg/simple_equations", {"min_terms": 2, "max_terms": 2, "min_value": 1, "max_value": 10,
+                                       "operators": ["+", "-"], "operators_weights": [0.5, 0.5]}),
 ]
 
 
@@ -97,6 +98,12 @@ def main() -> None:
             console.print(f"{mix.name} {json.dumps(mix.config)} t={temperature} p={top_p}: "
                           f"closed {rows[-1]['closed']}, pass {rows[-1]['pass_rate']}, "
                           f"informative {rows[-1]['informative']} ({rows[-1]['seconds']} s)")
+            if args.out:  # after every row: a long survey that stops keeps what it measured
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps({
+                    "model": args.model, "tasks": args.tasks, "completions": args.completions,
+                    "max_new_tokens": args.max_new_tokens, "chat_example": cfg.chat_example, "seed": args.seed,
+                    "threads": torch.get_num_threads(), "rows": rows}, indent=2))
 
     table = Table(title=f"{args.model}: {args.tasks} tasks x {args.completions} completions, <= {args.max_new_tokens} "
                         f"new tokens, chat example {'off' if args.no_example else 'on'}")
@@ -107,13 +114,7 @@ def main() -> None:
                       ("temperature", "top_p", "closed", "pass_rate", "informative", "mean_tokens", "seconds")))
     console.print(table)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({
-            "model": args.model, "tasks": args.tasks, "completions": args.completions,
-            "max_new_tokens": args.max_new_tokens, "chat_example": cfg.chat_example, "seed": args.seed,
-            "threads": torch.get_num_threads(), "rows": rows}, indent=2))
         console.print(f"saved {args.out}")
-
 
 if __name__ == "__main__":
     main()

@@ -80,7 +80,8 @@ class GRPOConfig(Section):
     epochs: int = Field(1, ge=1, description="optimisation passes over each round's batch")
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
     micro_batch: int = Field(0, ge=0, description="sequences per forward and backward pass, gradients accumulated over "
-                             "the minibatch (0: the whole minibatch at once); bounds training memory on real models")
+                             "the minibatch; bounds training memory (0: on a CPU the largest that fits in memory, on a "
+                             "GPU the whole minibatch; a CPU node refuses at start a size that cannot fit)")
     max_grad_norm: float = Field(1.0, gt=0, description="clip the global gradient norm")
     external_negatives: bool = Field(False, description="also push down external completions that scored below their "
                                      "group's mean; off by default: a peer's mistakes are text this policy did not "
