@@ -94,8 +94,9 @@ class Node:
             prompt_tokens=longest_prompt + longest_prompt // 4, completion_tokens=cfg.generation.max_new_tokens)
         budget = cfg.run.memory_gb * 1e9 if cfg.run.memory_gb else memory.available_bytes()
         micro = memory.plan_micro_batch(memory.shape_of(self.policy.model), shape, cfg.grpo.micro_batch, budget)
-        if micro != cfg.grpo.micro_batch:
-            log.info("training in micro-batches of %d sequences (of %d per step): what fits in memory", micro, shape.rows)
+        if micro < shape.rows:
+            log.info("training in micro-batches of %d sequences (of %d per step)%s", micro, shape.rows,
+                     ": the most that fits in memory" if cfg.grpo.micro_batch == 0 else "")
         return micro
 
     def _restore(self, ckpt: checkpoint.Checkpoint) -> None:

@@ -340,3 +340,19 @@ def test_shared_prompts_give_the_same_log_probs_and_gradients_as_one_forward_per
     assert torch.allclose(plain, shared, atol=1e-5)
     assert_same_gradients(plain_grads, shared_grads)
 
+
+
+def test_micro_batches_follow_the_order_that_runs_fewer_tokens(policy):
+    """Long prompts, even completions: one prompt per micro-batch. Short prompts, ragged completions
+    (each group has one long row): rows of similar length together."""
+    from trainer.batch import collate
+
+    trainer = GRPOTrainer(policy, GRPOConfig(micro_batch=4), 16, 10)
+
+    def micro_prompts(prompt_len, completion_lens):
+        prompts = [[1 + g] * prompt_len for g in range(2) for _ in range(4)]
+        batch = collate(prompts, [[5] * n for n in completion_lens], 0, policy.device)
+        return [sorted(set(batch.prompt_index[part].tolist())) for part in trainer._micro(torch.arange(8), batch)]
+
+    assert micro_prompts(50, [3, 4, 3, 4, 4, 3, 4, 3]) == [[0], [1]]
+    assert micro_prompts(2, [1, 1, 1, 40, 1, 1, 1, 40]) == [[0, 1], [0, 1]]

@@ -139,11 +139,21 @@ class GRPOTrainer:
         mean = (old_logps * completion_mask).sum(-1) / completion_mask.sum(-1).clamp(min=1)
         return mean < self.cfg.external_min_logprob
 
-    def _micro(self, rows: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, ...]:
-        """`rows` in micro-batches of few prompts (each runs once) and similar completion lengths (little padding)."""
+    def _micro(self, rows: torch.Tensor, batch: Batch) -> list[torch.Tensor]:
+        """`rows` in micro-batches, in whichever order runs fewer tokens: by prompt then completion length
+        (each prompt runs once per micro-batch) or by completion length alone (the least padding)."""
         lengths = batch.completion_mask[rows].sum(-1).long()
-        rows = rows[(batch.prompt_index[rows] * (batch.completion_mask.shape[1] + 1) + lengths).argsort(stable=True)]
-        return rows.split(self.cfg.micro_batch or len(rows))
+        size = self.cfg.micro_batch or len(rows)
+        orders = [rows[(batch.prompt_index[rows] * (batch.completion_mask.shape[1] + 1) + lengths).argsort(stable=True)],
+                  rows[lengths.argsort(stable=True)]]
+        return min((list(order.split(size)) for order in orders), key=lambda parts: sum(self._tokens(p, batch) for p in parts))
+
+    def _tokens(self, part: torch.Tensor, batch: Batch) -> int:
+        """Positions a micro-batch's forward runs: its prompts (once each when shared) and its padded completions."""
+        prompt = int(batch.attention_mask[part, : batch.prompt_len].sum(-1).max())
+        completion = int(batch.completion_mask[part].sum(-1).max())
+        prompts = len(batch.prompt_index[part].unique()) if self.share_prompts else len(part)
+        return prompts * prompt + len(part) * completion
 
     def _logprobs(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
