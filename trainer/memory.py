@@ -5,13 +5,13 @@ The estimate is deliberately simple and errs high: fp32 weights for the policy a
 copy, gradients and two AdamW moments for every trainable weight, the KV cache of a generation
 batch, and per training token the activations autograd keeps (per layer, a multiple of the hidden
 and MLP widths) plus the vocabulary-wide logits of completion tokens. The multiples are calibrated
-on SmolLM2-135M on this project's CPU machine (peak RSS 5.56 GB at micro-batch 8 and 8.64 GB at 16,
-docs/bench/round-smollm2-135m-2cpu.json).
+on SmolLM2-135M on this project's CPU machine: peak RSS 5.56 GB at micro-batch 8 and 8.64 GB at 16,
+with every row running its own prompt (docs/bench/round-smollm2-135m-2cpu.json as of commit a08e13a;
+shared prompts need less, so the estimate stays high).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,9 +77,11 @@ def generation_bytes(m: ModelShape, r: RoundShape) -> float:
 def available_bytes() -> float:
     """What this process may use: the cgroup's limit where one is set, else the memory available now."""
     limit = Path("/sys/fs/cgroup/memory.max")
-    cgroup = float(limit.read_text()) if limit.exists() and limit.read_text().strip() != "max" else float("inf")
-    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines()) if os.path.exists("/proc/meminfo") else {}
-    free = float(meminfo["MemAvailable"].split()[0]) * 1024 if "MemAvailable" in meminfo else float("inf")
+    text = limit.read_text().strip() if limit.exists() else "max"
+    cgroup = float("inf") if text == "max" else float(text)
+    meminfo = Path("/proc/meminfo")
+    lines = dict(line.split(":", 1) for line in meminfo.read_text().splitlines()) if meminfo.exists() else {}
+    free = float(lines["MemAvailable"].split()[0]) * 1024 if "MemAvailable" in lines else float("inf")
     return min(cgroup, free)
 
 
