@@ -1,4 +1,4 @@
-"""The SAPO paper's swarm-vs-silo experiment at tiny scale on CPU.
+"""The SAPO paper's swarm-vs-silo experiment on CPU: tiny presets, and a short grid on a real model.
 
 Every configuration runs a swarm of N node processes on 127.0.0.1 with the same seeds, rounds and
 I + J = 8 groups of G completions per round; only where the groups come from and how external ones
@@ -20,6 +20,10 @@ can be split over several invocations (`--only`); `--report` merges whatever is 
     .venv/bin/python scripts/sapo_experiment.py --out runs/experiment --only "homogeneous 8/0" "homogeneous 4/4 signal"
     .venv/bin/python scripts/sapo_experiment.py --out runs/experiment --report
     .venv/bin/python scripts/sapo_experiment.py --quick --out runs/experiment-quick     # 5-minute smoke run
+    .venv/bin/python scripts/sapo_experiment.py --real --nodes 2 --rounds 20 --eval-every 10 --seeds 2 --out runs/real
+
+The real-model grid (`--real`) runs SmolLM2-135M-Instruct with its recipe: two such nodes, and one beside
+a tiny-a node, at 4 + 0 against 2 + 2 groups per round.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from node.swarm import SwarmSpec, run  # noqa: E402
+from node.recipes import RECIPES  # noqa: E402
 from trainer.config import default_cache_dir  # noqa: E402
 from trainer.presets import ensure  # noqa: E402
 
@@ -58,11 +63,18 @@ def tasks(arith: int, reverse: int) -> str:
     return json.dumps([{**ARITH, "weight": arith}, {"name": "reverse", "weight": reverse}])
 
 
+SMOLLM2 = json.dumps(RECIPES["smollm2-135m"]["tasks"]["datasets"])  # its calibrated mix, spelled out in the results
 TESTBEDS = {
     "homogeneous": {"presets": ["tiny-a"], "task_mixes": [tasks(1, 1)]},
     # each preset has an arith-heavy and a reverse-heavy node, so one node's strength is another's gap; two tokenizers
     "heterogeneous": {"presets": ["tiny-a", "tiny-b"], "task_mixes": [tasks(3, 1), tasks(3, 1), tasks(1, 3), tasks(1, 3)]},
+    # a real pretrained model (node/recipes.py), alone and beside a tiny one of another family and tokenizer; their task
+    # mixes differ, so the pair accepts every task it can regenerate rather than only its own
+    "smollm2": {"presets": ["smollm2-135m"], "task_mixes": [SMOLLM2]},
+    "smollm2+tiny": {"presets": ["smollm2-135m", "tiny-a"], "task_mixes": [SMOLLM2, tasks(1, 1)],
+                     "extra": ["--selection.accept", "any"]},
 }
+REAL = ("smollm2", "smollm2+tiny")  # testbeds of the short real-model grid (--real)
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,9 @@ class Config:
         return self.external > 0 and not self.control
 
 
-def grid(rules: list[str], quick: bool) -> list[Config]:
+def grid(rules: list[str], quick: bool, real: bool = False) -> list[Config]:
+    if real:  # half the paper's round (2 + 2 against 4 + 0), which is what 2 cores carry for a real model
+        return [Config(bed, i, 4 - i, rule) for bed in REAL for i in (4, 2) for rule in (rules if i < 4 else ["uniform"])]
     if quick:
         return [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "signal"), Config("homogeneous", 4, 4, control=True)]
     homo = [Config("homogeneous", 8, 0), Config("homogeneous", 8, 0, overdraw=2), Config("homogeneous", 4, 4, control=True),
@@ -147,8 +161,8 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
         return json.loads(done.read_text())
     bed = TESTBEDS[cfg.testbed]
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=cfg.local, external=cfg.external, presets=bed["presets"],
-                     out=out, seed=100 * seed, extra=cfg.node_args(args.rounds, args.eval_every), task_mixes=bed["task_mixes"],
-                     network=cfg.network)
+                     out=out, seed=100 * seed, extra=cfg.node_args(args.rounds, args.eval_every) + bed.get("extra", []),
+                     task_mixes=bed["task_mixes"], network=cfg.network)
     t0 = time.time()
     summary = run(spec, cache_dir=default_cache_dir(), console=console, live=False)
     nodes = [node_record(out / n["name"], n) for n in summary["per_node"]]
@@ -166,7 +180,8 @@ def mean(xs: list[float]) -> float:
 
 
 def summarize(results: list[dict]) -> list[dict]:
-    """Per configuration: means and 95% intervals over seeds, paired with the same seed's silo."""
+    """Per configuration: means and 95% intervals over seeds, paired with the same seed's silo; where a testbed mixes
+    models, one more row per model (its nodes only), since a swarm can help one model and cost another."""
     by_config: dict[str, list[dict]] = {}
     for r in results:
         by_config.setdefault(r["config"], []).append(r)
@@ -176,27 +191,42 @@ def summarize(results: list[dict]) -> list[dict]:
                      overdraw=runs[0].get("overdraw", 1.0))
         silo = {r["seed"]: r for r in by_config.get(cfg.silo.name, [])}
         runs = sorted(runs, key=lambda r: r["seed"])
-        cum = [mean([n["cumulative_reward"] for n in r["nodes"]]) for r in runs]
-        paired = [(c, mean([n["cumulative_reward"] for n in silo[r["seed"]]["nodes"]])) for c, r in zip(cum, runs) if r["seed"] in silo]
-        ratios = [c / s - 1 for c, s in paired]
-        eval_gain = [mean([n["eval_last"] - n["eval_first"] for n in r["nodes"]]) for r in runs]
-        node = lambda key: mean([n[key] for r in runs for n in r["nodes"]])  # noqa: E731
-        rows.append({
-            "config": name, **asdict(cfg), "seeds": [r["seed"] for r in runs],
-            "cumulative_reward": mean(cum), "cumulative_reward_ci95": ci95(cum),
-            "vs_silo": mean(ratios), "vs_silo_ci95": ci95(ratios), "vs_silo_per_seed": ratios,
-            "eval_first": node("eval_first"), "eval_last": node("eval_last"), "eval_gain_ci95": ci95(eval_gain),
-            "tokens_per_node": node("tokens_generated"), "seconds_per_node": node("seconds"),
-            "reward_per_1k_tokens": 1000 * sum(n["total_reward"] for r in runs for n in r["nodes"])
-            / max(1, sum(n["tokens_generated"] for r in runs for n in r["nodes"])),
-            "local_informative_share": node("local_informative") / max(1e-9, node("local_groups")),
-            "external_informative_share": (node("external_informative") / node("external_inspected")
-                                           if node("external_inspected") else None),
-            "external_used_per_round": node("external_used") / runs[0]["rounds"],
-        })
-    names = dict.fromkeys(c.name for c in grid(list(RULES), quick=False) + grid(list(RULES), quick=True))
+        models = list(dict.fromkeys(n["model"] for r in runs for n in r["nodes"]))
+        rows.append(config_row(name, cfg, runs, silo))
+        if len(models) > 1:
+            rows += [config_row(name, cfg, runs, silo, model) for model in models]
+    names = dict.fromkeys(c.name for quick, real in ((False, False), (True, False), (False, True))
+                          for c in grid(list(RULES), quick, real))
     order = {name: i for i, name in enumerate(names)}
-    return sorted(rows, key=lambda r: order.get(r["config"], len(order)))
+    return sorted(rows, key=lambda r: (order.get(r["run_config"], len(order)), r["model"] or ""))
+
+
+def config_row(name: str, cfg: Config, runs: list[dict], silo: dict[int, dict], model: str | None = None) -> dict:
+    """One table row: the nodes of `model` (None: all), over every seed of `runs`, paired with the same nodes of each
+    seed's silo."""
+    nodes = lambda r: picked(r, model)  # noqa: E731
+    cum = [mean([n["cumulative_reward"] for n in nodes(r)]) for r in runs]
+    paired = [(c, mean([n["cumulative_reward"] for n in nodes(silo[r["seed"]])])) for c, r in zip(cum, runs) if r["seed"] in silo]
+    ratios = [c / s - 1 for c, s in paired]
+    eval_gain = [mean([n["eval_last"] - n["eval_first"] for n in nodes(r)]) for r in runs]
+    node = lambda key: mean([n[key] for r in runs for n in nodes(r)])  # noqa: E731
+    every = [n for r in runs for n in nodes(r)]
+    return {
+        "config": name + (f" [{model}]" if model else ""), "run_config": name, "model": model, **asdict(cfg),
+        "seeds": [r["seed"] for r in runs],
+        "cumulative_reward": mean(cum), "cumulative_reward_ci95": ci95(cum),
+        "vs_silo": mean(ratios), "vs_silo_ci95": ci95(ratios), "vs_silo_per_seed": ratios,
+        "eval_first": node("eval_first"), "eval_last": node("eval_last"), "eval_gain_ci95": ci95(eval_gain),
+        "tokens_per_node": node("tokens_generated"), "seconds_per_node": node("seconds"),
+        "reward_per_1k_tokens": 1000 * sum(n["total_reward"] for n in every) / max(1, sum(n["tokens_generated"] for n in every)),
+        "local_informative_share": node("local_informative") / max(1e-9, node("local_groups")),
+        "external_informative_share": node("external_informative") / node("external_inspected") if node("external_inspected") else None,
+        "external_used_per_round": node("external_used") / runs[0]["rounds"],
+    }
+
+
+def picked(run: dict, model: str | None) -> list[dict]:
+    return [n for n in run["nodes"] if model in (None, n["model"])]
 
 
 def report(out: Path, console: Console) -> None:
@@ -205,8 +235,10 @@ def report(out: Path, console: Console) -> None:
         raise SystemExit(f"sapo_experiment: no finished runs under {out}")
     rows = summarize(results)
     first = results[0]
-    subtitle = f"{first['nodes_n']} nodes x {first['rounds']} rounds, seeds per config: up to {max(len(r['seeds']) for r in rows)}"
-    table = Table(title=f"SAPO at tiny scale: {subtitle}, {first['cpus']}-core CPU")
+    models = ", ".join(dict.fromkeys(n["model"] for r in results for n in r["nodes"]))
+    subtitle = (f"{models}; {first['nodes_n']} nodes x {first['rounds']} rounds, "
+                f"seeds per config: up to {max(len(r['seeds']) for r in rows)}")
+    table = Table(title=f"SAPO swarm vs silo: {subtitle}, {first['cpus']}-core CPU")
     for col in ("configuration", "cumulative reward", "vs silo (paired)", "eval before -> after", "local / ext informative",
                 "ext used /round", "tokens /node", "reward /1k tokens", "seeds"):
         table.add_column(col, justify="right")
@@ -257,13 +289,14 @@ def figure(results_json: Path, path: Path) -> None:
             return "tab:purple"
         return "tab:red" if r["negatives"] else colors[r["rule"]]
 
-    def mean_curve(config: str, key: str) -> list[float]:
+    def mean_curve(row: dict, key: str) -> list[float]:
         curves = [[statistics.mean(x for x in xs if x is not None) if any(x is not None for x in xs) else float("nan")
-                   for xs in zip(*[n["curves"][key] for n in r["nodes"]])] for r in runs if r["config"] == config]
+                   for xs in zip(*[n["curves"][key] for n in picked(r, row["model"])])]
+                  for r in runs if r["config"] == row["run_config"]]
         return [statistics.mean(xs) for xs in zip(*curves)]
 
-    def mean_eval(config: str) -> tuple[list[int], list[float]]:
-        evals = [n["curves"]["eval"] for r in runs if r["config"] == config for n in r["nodes"]]
+    def mean_eval(row: dict) -> tuple[list[int], list[float]]:
+        evals = [n["curves"]["eval"] for r in runs if r["config"] == row["run_config"] for n in picked(r, row["model"])]
         return [rnd for rnd, _ in evals[0]], [statistics.mean(acc) for acc in zip(*[[a for _, a in e] for e in evals])]
 
     fig, (ax_bar, ax_cum, ax_eval, ax_inf) = plt.subplots(1, 4, figsize=(22, 4.8))
@@ -274,31 +307,35 @@ def figure(results_json: Path, path: Path) -> None:
     ax_bar.invert_yaxis()
     ax_bar.tick_params(axis="y", labelsize=7)
     ax_bar.set(title="cumulative reward vs the same seed's silo (95% CI)", xlabel="%")
-    for r in rows:
-        if r["external"] in (0, 4):
-            cum = mean_curve(r["config"], "reward")
-            style = {"color": color(r), "label": r["config"], "linestyle": ":" if r["testbed"] == "heterogeneous" else "-"}
+    mixed = [r for r in rows if r["model"] is not None]
+    for r in rows:  # the silo and the even split; a mixed testbed's models apart, rather than averaged together
+        if (r["external"] == 0 or r["external"] == r["local"]) and (r["model"] is not None or not any(
+                m["run_config"] == r["run_config"] for m in mixed)):
+            cum = mean_curve(r, "reward")
+            style = {"color": color(r), "label": r["config"], "linestyle": ":" if r["model"] or r["testbed"] == "heterogeneous" else "-"}
             ax_cum.plot([sum(cum[: i + 1]) for i in range(len(cum))], **style)
-            ax_eval.plot(*mean_eval(r["config"]), marker=".", **style)
+            ax_eval.plot(*mean_eval(r), marker=".", **style)
     ax_cum.set(title="cumulative reward (mean of nodes and seeds)", xlabel="round")
     ax_eval.set(title="held-out accuracy (greedy, 200 tasks; mean of nodes and seeds)", xlabel="round")
     for ax in (ax_cum, ax_eval):
         ax.legend(fontsize=6)
-    for r in rows:
-        if r["external"] == 4 and r["testbed"] == "homogeneous" and not r["control"]:
+    split = [r for r in rows if r["external"] == r["local"] and r["testbed"] == rows[0]["testbed"] and not r["control"]]
+    for r in split:
+        if r["model"] is None:
             for key, style in (("local_informative_share", "-"), ("external_informative_share", "--")):
-                curve = mean_curve(r["config"], key)
+                curve = mean_curve(r, key)
                 window = 15
                 smooth = [statistics.mean(c for c in curve[max(0, i - window): i + 1] if not math.isnan(c))
                           if any(not math.isnan(c) for c in curve[max(0, i - window): i + 1]) else float("nan")
                           for i in range(len(curve))]
-                ax_inf.plot(smooth, color=color(r), linestyle=style, label=f"{r['config'].removeprefix('homogeneous 4/4 ')}: {key.split('_')[0]}")
-    ax_inf.set(title="share of informative groups, homogeneous 4/4\n(local sampled, external inspected; moving mean)",
+                ax_inf.plot(smooth, color=color(r), linestyle=style, label=f"{r['rule']}: {key.split('_')[0]}")
+    even = split[0]["config"].rsplit(" ", 1)[0] if split else ""
+    ax_inf.set(title=f"share of informative groups, {even}\n(local sampled, external inspected; moving mean)",
                xlabel="round", ylim=(0, 1))
     ax_inf.legend(fontsize=7)
     for ax in (ax_cum, ax_eval, ax_inf):
         ax.grid(alpha=0.3)
-    fig.suptitle(f"SAPO swarm vs silo at tiny scale: {data['subtitle']}")
+    fig.suptitle(f"SAPO swarm vs silo: {data['subtitle']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -314,20 +351,22 @@ def main() -> None:
     p.add_argument("--only", nargs="+", metavar="CONFIG", help="run only these configurations (names as in the table)")
     p.add_argument("--report", action="store_true", help="merge the finished runs under --out; run nothing")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 nodes, 20 rounds, 1 seed, 3 configurations")
+    p.add_argument("--real", action="store_true", help="the real-model grid (SmolLM2-135M, alone and beside tiny-a): "
+                   "4 + 0 against 2 + 2 groups per round; pair it with few nodes and rounds on a CPU")
     p.add_argument("--out", type=Path, default=Path("runs/experiment"))
     args = p.parse_args()
     console = Console(width=max(170, Console().width))  # the table is wide; logs and pipes get it whole
     if args.quick:
         args.nodes, args.rounds, args.seeds, args.eval_every = 2, 20, 1, 10
     if not args.report:
-        configs = grid(args.rules, args.quick)
+        configs = grid(args.rules, args.quick, args.real)
         if args.only:
             unknown = set(args.only) - {c.name for c in configs}
             if unknown:
                 raise SystemExit(f"sapo_experiment: --only: no configuration named {sorted(unknown)}; "
                                  f"choose from {[c.name for c in configs]}")
             configs = [c for c in configs if c.name in args.only]
-        for preset in ("tiny-a", "tiny-b"):
+        for preset in dict.fromkeys(p for c in configs for p in TESTBEDS[c.testbed]["presets"]):
             ensure(preset, default_cache_dir())
         started = time.time()
         for seed in range(args.seeds):

@@ -19,9 +19,9 @@ spec.loader.exec_module(experiment)
 Config = experiment.Config
 
 
-def fake_run(cfg: Config, seed: int, cumulative: list[float], rounds: int = 5) -> dict:
+def fake_run(cfg: Config, seed: int, cumulative: list[float], rounds: int = 5, models: tuple[str, ...] = ("tiny-a",)) -> dict:
     j = 1 if cfg.external else 0
-    nodes = [{"name": f"node{k}", "model": "tiny-a", "exit_code": 0, "cumulative_reward": c, "tokens_generated": 1000,
+    nodes = [{"name": f"node{k}", "model": models[k % len(models)], "exit_code": 0, "cumulative_reward": c, "tokens_generated": 1000,
               "seconds": 10.0, "external_used": 2 * rounds * j, "external_inspected": 4 * rounds * j,
               "external_informative": 3 * rounds * j, "local_groups": 4 * rounds, "local_informative": 2 * rounds,
               "total_reward": 50.0, "eval_first": 0.3, "eval_last": 0.4, "eval_by_dataset_first": {},
@@ -80,11 +80,44 @@ def test_an_empty_output_folder_is_one_line(tmp_path):
 
 
 def test_the_testbeds_task_mixes_are_valid_node_configs_and_the_heterogeneous_one_crosses_presets_with_strengths():
+    from node.recipes import RECIPES
     from rewards.config import TasksConfig
 
     for bed in experiment.TESTBEDS.values():
-        for mix in bed["task_mixes"]:
-            assert [d.name for d in TasksConfig(datasets=json.loads(mix)).datasets] == ["arith", "reverse"]
+        for preset, mix in zip(bed["presets"] * 2, bed["task_mixes"]):
+            names = [d.name for d in TasksConfig(datasets=json.loads(mix)).datasets]
+            assert names == (["arith", "reverse"] if preset.startswith("tiny") else
+                             [d["name"] for d in RECIPES[preset]["tasks"]["datasets"]])
     het = experiment.TESTBEDS["heterogeneous"]
     nodes = [(het["presets"][k % 2], json.loads(het["task_mixes"][k % 4])[0]["weight"]) for k in range(4)]
     assert sorted(nodes) == [("tiny-a", 1), ("tiny-a", 3), ("tiny-b", 1), ("tiny-b", 3)]
+
+
+def test_a_testbed_of_two_models_also_reports_each_model_against_its_own_silo_nodes(tmp_path):
+    from rich.console import Console
+
+    silo, swarm = Config("smollm2+tiny", 4, 0), Config("smollm2+tiny", 2, 2, "signal")
+    models = ("smollm2-135m", "tiny-a")
+    runs = [fake_run(silo, s, [10.0, 20.0], models=models) for s in range(2)]
+    runs += [fake_run(swarm, s, [15.0 + s, 10.0], models=models) for s in range(2)]
+    rows = {r["config"]: r for r in experiment.summarize(runs)}
+    assert list(rows) == ["smollm2+tiny 4/0", "smollm2+tiny 4/0 [smollm2-135m]", "smollm2+tiny 4/0 [tiny-a]",
+                          "smollm2+tiny 2/2 signal", "smollm2+tiny 2/2 signal [smollm2-135m]", "smollm2+tiny 2/2 signal [tiny-a]"]
+    assert rows["smollm2+tiny 2/2 signal [smollm2-135m]"]["vs_silo_per_seed"] == pytest.approx([0.5, 0.6])
+    assert rows["smollm2+tiny 2/2 signal [tiny-a]"]["vs_silo_per_seed"] == pytest.approx([-0.5, -0.5])
+    assert rows["smollm2+tiny 2/2 signal"]["vs_silo_per_seed"] == pytest.approx([25 / 30 - 1, 26 / 30 - 1])
+    for k, run in enumerate(runs):
+        folder = tmp_path / experiment.slug(run["config"]) / f"seed{k % 2}"
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text(json.dumps(run))
+    experiment.report(tmp_path, Console(file=open(tmp_path / "table.txt", "w"), width=250))
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "smollm2-135m, tiny-a; 2 nodes x 5 rounds" in (tmp_path / "table.txt").read_text()
+
+
+def test_the_real_model_grid_halves_the_round_of_the_tiny_one():
+    names = [c.name for c in experiment.grid(["signal"], quick=False, real=True)]
+    assert names == ["smollm2 4/0", "smollm2 2/2 signal", "smollm2+tiny 4/0", "smollm2+tiny 2/2 signal"]
+    mixed = experiment.TESTBEDS["smollm2+tiny"]
+    own = [{(d["name"], json.dumps(d.get("config", {}), sort_keys=True)) for d in json.loads(mix)} for mix in mixed["task_mixes"]]
+    assert not own[0] & own[1] and mixed["extra"] == ["--selection.accept", "any"]  # "own" would share nothing
