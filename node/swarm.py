@@ -46,6 +46,8 @@ class SwarmSpec:
     seed: int = 0
     extra: list[str] = field(default_factory=list)  # passed to every `sapo run`
     task_mixes: list[str] = field(default_factory=list)  # `--tasks` values given to the nodes in turn
+    paces: list[int] = field(default_factory=list)  # rounds multipliers given in turn: a fast model beside a slow one
+    # keeps sharing for as long as the slow one trains, as it would in a real swarm with no common clock
     network: bool = True  # False: N unconnected silos (no p2p at all), for baselines
     baseline: bool = False  # also run each node alone (I + J local groups, no network) beside the swarm
 
@@ -53,15 +55,18 @@ class SwarmSpec:
         """The same nodes alone: same models, seeds, task mixes and rounds, all I + J groups local."""
         return SwarmSpec(nodes=self.nodes, rounds=self.rounds, local=self.local + self.external, external=0,
                          presets=self.presets, out=self.out / "silo", seed=self.seed, extra=self.extra,
-                         task_mixes=self.task_mixes, network=False)
+                         task_mixes=self.task_mixes, paces=self.paces, network=False)
 
     def preset(self, k: int) -> str:
         return self.presets[k % len(self.presets)]
 
     def node_args(self, k: int) -> list[str]:
-        """What differs between nodes besides their ports: model, seed and task mix."""
+        """What differs between nodes besides their ports: model, seed, rounds and task mix."""
         mix = ["--tasks", self.task_mixes[k % len(self.task_mixes)]] if self.task_mixes else []
-        return ["--model", self.preset(k), "--seed", str(self.seed + k), *mix]
+        return ["--model", self.preset(k), "--seed", str(self.seed + k), "--rounds", str(self.node_rounds(k)), *mix]
+
+    def node_rounds(self, k: int) -> int:
+        return self.rounds * (self.paces[k % len(self.paces)] if self.paces else 1)
 
 
 @dataclass
@@ -71,6 +76,7 @@ class Child:
     out: Path
     proc: subprocess.Popen
     dashboard: str
+    rounds: int
     rows: list[dict] = field(default_factory=list)
     _read: int = 0
 
@@ -113,7 +119,7 @@ def start(spec: SwarmSpec, cache_dir: Path | None, processes: int | None = None,
         out.mkdir(parents=True, exist_ok=True)
         port, status_port = free_port(), free_port()
         args = [sys.executable, "-m", "node.cli", "run", "--out", str(out), *spec.node_args(k),
-                "--rounds", str(spec.rounds), "--local", str(spec.local), "--external", str(spec.external),
+                "--local", str(spec.local), "--external", str(spec.external),
                 "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--p2p.enabled", str(spec.network).lower(),
                 "--status.listen", f"127.0.0.1:{status_port}",
                 "--run.wait_for_peers", str(spec.nodes - 1),
@@ -125,7 +131,8 @@ def start(spec: SwarmSpec, cache_dir: Path | None, processes: int | None = None,
             args += ["--bootstrap", bootstrap]
         with open(out / "node.log", "ab") as logf:
             proc = subprocess.Popen([*args, *spec.extra], stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-        children.append(Child(f"{prefix}{k}", spec.preset(k), out, proc, f"http://127.0.0.1:{status_port}/"))
+        children.append(Child(f"{prefix}{k}", spec.preset(k), out, proc, f"http://127.0.0.1:{status_port}/",
+                              spec.node_rounds(k)))
         if k == 0 and spec.network:
             bootstrap = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id(load_or_create(out / 'node.key'))}"
             if not wait_listening(port, proc, timeout=300):
@@ -163,7 +170,7 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def table(children: list[Child], rounds: int) -> Table:
+def table(children: list[Child]) -> Table:
     t = Table(title="sapo swarm", caption="Ctrl-C stops every node with a checkpoint")
     for col in ("node", "model", "round", "reward", "eval acc", "peers", "out (msgs)", "in (groups)",
                 "ext inspected/informative/used", "local informative", "state", "dashboard"):
@@ -172,7 +179,7 @@ def table(children: list[Child], rounds: int) -> Table:
         rows = c.rows
         p2p = _last(rows, "p2p") or {}
         state = "running" if c.proc.poll() is None else f"exit {c.proc.returncode}"
-        t.add_row(c.name, c.preset, f"{rows[-1]['round'] if rows else 0}/{rounds}", _fmt(_last(rows, "reward_mean")),
+        t.add_row(c.name, c.preset, f"{rows[-1]['round'] if rows else 0}/{c.rounds}", _fmt(_last(rows, "reward_mean")),
                   _fmt(_last(rows, "eval_accuracy")), str(_last(rows, "peers") or 0), str(p2p.get("published", 0)),
                   str(total(rows, "n_external_received")),
                   "/".join(str(total(rows, k)) for k in ("external_inspected", "external_informative", "n_external_used")),
@@ -263,18 +270,18 @@ def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None 
         if spec.baseline:
             silos = start(spec.silo(), cache_dir, processes, prefix="silo")
             children = nodes + silos
-        with Live(table(children, spec.rounds), console=console, refresh_per_second=2, transient=not live) as view:
+        with Live(table(children), console=console, refresh_per_second=2, transient=not live) as view:
             while not stopping and any(c.proc.poll() is None for c in children):
                 for c in children:
                     c.refresh()
-                view.update(table(children, spec.rounds))
+                view.update(table(children))
                 time.sleep(0.5)
             if stopping:
                 console.print("stopping every node (each writes a checkpoint)...")
             stop(children)
             for c in children:
                 c.refresh()
-            view.update(table(children, spec.rounds))
+            view.update(table(children))
     finally:
         stop(children)
         for s, handler in previous.items():

@@ -69,9 +69,10 @@ TESTBEDS = {
     # each preset has an arith-heavy and a reverse-heavy node, so one node's strength is another's gap; two tokenizers
     "heterogeneous": {"presets": ["tiny-a", "tiny-b"], "task_mixes": [tasks(3, 1), tasks(3, 1), tasks(1, 3), tasks(1, 3)]},
     # a real pretrained model (node/recipes.py), alone and beside a tiny one of another family and tokenizer; their task
-    # mixes differ, so the pair accepts every task it can regenerate rather than only its own
+    # mixes differ, so the pair accepts every task it can regenerate rather than only its own, and the tiny node, a
+    # few hundred times cheaper per round, runs 100 rounds to each of SmolLM2's so that both share the whole time
     "smollm2": {"presets": ["smollm2-135m"], "task_mixes": [SMOLLM2]},
-    "smollm2+tiny": {"presets": ["smollm2-135m", "tiny-a"], "task_mixes": [SMOLLM2, tasks(1, 1)],
+    "smollm2+tiny": {"presets": ["smollm2-135m", "tiny-a"], "task_mixes": [SMOLLM2, tasks(1, 1)], "paces": [1, 100],
                      "extra": ["--selection.accept", "any"]},
 }
 REAL = ("smollm2", "smollm2+tiny")  # testbeds of the short real-model grid (--real)
@@ -162,7 +163,7 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
     bed = TESTBEDS[cfg.testbed]
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=cfg.local, external=cfg.external, presets=bed["presets"],
                      out=out, seed=100 * seed, extra=cfg.node_args(args.rounds, args.eval_every) + bed.get("extra", []),
-                     task_mixes=bed["task_mixes"], network=cfg.network)
+                     task_mixes=bed["task_mixes"], paces=bed.get("paces", []), network=cfg.network)
     t0 = time.time()
     summary = run(spec, cache_dir=default_cache_dir(), console=console, live=False)
     nodes = [node_record(out / n["name"], n) for n in summary["per_node"]]
