@@ -29,6 +29,7 @@ from p2p.identity import load_or_create, peer_id
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 60.0
+COMPANION_ROUNDS = 10**6  # "until the others finish": the runner stops a companion long before
 
 
 class SwarmError(RuntimeError):
@@ -46,8 +47,9 @@ class SwarmSpec:
     seed: int = 0
     extra: list[str] = field(default_factory=list)  # passed to every `sapo run`
     task_mixes: list[str] = field(default_factory=list)  # `--tasks` values given to the nodes in turn
-    paces: list[int] = field(default_factory=list)  # rounds multipliers given in turn: a fast model beside a slow one
-    # keeps sharing for as long as the slow one trains, as it would in a real swarm with no common clock
+    # given in turn: a companion runs until every other node has finished, then is stopped (with its checkpoint), so a
+    # fast model beside a slow one shares for as long as the slow one trains, as it would with no common clock
+    companions: list[bool] = field(default_factory=list)
     network: bool = True  # False: N unconnected silos (no p2p at all), for baselines
     baseline: bool = False  # also run each node alone (I + J local groups, no network) beside the swarm
 
@@ -55,7 +57,7 @@ class SwarmSpec:
         """The same nodes alone: same models, seeds, task mixes and rounds, all I + J groups local."""
         return SwarmSpec(nodes=self.nodes, rounds=self.rounds, local=self.local + self.external, external=0,
                          presets=self.presets, out=self.out / "silo", seed=self.seed, extra=self.extra,
-                         task_mixes=self.task_mixes, paces=self.paces, network=False)
+                         task_mixes=self.task_mixes, companions=self.companions, network=False)
 
     def preset(self, k: int) -> str:
         return self.presets[k % len(self.presets)]
@@ -65,8 +67,11 @@ class SwarmSpec:
         mix = ["--tasks", self.task_mixes[k % len(self.task_mixes)]] if self.task_mixes else []
         return ["--model", self.preset(k), "--seed", str(self.seed + k), "--rounds", str(self.node_rounds(k)), *mix]
 
+    def companion(self, k: int) -> bool:
+        return bool(self.companions) and self.companions[k % len(self.companions)]
+
     def node_rounds(self, k: int) -> int:
-        return self.rounds * (self.paces[k % len(self.paces)] if self.paces else 1)
+        return COMPANION_ROUNDS if self.companion(k) else self.rounds
 
 
 @dataclass
@@ -76,7 +81,7 @@ class Child:
     out: Path
     proc: subprocess.Popen
     dashboard: str
-    rounds: int
+    companion: bool = False
     rows: list[dict] = field(default_factory=list)
     _read: int = 0
 
@@ -132,7 +137,7 @@ def start(spec: SwarmSpec, cache_dir: Path | None, processes: int | None = None,
         with open(out / "node.log", "ab") as logf:
             proc = subprocess.Popen([*args, *spec.extra], stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
         children.append(Child(f"{prefix}{k}", spec.preset(k), out, proc, f"http://127.0.0.1:{status_port}/",
-                              spec.node_rounds(k)))
+                              spec.companion(k)))
         if k == 0 and spec.network:
             bootstrap = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id(load_or_create(out / 'node.key'))}"
             if not wait_listening(port, proc, timeout=300):
@@ -170,7 +175,7 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def table(children: list[Child]) -> Table:
+def table(children: list[Child], rounds: int) -> Table:
     t = Table(title="sapo swarm", caption="Ctrl-C stops every node with a checkpoint")
     for col in ("node", "model", "round", "reward", "eval acc", "peers", "out (msgs)", "in (groups)",
                 "ext inspected/informative/used", "local informative", "state", "dashboard"):
@@ -179,7 +184,7 @@ def table(children: list[Child]) -> Table:
         rows = c.rows
         p2p = _last(rows, "p2p") or {}
         state = "running" if c.proc.poll() is None else f"exit {c.proc.returncode}"
-        t.add_row(c.name, c.preset, f"{rows[-1]['round'] if rows else 0}/{c.rounds}", _fmt(_last(rows, "reward_mean")),
+        t.add_row(c.name, c.preset, f"{rows[-1]['round'] if rows else 0}/{'-' if c.companion else rounds}", _fmt(_last(rows, "reward_mean")),
                   _fmt(_last(rows, "eval_accuracy")), str(_last(rows, "peers") or 0), str(p2p.get("published", 0)),
                   str(total(rows, "n_external_received")),
                   "/".join(str(total(rows, k)) for k in ("external_inspected", "external_informative", "n_external_used")),
@@ -193,7 +198,7 @@ def node_summary(c: Child) -> dict:
     evals = [(r["round"], r["eval_accuracy"]) for r in c.rows if r.get("eval_accuracy") is not None]
     cumulative = sum(r["reward_mean"] for r in trained)
     return {
-        "name": c.name, "model": c.preset, "exit_code": c.proc.returncode, "rounds": len(trained),
+        "name": c.name, "model": c.preset, "companion": c.companion, "exit_code": c.proc.returncode, "rounds": len(trained),
         "cumulative_reward": cumulative, "mean_reward": cumulative / len(trained) if trained else None,
         "eval_first": evals[0][1] if evals else None, "eval_last": evals[-1][1] if evals else None,
         **{name: total(trained, key) for name, key in (
@@ -270,18 +275,18 @@ def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None 
         if spec.baseline:
             silos = start(spec.silo(), cache_dir, processes, prefix="silo")
             children = nodes + silos
-        with Live(table(children), console=console, refresh_per_second=2, transient=not live) as view:
-            while not stopping and any(c.proc.poll() is None for c in children):
+        with Live(table(children, spec.rounds), console=console, refresh_per_second=2, transient=not live) as view:
+            while not stopping and any(c.proc.poll() is None for c in children if not c.companion):
                 for c in children:
                     c.refresh()
-                view.update(table(children))
+                view.update(table(children, spec.rounds))
                 time.sleep(0.5)
             if stopping:
                 console.print("stopping every node (each writes a checkpoint)...")
             stop(children)
             for c in children:
                 c.refresh()
-            view.update(table(children))
+            view.update(table(children, spec.rounds))
     finally:
         stop(children)
         for s, handler in previous.items():

@@ -121,3 +121,13 @@ def test_the_real_model_grid_halves_the_round_of_the_tiny_one():
     mixed = experiment.TESTBEDS["smollm2+tiny"]
     own = [{(d["name"], json.dumps(d.get("config", {}), sort_keys=True)) for d in json.loads(mix)} for mix in mixed["task_mixes"]]
     assert not own[0] & own[1] and mixed["extra"] == ["--selection.accept", "any"]  # "own" would share nothing
+
+
+def test_a_companion_node_is_left_out_of_the_rows():
+    silo, swarm = Config("smollm2+tiny", 4, 0), Config("smollm2+tiny", 2, 2, "signal")
+    runs = [fake_run(cfg, 0, [10.0 + k, 500.0], models=("smollm2-135m", "tiny-a")) for k, cfg in enumerate((silo, swarm))]
+    for run in runs:
+        run["nodes"][1]["companion"] = True
+    rows = {r["config"]: r for r in experiment.summarize(runs)}
+    assert list(rows) == ["smollm2+tiny 4/0", "smollm2+tiny 2/2 signal"]  # one model left: no rows per model
+    assert rows["smollm2+tiny 2/2 signal"]["vs_silo_per_seed"] == pytest.approx([0.1])

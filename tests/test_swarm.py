@@ -246,12 +246,12 @@ def test_own_completions_sent_through_the_external_path_train_on_the_tokens_that
     assert all(same), f"{same.count(False)} of {len(same)} completions train on other tokens than were sampled"
 
 
-def test_paced_nodes_run_their_multiple_of_the_rounds_in_the_swarm_and_in_its_silo(tmp_path):
-    from node.swarm import SwarmSpec
+def test_a_companion_runs_until_the_others_finish_in_the_swarm_and_in_its_silo(tmp_path):
+    from node.swarm import COMPANION_ROUNDS, SwarmSpec
 
     spec = SwarmSpec(nodes=3, rounds=20, local=2, external=2, presets=["smollm2-135m", "tiny-a"], out=tmp_path,
-                     task_mixes=["[]"], paces=[1, 100])
+                     task_mixes=["[]"], companions=[False, True])
     for s in (spec, spec.silo()):
         rounds = [int(args[args.index("--rounds") + 1]) for args in map(s.node_args, range(3))]
-        assert rounds == [20, 2000, 20] and [s.preset(k) for k in range(3)] == ["smollm2-135m", "tiny-a", "smollm2-135m"]
+        assert rounds == [20, COMPANION_ROUNDS, 20] and [s.preset(k) for k in range(3)] == ["smollm2-135m", "tiny-a", "smollm2-135m"]
     assert spec.silo().local == 4 and spec.silo().external == 0
