@@ -156,7 +156,7 @@ def node_record(node_dir: Path, summary: dict) -> dict:
     }
 
 
-def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) -> dict:
+def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) -> dict | None:
     out = args.out / slug(cfg.name) / f"seed{seed}"
     done = out / "result.json"
     if done.exists():
@@ -167,12 +167,15 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
                      task_mixes=bed["task_mixes"], companions=bed.get("companions", []), network=cfg.network)
     t0 = time.time()
     summary = run(spec, cache_dir=default_cache_dir(), console=console, live=False)
+    codes = [n["exit_code"] for n in summary["per_node"] if not n["companion"]]  # a companion is stopped as planned
+    if 130 in codes:
+        raise SystemExit(f"sapo_experiment: stopped during {cfg.name} seed {seed}; finished runs are kept under {args.out}")
+    if any(codes):
+        console.print(f"[red]{cfg.name} seed {seed}: a node failed; not saved (see {out})[/]")
+        return None
     nodes = [node_record(out / n["name"], n) for n in summary["per_node"]]
     result = {"config": cfg.name, **asdict(cfg), "seed": seed, "nodes_n": args.nodes, "rounds": args.rounds, **bed,
               "wall_seconds": time.time() - t0, "cpus": os.cpu_count(), "nodes": nodes}
-    if any(n["exit_code"] not in ((0, 130) if n["companion"] else (0,)) for n in nodes):  # 130: stopped as planned
-        console.print(f"[red]{cfg.name} seed {seed}: a node failed; not saved (see {out})[/]")
-        return result
     done.write_text(json.dumps(result))
     return result
 
@@ -311,11 +314,12 @@ def figure(results_json: Path, path: Path) -> None:
     ax_bar.tick_params(axis="y", labelsize=7)
     ax_bar.set(title="cumulative reward vs the same seed's silo (95% CI)", xlabel="%")
     mixed = [r for r in rows if r["model"] is not None]
+    mixed_models = {r["config"]: len({n["model"] for n in r["nodes"]}) > 1 for r in runs}  # dotted: several models
     for r in rows:  # the silo and the even split; a mixed testbed's models apart, rather than averaged together
         if (r["external"] == 0 or r["external"] == r["local"]) and (r["model"] is not None or not any(
                 m["run_config"] == r["run_config"] for m in mixed)):
             cum = mean_curve(r, "reward")
-            style = {"color": color(r), "label": r["config"], "linestyle": ":" if r["model"] or r["testbed"] == "heterogeneous" else "-"}
+            style = {"color": color(r), "label": r["config"], "linestyle": ":" if mixed_models[r["run_config"]] else "-"}
             ax_cum.plot([sum(cum[: i + 1]) for i in range(len(cum))], **style)
             ax_eval.plot(*mean_eval(r), marker=".", **style)
     ax_cum.set(title="cumulative reward (mean of nodes and seeds)", xlabel="round")
@@ -375,9 +379,10 @@ def main() -> None:
         for seed in range(args.seeds):
             for cfg in configs:
                 result = run_one(cfg, seed, args, console)
-                console.log(f"{cfg.name} seed {seed}: cumulative reward "
-                            f"{mean([n['cumulative_reward'] for n in result['nodes']]):.2f} "
-                            f"({result['wall_seconds']:.0f} s; {time.time() - started:.0f} s so far)")
+                if result:
+                        console.log(f"{cfg.name} seed {seed}: cumulative reward "
+                                f"{mean([n['cumulative_reward'] for n in picked(result, None)]):.2f} "
+                                f"({result['wall_seconds']:.0f} s; {time.time() - started:.0f} s so far)")
     report(args.out, console)
 
 
