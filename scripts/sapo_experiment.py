@@ -167,10 +167,9 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
                      task_mixes=bed["task_mixes"], companions=bed.get("companions", []), network=cfg.network)
     t0 = time.time()
     summary = run(spec, cache_dir=default_cache_dir(), console=console, live=False)
-    codes = [n["exit_code"] for n in summary["per_node"] if not n["companion"]]  # a companion is stopped as planned
-    if 130 in codes:
+    if any(n["exit_code"] == 130 and not n["companion"] for n in summary["per_node"]):  # a companion is stopped as planned
         raise SystemExit(f"sapo_experiment: stopped during {cfg.name} seed {seed}; finished runs are kept under {args.out}")
-    if any(codes):
+    if any(n["exit_code"] not in ((0, 130) if n["companion"] else (0,)) for n in summary["per_node"]):
         console.print(f"[red]{cfg.name} seed {seed}: a node failed; not saved (see {out})[/]")
         return None
     nodes = [node_record(out / n["name"], n) for n in summary["per_node"]]

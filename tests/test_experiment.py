@@ -131,3 +131,24 @@ def test_a_companion_node_is_left_out_of_the_rows():
     rows = {r["config"]: r for r in experiment.summarize(runs)}
     assert list(rows) == ["smollm2+tiny 4/0", "smollm2+tiny 2/2 signal"]  # one model left: no rows per model
     assert rows["smollm2+tiny 2/2 signal"]["vs_silo_per_seed"] == pytest.approx([0.1])
+
+
+@pytest.mark.parametrize("codes, companion_code, outcome", [((130, 0), 130, "stopped"), ((0, 0), 1, "failed"),
+                                                           ((1, 0), 130, "failed")])
+def test_a_stopped_or_failed_run_is_not_saved(tmp_path, monkeypatch, codes, companion_code, outcome):
+    from argparse import Namespace
+
+    from rich.console import Console
+
+    per_node = [{"name": f"node{k}", "companion": False, "exit_code": c} for k, c in enumerate(codes)]
+    per_node.append({"name": "node2", "companion": True, "exit_code": companion_code})
+    monkeypatch.setattr(experiment, "run", lambda *a, **k: {"per_node": per_node})
+    args = Namespace(out=tmp_path, nodes=3, rounds=2, eval_every=1)
+    cfg = Config("smollm2+tiny", 2, 2, "signal")
+    if outcome == "stopped":
+        with pytest.raises(SystemExit, match="stopped during smollm2\\+tiny 2/2 signal seed 0; finished runs are kept"):
+            experiment.run_one(cfg, 0, args, Console(file=open(tmp_path / "log.txt", "w")))
+    else:
+        assert experiment.run_one(cfg, 0, args, Console(file=open(tmp_path / "log.txt", "w"))) is None
+        assert "a node failed; not saved" in (tmp_path / "log.txt").read_text()
+    assert not list(tmp_path.glob("*/seed0/result.json"))
