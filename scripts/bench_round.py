@@ -33,13 +33,12 @@ from rich.table import Table
 
 from node.config import load_config
 from rewards import TaskSource
-from trainer.config import GRPOConfig, LoraConfig, ModelConfig
+from trainer.config import GRPOConfig, LoraConfig
 from trainer.generation import SamplingParams
 from trainer.generation.hf import TransformersGenerator
 from trainer.grpo import GRPOTrainer
 from trainer.policy import encode_prompts, load_policy
 from trainer.rollout import rollout
-
 
 
 def matmul_gflops(seconds: float = 2.0, n: int = 2048) -> float:

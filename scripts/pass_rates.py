@@ -116,5 +116,6 @@ def main() -> None:
     if args.out:
         console.print(f"saved {args.out}")
 
+
 if __name__ == "__main__":
     main()

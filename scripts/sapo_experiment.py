@@ -312,11 +312,11 @@ def figure(results_json: Path, path: Path) -> None:
     ax_bar.invert_yaxis()
     ax_bar.tick_params(axis="y", labelsize=7)
     ax_bar.set(title="cumulative reward vs the same seed's silo (95% CI)", xlabel="%")
-    mixed = [r for r in rows if r["model"] is not None]
+    per_model = [r for r in rows if r["model"] is not None]
     mixed_models = {r["config"]: len({n["model"] for n in r["nodes"]}) > 1 for r in runs}  # dotted: several models
     for r in rows:  # the silo and the even split; a mixed testbed's models apart, rather than averaged together
         if (r["external"] == 0 or r["external"] == r["local"]) and (r["model"] is not None or not any(
-                m["run_config"] == r["run_config"] for m in mixed)):
+                m["run_config"] == r["run_config"] for m in per_model)):
             cum = mean_curve(r, "reward")
             style = {"color": color(r), "label": r["config"], "linestyle": ":" if mixed_models[r["run_config"]] else "-"}
             ax_cum.plot([sum(cum[: i + 1]) for i in range(len(cum))], **style)
@@ -379,7 +379,7 @@ def main() -> None:
             for cfg in configs:
                 result = run_one(cfg, seed, args, console)
                 if result:
-                        console.log(f"{cfg.name} seed {seed}: cumulative reward "
+                    console.log(f"{cfg.name} seed {seed}: cumulative reward "
                                 f"{mean([n['cumulative_reward'] for n in picked(result, None)]):.2f} "
                                 f"({result['wall_seconds']:.0f} s; {time.time() - started:.0f} s so far)")
     report(args.out, console)

@@ -341,7 +341,6 @@ def test_shared_prompts_give_the_same_log_probs_and_gradients_as_one_forward_per
     assert_same_gradients(plain_grads, shared_grads)
 
 
-
 def test_micro_batches_follow_the_order_that_runs_fewer_tokens(policy):
     """Long prompts, even completions: one prompt per micro-batch. Short prompts, ragged completions
     (each group has one long row): rows of similar length together."""
