@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Container health check: exit 0 when the node's status endpoint answers GET /status with 200.
+"""Container health check: exit 0 when the node's status endpoint answers GET /status with 200 and
+reports itself healthy (not failed, not stalled).
 
 Installed as /usr/local/bin/sapo-healthcheck in both images (slim images have no curl). The port is
 read from SAPO_STATUS__LISTEN (HOST:PORT, as the node reads it); a wildcard host is probed on loopback.
 """
 
+import json
 import os
 import sys
 import urllib.request
@@ -19,8 +21,11 @@ if ":" in host:
 url = f"http://{host}:{port}/status"
 try:
     with urllib.request.urlopen(url, timeout=float(os.environ.get("SAPO_HEALTHCHECK_TIMEOUT", "4"))) as reply:
-        ok = reply.status == 200
-except Exception as e:  # refused, timed out, or an HTTP error status (urlopen raises on >= 400)
+        status = json.load(reply)
+except Exception as e:  # refused, timed out, an HTTP error status (urlopen raises on >= 400), not JSON
     print(f"unhealthy: {url}: {e}", file=sys.stderr)
     sys.exit(1)
-sys.exit(0 if ok else 1)
+if not status.get("healthy", True):
+    print(f"unhealthy: {url}: {status.get('state')}", file=sys.stderr)
+    sys.exit(1)
+sys.exit(0)

@@ -75,7 +75,7 @@ class Node:
         self._pool_accepted = 0
         self.board = StatusBoard("trainer", {"model": cfg.model.name, "rounds": cfg.run.rounds, "peer_id": None,
                                              "network": cfg.p2p.network if cfg.p2p.enabled else None},
-                                 cfg.status.history, live=self._live_p2p)
+                                 cfg.status.history, live=self._live_p2p, stall_after_s=cfg.status.stall_after_s)
         if resumed:
             self._restore(resumed)
         (out / "config.json").write_text(cfg.model_dump_json(indent=2))
@@ -136,6 +136,9 @@ class Node:
         """
         with contextlib.ExitStack() as stack:
             self._stack = stack
+            stack.callback(self.selector.close)
+            if self.cfg.selection.external_groups:
+                self.selector.untrusted.start()  # its worker warms up while the node starts
             if self.cfg.status.enabled:
                 stack.enter_context(StatusServer(self.cfg.status, self.board))
             if self.cfg.p2p.enabled:

@@ -32,15 +32,19 @@ from __future__ import annotations
 import logging
 import math
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from p2p.pool import PooledGroup, RolloutPool
-from rewards import TaskRef, regenerate
+from rewards import TaskRef
 from rewards.config import TasksConfig
+from rewards.gym import PREFIX as RG_PREFIX
+from rewards.sandbox import SandboxError
+from rewards.untrusted import UntrustedTasks
 from trainer.batch import RolloutGroup
 from trainer.rollout import scored_group
 
@@ -60,6 +64,12 @@ class SelectionConfig(BaseModel):
         "own", description="external tasks to consider: 'own' = same dataset and config as one of ours; "
         "'any' = every task this node can regenerate")
     max_inspect: int = Field(64, ge=1, description="most pool groups re-scored per round while looking for J informative ones")
+    budget_s: float = Field(5.0, gt=0, description="most seconds a round spends regenerating and re-scoring pool groups; "
+                            "an inspection starts only while it can finish within this")
+    regen_timeout_s: float = Field(2.0, gt=0, description="deadline for regenerating and scoring one peer's task (its "
+                                   "worker process is killed past it, and that dataset config refused from then on)")
+    regen_memory_mb: int = Field(1024, ge=256, description="address-space cap of the worker process that regenerates "
+                                 "peers' tasks")
     local_overdraw: float = Field(1.0, ge=1, le=8, description="sample this many times I local tasks and fill the I local "
                                   "slots with informative groups first (1: off; costs generation)")
     decay: float = Field(0.98, gt=0, lt=1, description="adaptive: per-round decay of what it learned about peers")
@@ -67,6 +77,12 @@ class SelectionConfig(BaseModel):
     max_tracked: int = Field(4096, ge=1, description="adaptive: most peers it keeps statistics for")
     self_external: bool = Field(False, description="control experiment: fill the J slots with this node's own extra groups "
                                 "of the previous round, sent through the external path (text, re-tokenized, re-scored)")
+
+    @model_validator(mode="after")
+    def _budget_fits_a_task(self) -> "SelectionConfig":
+        if self.budget_s < self.regen_timeout_s:
+            raise ValueError(f"budget_s ({self.budget_s:g}) must be at least regen_timeout_s ({self.regen_timeout_s:g})")
+        return self
 
 
 def informative(group: RolloutGroup) -> bool:
@@ -82,6 +98,7 @@ class Pick:
     inspected: int = 0  # pool groups regenerated and re-scored
     informative: int = 0  # of those, groups whose rewards differ
     dropped: Counter[str] = field(default_factory=Counter)  # pool groups taken out unused, by reason
+    out_of_budget: bool = False  # the round's re-scoring budget ended the search
 
 
 class DecayedRates:
@@ -117,6 +134,12 @@ class Selector:
     def __init__(self, cfg: SelectionConfig, tasks: TasksConfig):
         self.cfg, self.tasks = cfg, tasks
         self.peers = DecayedRates(cfg.max_tracked)  # share of inspected groups that carried signal
+        uses_gym = cfg.accept == "any" or any(d.name.startswith(RG_PREFIX) for d in tasks.datasets)
+        self.untrusted = UntrustedTasks(cfg.regen_timeout_s, cfg.regen_memory_mb,
+                                        warm=("reasoning_gym",) if uses_gym else ())
+
+    def close(self) -> None:
+        self.untrusted.close()
 
     def local_tasks(self, slots: int) -> int:
         """How many local tasks to draw for `slots` local slots."""
@@ -129,8 +152,13 @@ class Selector:
             return pick
         self.peers.decay(cfg.decay)
         filtering = cfg.rule != "uniform"
+        deadline = time.monotonic() + cfg.budget_s
         for pooled in self._order(pool.groups(), rng):
             if len(pick.groups) == cfg.external_groups or (filtering and pick.inspected == cfg.max_inspect):
+                break
+            spare = deadline - time.monotonic() - cfg.regen_timeout_s
+            if spare < 0 or not self.untrusted.ready(wait=spare):
+                pick.out_of_budget = True  # the rest stay in the pool for the next round
                 break
             if not pool.take(pooled):
                 continue  # evicted by the p2p thread since the snapshot
@@ -174,14 +202,16 @@ class Selector:
         """Nothing the sender claims is used beyond the task reference and the texts: the task is
         rebuilt from the reference and every completion is scored by this node's verifier."""
         g = pooled.group
-        if not (self.cfg.accept == "any" or self.tasks.has(g.dataset, g.config)):
+        own = self.tasks.has(g.dataset, g.config)
+        if not (own or self.cfg.accept == "any"):
             return None, "not_accepted"
         try:
-            task = regenerate(TaskRef(g.dataset, g.config, g.seed, g.index))
-        except Exception as e:  # untrusted reference: any failure to rebuild it drops the group
-            log.debug("cannot regenerate %s/%s from %s: %s", g.dataset, g.index, pooled.peer, e)
-            return None, "unknown_task"
-        return scored_group(task, g.completions, self.tasks.format_weight, source=pooled.peer), ""
+            task, scores = self.untrusted.score(TaskRef(g.dataset, g.config, g.seed, g.index), g.completions,
+                                                self.tasks.format_weight, trusted=own)
+        except SandboxError as e:  # untrusted reference: any failure to rebuild or score it drops the group
+            log.debug("cannot use %s/%s from %s: %s", g.dataset, g.index, pooled.peer, e)
+            return None, e.reason
+        return scored_group(task, g.completions, self.tasks.format_weight, source=pooled.peer, scores=scores), ""
 
     def state_dict(self) -> dict[str, Any]:
         return {"peers": self.peers.counts}

@@ -35,6 +35,8 @@ class StatusConfig(BaseModel):
     listen: str = Field("127.0.0.1:8080", description="HOST:PORT of the status endpoint (port 0 picks a free one; "
                         "0.0.0.0 exposes it to the network: it has no authentication)")
     history: int = Field(5000, ge=10, description="rounds kept in memory for /status and the dashboard's charts")
+    stall_after_s: float = Field(900.0, gt=0, description="a running node that has completed no round for this long "
+                                 "is reported stalled and not healthy (/status, /metrics, the container health check)")
 
     @field_validator("listen")
     @classmethod
@@ -52,8 +54,11 @@ class StatusConfig(BaseModel):
 class StatusBoard:
     """What the node last reported, plus running totals; written by the node, read by the server."""
 
-    def __init__(self, role: str, info: dict[str, Any], history: int, live: Callable[[], dict] | None = None):
+    def __init__(self, role: str, info: dict[str, Any], history: int, live: Callable[[], dict] | None = None,
+                 stall_after_s: float = 900.0):
         self._lock = threading.Lock()
+        self._stall_after_s = stall_after_s
+        self._progress = time.monotonic()  # last round recorded or state change
         self._info = {"role": role, **info, "started": time.time()}
         self._history: deque[dict] = deque(maxlen=history)
         self._last: dict | None = None
@@ -72,9 +77,11 @@ class StatusBoard:
     def set_state(self, state: str, detail: str | None = None) -> None:
         with self._lock:
             self._state = state if detail is None else f"{state}: {detail}"
+            self._progress = time.monotonic()
 
     def record(self, row: dict) -> None:
         with self._lock:
+            self._progress = time.monotonic()
             self._last = row
             self._history.append({k: row.get(k) for k in HISTORY_FIELDS})
             if row.get("eval_accuracy") is not None:
@@ -90,7 +97,12 @@ class StatusBoard:
     def snapshot(self) -> dict:
         live = self._live()
         with self._lock:
-            return {**self._info, "state": self._state, "now": time.time(), "last": self._last,
+            state, idle = self._state, time.monotonic() - self._progress
+            stalled = state == "running" and idle > self._stall_after_s
+            if stalled:  # a hang anywhere in the round (a stuck GPU call, a runaway task) shows here
+                state = f"stalled: no round completed for {idle:.0f} s"
+            return {**self._info, "state": state, "healthy": not (stalled or state.startswith("failed")),
+                    "now": time.time(), "last": self._last,
                     "last_eval_accuracy": self._last_eval, "totals": dict(self._totals), "p2p": live,
                     "history": list(self._history)}
 
@@ -111,6 +123,8 @@ def prometheus(s: dict) -> str:
     last, totals, p2p = s["last"] or {}, s["totals"], s["p2p"] or {}
     pool = p2p.get("pool") or {}
     metric("up", "gauge", "1 while the node runs", [({"role": s["role"]}, 1)])
+    metric("healthy", "gauge", "0 when the node has failed or completed no round for status.stall_after_s",
+           [({}, int(s["healthy"]))])
     metric("round", "gauge", "last completed round", [({}, last.get("round"))])
     metric("rounds_target", "gauge", "rounds this run stops after", [({}, s.get("rounds"))])
     metric("reward_mean", "gauge", "mean reward of the last round's local completions", [({}, last.get("reward_mean"))])

@@ -43,15 +43,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--groups", type=int, default=8, help="rollout groups per message")
     p.add_argument("--completions", type=int, default=8, help="completions per group")
     p.add_argument("--chars", type=int, default=200, help="characters per completion")
+    p.add_argument("--task", type=json.loads, default={"dataset": "arith", "config": {}, "seed": 0},
+                   help='JSON {"dataset", "config", "seed"} of the published groups (the index counts up)')
     p.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until SIGINT/SIGTERM)")
     p.add_argument("--events", type=Path, help="JSON-lines event file (default: stdout)")
     p.add_argument("--mesh-degree", type=int, default=P2PConfig.model_fields["mesh_degree"].default, help="GossipSub D")
     return p.parse_args(argv)
 
 
-def synthetic_groups(rng: random.Random, round_: int, n: int, completions: int, chars: int) -> list[WireGroup]:
+def synthetic_groups(rng: random.Random, round_: int, n: int, completions: int, chars: int,
+                     task: dict | None = None) -> list[WireGroup]:
+    """Groups of random text (never a well-formed answer) for the task reference `task`."""
     alphabet = string.ascii_letters + string.digits + " "
-    return [WireGroup(dataset="arith", config={}, seed=0, index=round_ * n + i,
+    task = task or {"dataset": "arith", "config": {}, "seed": 0}
+    return [WireGroup(**task, index=round_ * n + i,
                       completions=["".join(rng.choices(alphabet, k=chars)) for _ in range(completions)])
             for i in range(n)]
 
@@ -95,7 +100,8 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
             await asyncio.sleep(max(0.0, start + k / args.rate - time.monotonic()))
             created = time.time()
             payloads, _ = pack_groups(gossip.peer_id, "probe", k, created,
-                                      synthetic_groups(rng, k, args.groups, args.completions, args.chars), cfg.limits)
+                                      synthetic_groups(rng, k, args.groups, args.completions, args.chars, args.task),
+                                      cfg.limits)
             for data in payloads:
                 gossip.publish(data)
             emit("published", round=k, created=created, bytes=sum(map(len, payloads)), messages=len(payloads))

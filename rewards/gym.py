@@ -31,6 +31,19 @@ def _dataset(name: str, config_json: str, seed: int) -> Any:
         raise TaskError(f"bad config for {PREFIX}{name}: {e}") from None
 
 
+@lru_cache(maxsize=None)
+def numeric_defaults(name: str) -> dict[str, float]:
+    """The numeric fields of a dataset's config with their defaults ({} for an unknown dataset)."""
+    import dataclasses
+
+    from reasoning_gym.factory import DATASETS
+
+    if name not in DATASETS:
+        return {}
+    return {f.name: f.default for f in dataclasses.fields(DATASETS[name][1])
+            if isinstance(f.default, (int, float)) and not isinstance(f.default, bool)}
+
+
 def regenerate(ref: TaskRef) -> Task:
     name = ref.dataset[len(PREFIX):]
     config = {"size": DEFAULT_SIZE, **ref.config}

@@ -18,6 +18,8 @@ from rewards.scoring import ANSWER_INSTRUCTION
 class TaskError(ValueError):
     """A reference that names a known dataset but cannot be regenerated (bad config or index)."""
 
+    reason = "unknown_task"  # the drop it counts as when the reference came from a peer
+
 
 class UnknownDataset(TaskError):
     """A reference to a dataset this node does not know."""

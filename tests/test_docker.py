@@ -316,19 +316,22 @@ def test_wheel_carries_the_package_data(tmp_path):
 
 class _Status(BaseHTTPRequestHandler):
     code = 200
+    body = b"{}"
 
     def do_GET(self):  # noqa: N802
         self.send_response(self.code if self.path == "/status" else 404)
         self.end_headers()
-        self.wfile.write(b"{}")
+        self.wfile.write(self.body)
 
     def log_message(self, *args):
         pass
 
 
-@pytest.mark.parametrize("code,healthy", [(200, True), (503, False)])
-def test_healthcheck(code, healthy):
-    handler = type("Handler", (_Status,), {"code": code})
+@pytest.mark.parametrize("code,body,healthy", [(200, b'{"healthy": true}', True), (503, b"{}", False),
+                                              (200, b'{"healthy": false, "state": "stalled: no round"}', False),
+                                              (200, b"<html>", False)])
+def test_healthcheck(code, body, healthy):
+    handler = type("Handler", (_Status,), {"code": code, "body": body})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

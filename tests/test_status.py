@@ -86,6 +86,24 @@ def test_prometheus_text_has_help_type_and_labelled_samples():
     assert "sapo_rollout_groups_published_total 4.0" in samples and "sapo_messages_published_total 7.0" in samples
 
 
+def test_a_running_node_without_a_completed_round_for_too_long_is_stalled_and_unhealthy():
+    board = StatusBoard("trainer", {}, history=10, stall_after_s=0.3)
+    board.set_state("running")
+    board.record({"round": 1})
+    assert board.snapshot()["healthy"] and board.snapshot()["state"] == "running"
+    time.sleep(0.5)
+    stalled = board.snapshot()
+    assert not stalled["healthy"] and stalled["state"].startswith("stalled: no round completed for ")
+    assert "sapo_healthy 0.0" in prometheus(stalled).splitlines()
+    board.record({"round": 2})
+    assert board.snapshot()["healthy"] and "sapo_healthy 1.0" in prometheus(board.snapshot()).splitlines()
+    board.set_state("done")
+    time.sleep(0.5)
+    assert board.snapshot()["healthy"]  # a finished node is not stalled
+    board.set_state("failed", "generation failed 3 times")
+    assert not board.snapshot()["healthy"]
+
+
 @pytest.mark.slow
 def test_dashboard_shows_a_running_node_in_a_headless_browser(tiny_a, cache_dir, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
