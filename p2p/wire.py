@@ -7,6 +7,7 @@ trust. Every rejection carries one of `REASONS`, so the caller can count it.
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any
 
 import msgpack
@@ -60,16 +61,51 @@ def encode(msg: WireMessage) -> bytes:
     return msgpack.packb(msg.model_dump(), use_bin_type=True)
 
 
+MAX_DEPTH = 16  # maps and arrays nested in a message, its envelope included
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _DuplicateKey(f"a map repeats a key ({len(pairs) - len(out)} repeated)")
+    return out
+
+
+def check_values(value: Any, where: str = "message", depth: int = 0) -> None:
+    """The wire's value domain (PROTOCOL.md section 3): nil, bool, int, finite float, str, and arrays
+    and maps of them; no binary, no extension types (timestamps included), no NaN or infinity."""
+    if depth > MAX_DEPTH:
+        raise Rejected("schema", f"{where}: nested deeper than {MAX_DEPTH}")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise Rejected("schema", f"{where}: {value} is not a finite number")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_values(item, f"{where}[{i}]", depth + 1)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_values(item, f"{where}.{key}", depth + 1)
+    elif value is not None and not isinstance(value, (bool, int, str)):
+        raise Rejected("schema", f"{where}: {type(value).__name__} values are not part of the protocol")
+
+
 def decode(data: bytes, limits: Limits) -> WireMessage:
     """Parse and check shape and limits. Raises `Rejected`."""
     if len(data) > limits.max_message_bytes:
         raise Rejected("too_large", f"{len(data)} bytes > {limits.max_message_bytes}")
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise Rejected("schema", str(e)) from None
     except Exception as e:  # msgpack raises ExtraData, ValueError, UnicodeDecodeError, ...
         raise Rejected("undecodable", f"not msgpack ({type(e).__name__})") from None
     if not isinstance(raw, dict):
         raise Rejected("schema", f"top level is {type(raw).__name__}, not a map")
+    check_values(raw)
     if "v" in raw and isinstance(raw["v"], int) and raw["v"] != VERSION:
         raise Rejected("version", f"major version {raw['v']} (this node speaks {VERSION})")
     try:

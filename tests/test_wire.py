@@ -124,3 +124,40 @@ def test_a_replay_is_remembered_for_as_long_as_it_could_pass_the_age_check():
 def test_a_fresh_message_from_its_signer_is_accepted_at_the_real_clock():
     msg = MessagePolicy(Limits()).check(pack(raw_message(created=time.time())), ME)
     assert msg.peer == ME and len(msg.groups) == 1
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_number_anywhere_is_a_schema_rejection_and_stays_one(value):
+    policy = MessagePolicy(Limits())
+    bad_created = pack(raw_message(created=value))
+    bad_config = pack(raw_message(groups=[{**group().model_dump(), "config": {"min_len": value}}]))
+    for data in (bad_created, bad_config):
+        for now in (NOW, NOW + 400):  # past the duplicate window: still refused, not accepted
+            with pytest.raises(Rejected, match="schema: .*not a finite number"):
+                policy.check(data, ME, now=now)
+    assert policy.stats() == {"accepted": 0, "rejected": {"schema": 4}}
+
+
+@pytest.mark.parametrize("raw,what", [
+    (b"\x82\xa1v\x01\xa1v\x01", "repeats a key"),  # {"v": 1, "v": 1}
+    (None, "bytes values"),
+    (msgpack.ExtType(5, b"x"), "ExtType values"),
+    (msgpack.Timestamp(1), "Timestamp values"),
+])
+def test_binary_extension_and_repeated_keys_are_not_part_of_the_protocol(raw, what):
+    if isinstance(raw, bytes):
+        data = raw
+    else:
+        value = b"\\x00" if raw is None else raw
+        data = msgpack.packb(raw_message(groups=[{**group().model_dump(), "config": {"k": value}}]), use_bin_type=True,
+                             datetime=False)
+    with pytest.raises(Rejected, match=f"schema: .*{what}"):
+        decode(data, Limits())
+
+
+def test_nesting_is_bounded():
+    deep: object = 1
+    for _ in range(40):
+        deep = [deep]
+    with pytest.raises(Rejected, match="schema: .*nested deeper than"):
+        decode(pack(raw_message(groups=[{**group().model_dump(), "config": {"k": deep}}])), Limits())
