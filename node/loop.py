@@ -69,8 +69,8 @@ class Node:
         grpo = cfg.grpo.model_copy(update={"micro_batch": self._micro_batch()})
         self.trainer = GRPOTrainer(self.policy, grpo, cfg.generation.max_new_tokens, cfg.run.rounds, cfg.generation.stop)
         self.round = 0
-        self.pool = RolloutPool(cfg.p2p.pool)
         self.selector = Selector(cfg.selection, cfg.tasks)
+        self.pool = RolloutPool(cfg.p2p.pool, proven=self.selector.proven)
         self.gossip: Gossip | None = None
         self._pool_accepted = 0
         self.board = StatusBoard("trainer", {"model": cfg.model.name, "rounds": cfg.run.rounds, "peer_id": None,

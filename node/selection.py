@@ -21,6 +21,13 @@ against the answer the sender put in the payload. Here:
   because a family's pass rate says little about one group's, and the signal filter already drops the
   groups that carry nothing. It was taken out.
 
+Peer ids cost nothing, so every rule first splits the pool: groups of *proven* peers (a group of
+theirs carried signal here recently: decayed count of informative groups >= `PROVEN_HITS`) are
+inspected first, in the rule's order; groups of unproven peers get the `explore` share of the
+inspections (all of them while no peer is proven), so that six fresh identities flooding useless groups
+cannot take the honest peers' inspections, while a newcomer can still prove itself. The pool applies
+the same split to what it keeps (`p2p.pool`), from the same statistic (`proven`).
+
 Local groups get the same treatment when `local_overdraw` > 1: more tasks are drawn and sampled
 than there are local slots, and informative groups fill the slots first (DAPO's dynamic sampling,
 paid for in generation). Everything a rule learns is a few decayed counters per peer and per task,
@@ -50,6 +57,8 @@ from trainer.rollout import scored_group
 
 log = logging.getLogger(__name__)
 
+PROVEN_HITS = 0.25  # one informative group, decayed by 0.98 a round, keeps a peer proven for ~68 rounds
+
 
 class SelectionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -73,7 +82,9 @@ class SelectionConfig(BaseModel):
     local_overdraw: float = Field(1.0, ge=1, le=8, description="sample this many times I local tasks and fill the I local "
                                   "slots with informative groups first (1: off; costs generation)")
     decay: float = Field(0.98, gt=0, lt=1, description="adaptive: per-round decay of what it learned about peers")
-    explore: float = Field(0.1, ge=0, le=1, description="adaptive: share of inspections given to a uniformly random group")
+    explore: float = Field(0.1, ge=0, le=1, description="share of inspections given to groups of unproven peers (whose "
+                           "groups have not carried signal here yet) while proven peers have groups; adaptive: also "
+                           "the share given to a uniformly random group")
     max_tracked: int = Field(4096, ge=1, description="adaptive: most peers it keeps statistics for")
     self_external: bool = Field(False, description="control experiment: fill the J slots with this node's own extra groups "
                                 "of the previous round, sent through the external path (text, re-tokenized, re-scored)")
@@ -141,6 +152,12 @@ class Selector:
     def close(self) -> None:
         self.untrusted.close()
 
+    def proven(self, peer: str) -> bool:
+        """Whether groups of `peer` have carried learning signal here recently. Read by the pool on the
+        gossip thread: one dict lookup, no lock needed."""
+        entry = self.peers.counts.get(peer)
+        return entry is not None and entry[0] >= PROVEN_HITS
+
     def local_tasks(self, slots: int) -> int:
         """How many local tasks to draw for `slots` local slots."""
         return math.ceil(slots * self.cfg.local_overdraw)
@@ -184,6 +201,18 @@ class Selector:
 
     def _order(self, candidates: list[PooledGroup], rng: random.Random) -> Iterator[PooledGroup]:
         """Candidates in the order they are inspected; consumed only as far as the round needs."""
+        proven = {peer: self.proven(peer) for peer in {c.peer for c in candidates}}
+        first = self._rule_order([c for c in candidates if proven[c.peer]], rng)
+        rest = iter(fair_order([c for c in candidates if not proven[c.peer]], rng))
+        while True:
+            source, other = (rest, first) if rng.random() < self.cfg.explore else (first, rest)
+            item = next(source, None)
+            if item is None:
+                yield from other
+                return
+            yield item
+
+    def _rule_order(self, candidates: list[PooledGroup], rng: random.Random) -> Iterator[PooledGroup]:
         if self.cfg.rule != "adaptive":
             yield from fair_order(candidates, rng)
             return

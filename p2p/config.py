@@ -57,6 +57,8 @@ class Limits(Section):
 class PoolConfig(Section):
     size: int = Field(1024, ge=1, description="most rollout groups held from other peers")
     max_peer_share: float = Field(0.25, gt=0, le=1, description="most of the pool one peer may hold (its oldest go first)")
+    unproven_share: float = Field(0.25, gt=0, le=1, description="most of the pool that peers whose groups have not yet "
+                                  "carried learning signal here may hold together, however many identities they are")
     max_age_s: float = Field(300.0, gt=0, description="drop received groups older than this")
 
 

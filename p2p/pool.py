@@ -3,6 +3,12 @@
 Bounded three ways: total size, each peer's share (a chatty or hostile peer cannot crowd out the
 others), and age (old groups come from policies long gone). Every group that leaves without being
 taken is counted under a reason. Which groups a node takes is its own policy (`node.selection`).
+
+Peer ids cost nothing, so a share per peer id alone lets six fresh identities crowd out an honest peer.
+The node therefore tells the pool which peers are *proven* (their groups have carried learning signal
+here recently; `node.selection` keeps that statistic): unproven peers, however many, hold at most
+`unproven_share` of the pool together (fairly among themselves: the one holding most gives way), and a
+full pool makes room at the expense of unproven peers before it evicts any proven peer's group.
 """
 
 from __future__ import annotations
@@ -10,13 +16,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from p2p.config import PoolConfig
 from p2p.seen import SeenKeys
 from p2p.wire import WireGroup, WireMessage
 
-DROP_REASONS = ("duplicate", "stale", "peer_quota", "overflow")
+DROP_REASONS = ("duplicate", "stale", "peer_quota", "unproven_quota", "overflow")
 
 
 @dataclass(frozen=True)
@@ -30,8 +37,9 @@ class PooledGroup:
 
 
 class RolloutPool:
-    def __init__(self, cfg: PoolConfig):
+    def __init__(self, cfg: PoolConfig, proven: Callable[[str], bool] = lambda peer: True):
         self.cfg = cfg
+        self.proven = proven  # called on the gossip thread: must be cheap and thread-safe
         self.received = 0
         self.accepted = 0
         self.sampled = 0
@@ -45,6 +53,10 @@ class RolloutPool:
     def peer_quota(self) -> int:
         return max(1, int(self.cfg.size * self.cfg.max_peer_share))
 
+    @property
+    def unproven_quota(self) -> int:
+        return max(1, int(self.cfg.size * self.cfg.unproven_share))
+
     def __len__(self) -> int:
         return self._size
 
@@ -54,6 +66,7 @@ class RolloutPool:
         added = 0
         with self._lock:
             self._expire(now)
+            proven = {peer: self.proven(peer) for peer in {msg.peer, *self._by_peer}}
             for g in msg.groups:
                 self.received += 1
                 key = g.key()
@@ -65,10 +78,15 @@ class RolloutPool:
                     continue
                 self._seen.add(key, now)
                 queue = self._by_peer.setdefault(msg.peer, deque())
+                unproven = [q for p, q in self._by_peer.items() if q and not proven[p]]
                 if len(queue) >= self.peer_quota:
                     self._pop(queue, "peer_quota")
+                elif not proven[msg.peer] and sum(map(len, unproven)) >= self.unproven_quota:
+                    self._pop(max(unproven, key=len), "unproven_quota")
                 elif self._size >= self.cfg.size:
-                    self._pop(min((q for q in self._by_peer.values() if q), key=lambda q: q[0].created), "overflow")
+                    victims = unproven or [q for q in self._by_peer.values() if q]
+                    self._pop(max(victims, key=len) if unproven else min(victims, key=lambda q: q[0].created),
+                              "overflow")
                 queue.append(PooledGroup(msg.peer, msg.model, msg.round, float(msg.created), g, key))
                 self._size += 1
                 self.accepted += 1

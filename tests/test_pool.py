@@ -74,3 +74,38 @@ def test_seen_keys_are_forgotten_after_their_ttl_and_stay_under_their_cap():
     assert [k for k in range(5) if k in seen] == [2, 3, 4]  # capped at 3: the oldest went first
     seen.forget_expired(now=13.5)  # 2 and 3 expired at 12 and 13
     assert [k for k in range(5) if k in seen] == [4]
+
+
+def flood(pool: RolloutPool, identities: int, per_identity: int, created: float) -> None:
+    for h in range(identities):
+        pool.add(message(f"sybil{h}", range(per_identity), created=created), now=created)
+
+
+def test_fresh_identities_share_one_quota_and_cannot_evict_a_proven_peers_groups():
+    pool = RolloutPool(PoolConfig(size=64, max_peer_share=0.25, unproven_share=0.25), proven=lambda p: p == "honest")
+    pool.add(message("honest", range(10), created=NOW), now=NOW)
+    flood(pool, identities=6, per_identity=16, created=NOW + 1)  # 96 newer groups from free identities
+    held = [g.peer for g in pool.groups(now=NOW + 1)]
+    assert held.count("honest") == 10  # nothing of the proven peer left
+    assert len(held) - 10 == pool.unproven_quota == 16  # six identities hold one share between them
+    assert max(held.count(f"sybil{h}") for h in range(6)) <= 4  # the one holding most gives way
+    assert pool.stats()["dropped"] == {"unproven_quota": 96 - 16}
+
+
+def test_without_the_split_the_same_flood_evicts_the_honest_peer():
+    pool = RolloutPool(PoolConfig(size=64, max_peer_share=0.25))  # every peer counts as proven: per-id shares only
+    pool.add(message("honest", range(10), created=NOW), now=NOW)
+    flood(pool, identities=6, per_identity=16, created=NOW + 1)
+    assert [g.peer for g in pool.groups(now=NOW + 1)].count("honest") == 0
+    assert pool.stats()["dropped"] == {"overflow": 106 - 64}
+
+
+def test_a_full_pool_makes_room_at_the_expense_of_unproven_peers_first():
+    proven = {"a", "b"}
+    pool = RolloutPool(PoolConfig(size=8, max_peer_share=1.0, unproven_share=1.0), proven=lambda p: p in proven)
+    pool.add(message("a", range(3), created=NOW), now=NOW)
+    pool.add(message("new", range(3), created=NOW + 1), now=NOW + 1)
+    pool.add(message("b", range(4), created=NOW + 2), now=NOW + 2)  # full: the newcomer gives way, not the oldest
+    held = [g.peer for g in pool.groups(now=NOW + 2)]
+    assert (held.count("a"), held.count("new"), held.count("b")) == (3, 1, 4)
+    assert pool.stats()["dropped"] == {"overflow": 2}

@@ -155,3 +155,33 @@ def test_the_selection_config_rejects_bad_values_naming_the_field():
                        ({"explore": 2}, "selection.explore")):
         with pytest.raises(ConfigError, match=f"^{field}: "):
             load_config(None, {"selection": bad})
+
+
+def test_proven_peers_are_inspected_first_and_fresh_identities_get_the_explore_share():
+    sel = selector(rule="signal", external_groups=2, explore=0.1)
+    pool = RolloutPool(PoolConfig(size=1000, max_peer_share=1.0, unproven_share=1.0, max_age_s=1e9), proven=sel.proven)
+    offer(pool, "honest", [group(0, signal=True)])
+    assert [g.source for g in pick(sel, pool).groups] == ["honest"]
+    assert sel.proven("honest") and not sel.proven("sybil0")  # a group of its carried signal here
+    used, junk_inspected = 0, 0
+    for r in range(2, 22):
+        offer(pool, "honest", [group(10 * r + i, signal=True) for i in range(2)], created=NOW + r)
+        for h in range(6):
+            offer(pool, f"sybil{h}", [group(1000 * r + 10 * h + i, signal=False) for i in range(10)], created=NOW + r)
+        p = pick(sel, pool, r, seed=r)
+        used += sum(g.source == "honest" for g in p.groups)
+        junk_inspected += p.dropped["uniform_rewards"]
+    assert used == 40  # every honest group, every round
+    assert junk_inspected < 20  # about the explore share (10%) of ~2 inspections a round; fair order would spend ~12
+    assert not any(sel.proven(f"sybil{h}") for h in range(6))
+
+
+def test_a_newcomer_is_still_inspected_and_taken_when_it_carries_signal():
+    sel = selector(rule="signal", external_groups=2, explore=0.1)
+    pool = RolloutPool(PoolConfig(size=1000, max_peer_share=1.0, max_age_s=1e9), proven=sel.proven)
+    offer(pool, "old", [group(0, signal=True)])
+    pick(sel, pool)
+    offer(pool, "old", [group(i, signal=False) for i in range(1, 5)])
+    offer(pool, "newcomer", [group(50, signal=True)])
+    p = pick(sel, pool, round_=2)
+    assert [g.source for g in p.groups] == ["newcomer"] and sel.proven("newcomer")
