@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 DIAL_TIMEOUT_S = 10.0
 EXCHANGE_MAX_PEERS = 32
 EXCHANGE_MAX_BYTES = 64 * 1024
+HINT_DIALS_PER_ANSWER = 4  # new peers dialed from one peer-exchange answer: a liar's answer costs at most this
+REMEMBERED = 4096  # addresses and peers kept in the discovery loop's backoff tables
 
 
 def advertised(addrs: list[Multiaddr]) -> list[Multiaddr]:
@@ -65,8 +67,9 @@ class GossipHost:
         self.cfg = cfg
         self.policy = policy
         self.on_message = on_message
-        self.counts: Counter[str] = Counter()  # published, publish_failed, publish_dropped, dials, dial_failed
+        self.counts: Counter[str] = Counter()  # published, publish_failed, publish_dropped, dials, dial_failed, exchange_failed
         self.addrs: list[str] = []
+        self._logged_hints, self._logged_silent = _OnceSet(), _OnceSet()
         self.n_peers = 0
         self.n_mesh = 0  # GossipSub mesh peers on the rollout topic: who our publishes reach first
         announce = [Multiaddr(a) for a in cfg.announce] or None
@@ -206,28 +209,50 @@ class GossipHost:
             await stream.close()
 
     async def _exchange_peers(self) -> None:
-        """Peer exchange, asking side: learn peers from a random neighbour and dial the new ones."""
-        failed: dict[ID, float] = {}
+        """Peer exchange, asking side: learn peers from a random neighbour and dial the new ones.
+
+        Hints are untrusted: fresh peer ids cost nothing, so backoff is per address (32 fresh ids at one
+        address cost one dial, not 32), one answer causes at most `HINT_DIALS_PER_ANSWER` dials, and a
+        failing address is logged once. A neighbour that does not answer (peer exchange is optional for
+        other implementations) is not asked again for a while.
+        """
+        failed: dict[str, float] = {}  # address (without /p2p) -> not dialed again before
+        silent: dict[ID, float] = {}  # neighbour that did not answer -> not asked again before
         wait = 0.3  # the first ask comes right after the bootstrap connection, to mesh quickly
         while True:
             await trio.sleep(wait)
             wait = self.cfg.peer_exchange_s * random.uniform(0.5, 1.0)
             connected = self._connected()
             now = trio.current_time()
-            failed = {pid: until for pid, until in failed.items() if until > now}
-            if not connected or len(connected) >= self.cfg.max_peers:
+            failed = _unexpired(failed, now)
+            silent = _unexpired(silent, now)
+            askable = [p for p in connected if p not in silent]
+            if not askable or len(connected) >= self.cfg.max_peers:
                 continue
-            for info in await self._ask_peer_list(random.choice(list(connected))):
-                if len(self._connected()) >= self.cfg.max_peers:
+            responder = random.choice(askable)
+            infos = await self._ask_peer_list(responder)
+            if infos is None:
+                silent[responder] = trio.current_time() + self.cfg.max_backoff_s
+                continue
+            dials = 0
+            for info in infos:
+                if len(self._connected()) >= self.cfg.max_peers or dials == HINT_DIALS_PER_ANSWER:
                     break
-                if info.peer_id == self.me or info.peer_id in connected or info.peer_id in failed:
+                addrs = [a for a in info.addrs if _addr_key(a) not in failed]
+                if info.peer_id == self.me or info.peer_id in connected or not addrs:
                     continue
-                if await self._dial(info):
+                dials += 1
+                if await self._dial(PeerInfo(info.peer_id, addrs)):
                     log.info("discovered peer %s", info.peer_id)
-                else:
-                    failed[info.peer_id] = trio.current_time() + self.cfg.max_backoff_s
+                    continue
+                for a in addrs:
+                    failed[_addr_key(a)] = trio.current_time() + self.cfg.max_backoff_s
+                    if self._logged_hints.add(_addr_key(a)):
+                        log.info("peer-exchange hint %s (from %s) unreachable; not dialed again for %.0f s",
+                                 _addr_key(a), responder, self.cfg.max_backoff_s)
 
-    async def _ask_peer_list(self, peer: ID) -> list[PeerInfo]:
+    async def _ask_peer_list(self, peer: ID) -> list[PeerInfo] | None:
+        """The peer's answer, or None when it did not answer (logged once per peer)."""
         with trio.move_on_after(DIAL_TIMEOUT_S):
             try:
                 stream = await self.host.new_stream(peer, [TProtocol(self.cfg.peer_exchange_protocol())])
@@ -240,8 +265,36 @@ class GossipHost:
                 await stream.close()
                 return _parse_peer_list(data)
             except Exception as e:
-                log.debug("peer exchange with %s failed: %s", peer, e)
-        return []
+                if self._logged_silent.add(peer):
+                    log.info("peer %s does not answer peer exchange (%s); asking others", peer, e or type(e).__name__)
+        self.counts["exchange_failed"] += 1
+        return None
+
+
+class _OnceSet:
+    """Keys seen before, bounded: what the discovery loop has already logged."""
+
+    def __init__(self, limit: int = REMEMBERED):
+        self.limit, self._keys = limit, dict[object, None]()
+
+    def add(self, key: object) -> bool:
+        """True the first time `key` is added (while remembered)."""
+        if key in self._keys:
+            return False
+        self._keys[key] = None
+        if len(self._keys) > self.limit:
+            del self._keys[next(iter(self._keys))]
+        return True
+
+
+def _addr_key(addr: Multiaddr) -> str:
+    return str(addr).split("/p2p/")[0]
+
+
+def _unexpired(table: dict, now: float) -> dict:
+    """Entries whose time has not come, the most recent `REMEMBERED` of them."""
+    live = {k: until for k, until in table.items() if until > now}
+    return dict(list(live.items())[-REMEMBERED:])
 
 
 def _parse_peer_list(data: bytes) -> list[PeerInfo]:

@@ -131,7 +131,9 @@ class _Libp2pLogFilter(logging.Filter):
     it logs for events that are expected (and that we report ourselves, once)."""
 
     NOISE = ("Nursery is closed to new arrivals", "Failed to read DHT message", "Stream reset",
-             "Failed to open TCP stream")  # a failed dial: p2p.host logs it with the retry plan
+             # a failed dial, a hint whose peer id does not match its address, a peer that does not speak
+             # peer exchange: p2p.host logs each once, with what it does about it
+             "Failed to open TCP stream", "failed to upgrade security", "Failed to open stream to peer")
 
     def __init__(self, level: int):
         super().__init__()

@@ -16,6 +16,8 @@ import trio
 from libp2p import NOISE_PROTOCOL_ID, PLAINTEXT_PROTOCOL_ID, InsecureTransport, NoiseTransport, new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from node.swarm import free_port
@@ -212,3 +214,53 @@ def test_nodes_on_different_networks_never_exchange_rollouts(spawn, tmp_path):
     time.sleep(3)  # the lab node publishes all the while
     assert lab.peer_id not in {e["peer"] for p in (local, same) for e in p.events("received")}
     assert not lab.events("received")
+
+
+def serve_peer_exchange(gossip: Gossip, handler) -> None:
+    """Replace (handler) or remove (None) the peer-exchange answer of an in-process node."""
+    host = gossip._host.host
+    protocol = TProtocol(gossip.cfg.peer_exchange_protocol())
+    done = threading.Event()
+
+    def swap() -> None:
+        host.remove_stream_handler(protocol) if handler is None else host.set_stream_handler(protocol, handler)
+        done.set()
+
+    gossip._token.run_sync_soon(swap)
+    assert done.wait(10)
+
+
+def log_lines(probe: ProbeProcess, word: str) -> list[str]:
+    return [line for line in probe.log_path.read_text().splitlines() if word in line]
+
+
+def test_peer_exchange_hints_cannot_make_a_node_dial_anywhere(spawn, tmp_path):
+    victim = spawn("victim")  # a live address: every dial to it with a made-up peer id fails the handshake
+    at = victim.addr.split("/p2p/")[0]
+    fake = [ID.from_pubkey(create_new_key_pair().public_key).to_base58() for _ in range(32)]
+
+    async def lie(stream) -> None:
+        await stream.write(msgpack.packb([{"id": pid, "addrs": [at]} for pid in fake]))
+        await stream.close()
+
+    with Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "liar.key", on_message=lambda msg: None) as liar:
+        serve_peer_exchange(liar, lie)
+        node = spawn("node", "--bootstrap", liar.addrs[0])
+        node.wait_for(lambda: node.stats().get("peers", 0) >= 1, 30, "the bootstrap connection")
+        time.sleep(15)  # 5-10 asks at the default pace
+        stats = node.stats()
+    assert stats["dials"] <= 1 + 1  # the bootstrap peer, then one dial of the hinted address (not 32 a time)
+    assert log_lines(node, " ERROR ") == []
+    assert len(log_lines(node, "unreachable")) == 1 and at in log_lines(node, "unreachable")[0]
+
+
+def test_a_peer_that_does_not_answer_peer_exchange_costs_one_log_line(spawn, tmp_path):
+    with Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "mute.key", on_message=lambda msg: None) as mute:
+        serve_peer_exchange(mute, None)
+        node = spawn("node", "--bootstrap", mute.addrs[0])
+        node.wait_for(lambda: node.stats().get("peers", 0) >= 1, 30, "the bootstrap connection")
+        time.sleep(10)
+        stats = node.stats()
+    assert stats.get("exchange_failed") == 1  # asked once, then left alone
+    assert log_lines(node, " ERROR ") == []
+    assert len(log_lines(node, "does not answer peer exchange")) == 1
