@@ -154,6 +154,10 @@ def prometheus(s: dict) -> str:
     metric("messages_accepted_total", "counter", "gossip messages accepted", [({}, p2p.get("accepted"))])
     metric("messages_rejected_total", "counter", "gossip messages rejected, by reason",
            [({"reason": r}, n) for r, n in sorted((p2p.get("rejected") or {}).items())])
+    metric("gossip_dropped_total", "counter", "gossip traffic py-libp2p dropped: messages not forwarded past the "
+           "per-neighbour rate limit, RPCs over its inbound size cap",
+           [({"reason": "rate_limit"}, p2p.get("dropped_rate_limit")),
+            ({"reason": "rpc_too_large"}, p2p.get("dropped_rpc_too_large"))])
     metric("rollout_groups_received_total", "counter", "rollout groups received from peers", [({}, pool.get("received"))])
     metric("rollout_groups_accepted_total", "counter", "rollout groups that entered the pool", [({}, pool.get("accepted"))])
     dropped = Counter(pool.get("dropped") or {})

@@ -61,6 +61,21 @@ def check_can_listen(addrs: list[str]) -> None:
             s.bind((a.value_for_protocol(names[0]), int(a.value_for_protocol("tcp"))))
 
 
+class _CountingGossipSub(GossipSub):
+    """GossipSub whose spam limit (`p2p.max_messages_per_s` per neighbour) counts the messages it
+    refuses to forward; py-libp2p only logs them."""
+
+    def __init__(self, counts: Counter[str], **kwargs):
+        super().__init__(**kwargs)
+        self.counts = counts
+
+    def _check_spam_protection(self, peer_id: ID, msg) -> bool:
+        if super()._check_spam_protection(peer_id, msg):
+            return True
+        self.counts["dropped_rate_limit"] += 1
+        return False
+
+
 class GossipHost:
     def __init__(self, cfg: P2PConfig, key_pair: KeyPair, policy: MessagePolicy,
                  on_message: Callable[[WireMessage], None]):
@@ -81,8 +96,8 @@ class GossipHost:
             announce_addrs=announce, addrs_factory=None if announce else advertised,
         )
         self.me = self.host.get_id()
-        self.gossipsub = GossipSub(
-            protocols=[PROTOCOL_ID_V11], degree=cfg.mesh_degree,
+        self.gossipsub = _CountingGossipSub(
+            self.counts, protocols=[PROTOCOL_ID_V11], degree=cfg.mesh_degree,
             degree_low=cfg.mesh_low(), degree_high=2 * cfg.mesh_degree,
             heartbeat_interval=cfg.heartbeat_s, adaptive_gossip_enabled=False,
             max_messages_per_topic_per_second=cfg.max_messages_per_s,

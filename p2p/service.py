@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -77,7 +78,7 @@ class Gossip:
         host = self._host
         counts = dict(host.counts) if host else {}
         return {"peer_id": self.peer_id, "peers": host.n_peers if host else 0, "mesh_peers": host.n_mesh if host else 0,
-                **counts, **self.policy.stats()}
+                **counts, **LIBP2P_DROPS, **self.policy.stats()}
 
     def stop(self, timeout: float = 10.0) -> None:
         if self._token is not None and self._stop is not None and self._thread.is_alive():
@@ -150,6 +151,24 @@ class _Libp2pLogFilter(logging.Filter):
         return not any(n in text for n in self.NOISE)
 
 
+RPC_TOO_LARGE = "Inbound pubsub RPC from peer %s exceeded size limit: %s"  # py-libp2p's record for its size cap
+LIBP2P_DROPS: Counter[str] = Counter()  # drops py-libp2p reports only in its logs; process-wide
+
+
+class _CountLibp2pDrops(logging.Filter):
+    """Counts the RPCs py-libp2p drops for its inbound size cap (it tells nobody but its log), and
+    lets the record through only at the level libp2p logs at here."""
+
+    def __init__(self, level: int):
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == RPC_TOO_LARGE:
+            LIBP2P_DROPS["dropped_rpc_too_large"] += 1
+        return record.levelno >= self.level
+
+
 def quiet_libp2p_logs() -> None:
     """Route py-libp2p's logs through the node's handlers: errors only (warnings when the node
     logs at DEBUG), minus known noise. py-libp2p turns its own propagation off, which sends its
@@ -161,6 +180,9 @@ def quiet_libp2p_logs() -> None:
     lib = logging.getLogger("libp2p")
     lib.propagate = True
     lib.setLevel(level)
+    pubsub = logging.getLogger("libp2p.pubsub.pubsub")
+    pubsub.setLevel(min(level, logging.WARNING))  # its size-cap record is a warning: counted, then filtered
+    pubsub.filters = [f for f in pubsub.filters if not isinstance(f, _CountLibp2pDrops)] + [_CountLibp2pDrops(level)]
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, _Libp2pLogFilter) for f in handler.filters):
             handler.addFilter(_Libp2pLogFilter(level))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import socket
 import threading
@@ -264,3 +265,18 @@ def test_a_peer_that_does_not_answer_peer_exchange_costs_one_log_line(spawn, tmp
     assert stats.get("exchange_failed") == 1  # asked once, then left alone
     assert log_lines(node, " ERROR ") == []
     assert len(log_lines(node, "does not answer peer exchange")) == 1
+
+
+def test_messages_past_the_rate_limit_and_rpcs_past_the_size_cap_are_counted(spawn, tmp_path):
+    flooder = spawn("flooder", "--rate", "20", "--groups", "1", "--completions", "1", "--chars", "10")
+    cfg = P2PConfig(listen=[LOOPBACK], bootstrap=[flooder.addr], max_messages_per_s=2)
+    with Gossip(cfg, tmp_path / "node.key", on_message=lambda msg: None) as node:
+        deadline = time.monotonic() + 30
+        while node.stats().get("dropped_rate_limit", 0) < 10 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert node.stats()["dropped_rate_limit"] >= 10  # 20 a second from one neighbour, 2 forwarded
+        before = node.stats().get("dropped_rpc_too_large", 0)
+        # py-libp2p drops an inbound RPC over its 1 MiB cap and says so only in its log: that record is counted
+        logging.getLogger("libp2p.pubsub.pubsub").warning(
+            "Inbound pubsub RPC from peer %s exceeded size limit: %s", flooder.peer_id, "2000000 > 1048576")
+        assert node.stats()["dropped_rpc_too_large"] == before + 1
