@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rewards.source import DatasetMix
-from rewards.tasks import TaskError, check_dataset
+from rewards.tasks import TaskError, canonical_config, check_dataset
 
 
 class DatasetSpec(BaseModel):
@@ -63,5 +63,9 @@ class TasksConfig(BaseModel):
         return [d.mix() for d in self.datasets]
 
     def has(self, dataset: str, config: dict[str, Any]) -> bool:
-        """Whether this node draws tasks of this dataset with exactly this config."""
-        return any(d.name == dataset and d.config == config for d in self.datasets)
+        """Whether this node draws tasks of this dataset with this config (defaults written out or not)."""
+        own = [d for d in self.datasets if d.name == dataset]
+        if not own:
+            return False
+        theirs = canonical_config(dataset, config)
+        return any(canonical_config(d.name, d.config) == theirs for d in own)

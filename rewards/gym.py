@@ -32,16 +32,24 @@ def _dataset(name: str, config_json: str, seed: int) -> Any:
 
 
 @lru_cache(maxsize=None)
-def numeric_defaults(name: str) -> dict[str, float]:
-    """The numeric fields of a dataset's config with their defaults ({} for an unknown dataset)."""
+def defaults(name: str) -> dict[str, Any]:
+    """A dataset's config fields with the defaults this adapter builds it with, in JSON types (tuples
+    as lists; `size` is the adapter's, `seed` comes from the reference): {} for an unknown dataset."""
     import dataclasses
 
     from reasoning_gym.factory import DATASETS
 
     if name not in DATASETS:
         return {}
-    return {f.name: f.default for f in dataclasses.fields(DATASETS[name][1])
-            if isinstance(f.default, (int, float)) and not isinstance(f.default, bool)}
+    out = {}
+    for f in dataclasses.fields(DATASETS[name][1]):
+        if f.name == "seed":
+            continue
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return json.loads(json.dumps({**out, "size": DEFAULT_SIZE}, default=list))
 
 
 def regenerate(ref: TaskRef) -> Task:

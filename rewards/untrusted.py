@@ -38,7 +38,8 @@ def check_bounds(dataset: str, config: Mapping[str, Any]) -> None:
 
     if not dataset.startswith(gym.PREFIX):
         return
-    defaults = gym.numeric_defaults(dataset[len(gym.PREFIX):])
+    defaults = {k: v for k, v in gym.defaults(dataset[len(gym.PREFIX):]).items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "size"}
     for key, value in config.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue

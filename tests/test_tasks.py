@@ -92,3 +92,17 @@ def test_task_source_follows_mix_weights():
 def test_task_source_rejects_a_bad_mix_up_front():
     with pytest.raises(UnknownDataset):
         TaskSource([DatasetMix("arith"), DatasetMix("typo")], seed=0)
+
+
+def test_configs_that_make_the_same_tasks_compare_equal_defaults_written_out_or_not():
+    from node.recipes import RECIPES
+    from rewards.config import TasksConfig
+
+    tasks = TasksConfig(datasets=[{"name": "arith"}, *RECIPES["smollm2-135m"]["tasks"]["datasets"][:1]])
+    assert tasks.has("arith", {"max_operand": 9, "ops": "+-"}) and tasks.has("arith", {})
+    assert not tasks.has("arith", {"max_operand": 10}) and not tasks.has("reverse", {})
+    own = RECIPES["smollm2-135m"]["tasks"]["datasets"][0]["config"]
+    assert tasks.has("rg/basic_arithmetic", {**own, "whitespace": "single", "size": 100_000})  # both defaults
+    assert tasks.has("rg/basic_arithmetic", {**own, "operators": ("+", "-")})  # a tuple is a list on the wire
+    assert not tasks.has("rg/basic_arithmetic", {**own, "max_digits": 2})
+    assert not tasks.has("arith", {"max_operand": "many"})  # refused by the dataset: compared as given

@@ -1,0 +1,185 @@
+"""Hostile-swarm benchmark over real libp2p on 127.0.0.1: free identities flooding useless groups.
+
+Two tiny-a nodes train side by side: the *target* and an honest *neighbour* that joins through it. H
+hostile probes (`p2p.probe`, one fresh identity each) join through the target and publish 2 messages a
+second of 8 well-formed `arith` groups whose completions are random text (never an answer, so no
+learning signal). After a warm-up, a window of W seconds is measured:
+
+- the honest groups the target trains on per round (`n_external`: under the default `signal` rule a
+  junk group never takes a slot, so every external group it trains on is the neighbour's);
+- each node's CPU seconds per round, its process and sandbox worker together (the flood's cost to the node
+  and to its neighbour; on a 2-core machine the probes' own CPU makes wall-clock rounds per second a
+  measure of the harness more than of the node, so both are reported);
+- the target's drops by reason.
+
+`--code DIR` runs nodes and probes from another checkout (e.g. a `git worktree` of an older commit) for a
+before/after comparison. Prints a table and writes JSON.
+
+    .venv/bin/python scripts/bench_hostile.py --hostile 0 1 6 --window 60 --seeds 2 --out docs/bench/hostile-2cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from node.swarm import free_port  # noqa: E402
+
+WARMUP_ROUNDS = 5
+
+
+def node_args(out: Path, port: int, seed: int, cache: Path) -> list[str]:
+    return ["--out", str(out), "--rounds", "1000000", "--model.cache_dir", str(cache), "--tasks.eval_size", "10",
+            "--run.eval_every", "1000000", "--run.checkpoint_every", "1000000", "--run.seed", str(seed),
+            "--status.listen", "127.0.0.1:0", "--listen", f"/ip4/127.0.0.1/tcp/{port}",
+            "--run.torch_threads", "1"]  # no idle threads spinning on a shared machine: CPU per round stays the node's
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its live descendants (the node's sandbox worker)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total = (int(fields[11]) + int(fields[12])) / tick
+        children = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                    for c in (task / "children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return total + sum(tree_cpu_s(c) for c in children)
+
+
+def rows(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    found = []
+    for line in path.read_text().splitlines():
+        try:
+            found.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written
+            pass
+    return found[1:]
+
+
+def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path) -> dict:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    py = [sys.executable, "-m"]
+    target_out, neighbour_out = work / "target", work / "neighbour"
+    port = free_port()
+    ident = subprocess.run([*py, "node.cli", "id", "--out", str(target_out), "--listen", f"/ip4/127.0.0.1/tcp/{port}"],
+                           cwd=code, env=env, capture_output=True, text=True, check=True)
+    addr = next(line for line in ident.stdout.split() if line.startswith("/ip4/127.0.0.1/"))
+    procs = []
+    logs = []
+
+    def start(args: list[str], name: str) -> None:
+        log = open(work / f"{name}.log", "w")
+        logs.append(log)
+        procs.append(subprocess.Popen([*py, *args], cwd=code, env=env, stdout=subprocess.DEVNULL, stderr=log))
+
+    try:
+        start(["node.cli", "run", *node_args(target_out, port, seed, cache)], "target")
+        start(["node.cli", "run", *node_args(neighbour_out, free_port(), seed + 1, cache), "--bootstrap", addr],
+              "neighbour")
+        for h in range(hostile):
+            start(["p2p.probe", "--key", str(work / f"sybil{h}.key"), "--bootstrap", addr, "--rate", "2",
+                   "--groups", "8", "--completions", "8", "--chars", "200"], f"sybil{h}")
+        deadline = time.monotonic() + 600
+        while min(len(rows(target_out)), len(rows(neighbour_out))) < WARMUP_ROUNDS:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"the swarm did not start (see {work})")
+            time.sleep(0.5)
+        t0, cpu0 = time.time(), [tree_cpu_s(p.pid) for p in procs[:2]]
+        time.sleep(window)
+        t1, cpu1 = time.time(), [tree_cpu_s(p.pid) for p in procs[:2]]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for log in logs:
+            log.close()
+    target = [r for r in rows(target_out) if t0 <= r["time"] <= t1]
+    neighbour = [r for r in rows(neighbour_out) if t0 <= r["time"] <= t1]
+    dropped: dict[str, int] = {}
+    for r in target:
+        for reason, n in (r.get("external_dropped") or {}).items():
+            dropped[reason] = dropped.get(reason, 0) + n
+    last = target[-1] if target else {}
+    cpu_per_round = [(c1 - c0) / max(1, len(rs)) for c0, c1, rs in zip(cpu0, cpu1, (target, neighbour))]
+    return {"hostile": hostile, "seed": seed, "window_s": t1 - t0,
+            "target_cpu_s_per_round": cpu_per_round[0], "neighbour_cpu_s_per_round": cpu_per_round[1],
+            "target_rounds_per_s": len(target) / (t1 - t0), "neighbour_rounds_per_s": len(neighbour) / (t1 - t0),
+            "honest_used_per_round": statistics.mean(r["n_external"] for r in target) if target else 0.0,
+            "inspected_per_round": statistics.mean(r.get("external_inspected") or 0 for r in target) if target else 0.0,
+            "target_seconds": {phase: statistics.mean(r[f"seconds_{phase}"] for r in target) if target else None
+                               for phase in ("generate", "train", "other")},
+            "target_external_dropped": dropped, "target_p2p": last.get("p2p")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hostile", type=int, nargs="+", default=[0, 1, 6], help="hostile identities per arm (0: baseline)")
+    p.add_argument("--window", type=float, default=60.0, help="seconds measured per run, after the warm-up")
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--code", type=Path, default=ROOT, help="checkout whose nodes and probes run")
+    p.add_argument("--cache", type=Path, default=ROOT / ".sapo-cache", help="model cache (tiny-a is built there)")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.code, capture_output=True,
+                            text=True).stdout.strip()
+    runs = []
+    for seed in range(args.seeds):
+        for h in args.hostile:
+            with tempfile.TemporaryDirectory(prefix="sapo-hostile-") as work:
+                runs.append(run(h, args.window, seed, args.code, args.cache, Path(work)))
+            print(json.dumps({k: v for k, v in runs[-1].items() if k != "target_p2p"}), flush=True)
+    table = Table(title=f"free identities flooding useless groups (code {commit}, {args.window:.0f} s windows, "
+                        f"{args.seeds} seeds)")
+    for col in ("hostile", "honest used / round", "share of 0", "inspected / round", "target CPU s / round",
+                "neighbour CPU s / round", "neighbour rounds/s"):
+        table.add_column(col)
+    summary = []
+    base = [r for r in runs if r["hostile"] == 0]
+    for h in args.hostile:
+        arm = [r for r in runs if r["hostile"] == h]
+        row = {"hostile": h, **{k: statistics.mean(r[k] for r in arm) for k in (
+            "honest_used_per_round", "inspected_per_round", "target_rounds_per_s", "neighbour_rounds_per_s",
+            "target_cpu_s_per_round", "neighbour_cpu_s_per_round")}}
+        if base:
+            row["share_of_no_flood"] = row["honest_used_per_round"] / statistics.mean(r["honest_used_per_round"] for r in base)
+            row["neighbour_cpu_ratio"] = row["neighbour_cpu_s_per_round"] / statistics.mean(
+                r["neighbour_cpu_s_per_round"] for r in base)
+        summary.append(row)
+        table.add_row(str(h), f"{row['honest_used_per_round']:.2f}", f"{row.get('share_of_no_flood', float('nan')):.0%}",
+                      f"{row['inspected_per_round']:.1f}", f"{row['target_cpu_s_per_round']:.2f}",
+                      f"{row['neighbour_cpu_s_per_round']:.2f}", f"{row['neighbour_rounds_per_s']:.2f}")
+    Console().print(table)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"command": " ".join(sys.argv), "code": commit, "machine": platform.machine(),
+                                        "cpus": os.cpu_count(), "summary": summary, "runs": runs}, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
