@@ -1,0 +1,116 @@
+"""Write docs/protocol-vectors.json: conformance vectors for docs/PROTOCOL.md, computed by this code.
+
+Encoded messages with the receiver's verdict, built-in task references with their question and answer,
+and completions with their reward. tests/test_protocol_vectors.py checks the code against the file (and
+an implementation of section 5 written from the text alone against its tasks), so a change to either
+shows up as a failing test; rerun this script only for a deliberate change of the protocol.
+
+    .venv/bin/python scripts/gen_protocol_vectors.py
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import msgpack
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from p2p.config import Limits  # noqa: E402
+from p2p.policy import MessagePolicy  # noqa: E402
+from p2p.wire import Rejected  # noqa: E402
+from rewards import TaskRef, regenerate, score_completion  # noqa: E402
+
+OUT = ROOT / "docs" / "protocol-vectors.json"
+SIGNER = "12D3KooWC6raWqzRwSPE9BwaYkKr1xW4BUZnUVAnDqzAcBkBgQx8"
+NOW = 1_800_000_000.0
+GROUP = {"dataset": "arith", "config": {}, "seed": 0, "index": 1353,
+         "completions": ["<answer>12</answer>", "<answer>14</answer>"]}
+
+
+def message(**changes) -> dict:
+    return {"v": 1, "peer": SIGNER, "model": "tiny-a", "round": 17, "created": NOW - 1, "groups": [GROUP], **changes}
+
+
+def packed(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+MESSAGES: dict[str, bytes] = {
+    "valid": packed(message()),
+    "valid, int created, unknown keys ignored": packed(message(created=int(NOW), extra="x",
+                                                                 groups=[{**GROUP, "note": 1}])),
+    "float32 created": b"\x86" + b"".join(packed(k) + (b"\xca" + struct.pack(">f", NOW) if k == "created"
+                                                      else packed(v)) for k, v in message().items()),
+    "version 2": packed(message(v=2)),
+    "round is a bool": packed(message(round=True)),
+    "NaN created": packed(message(created=float("nan"))),
+    "infinite config value": packed(message(groups=[{**GROUP, "config": {"max_operand": float("inf")}}])),
+    "binary completion": packed(message(groups=[{**GROUP, "completions": [b"<answer>1</answer>"]}])),
+    "ext value": packed(message(groups=[{**GROUP, "config": {"k": msgpack.ExtType(1, b"x")}}])),
+    "repeated key": b"\x87" + packed("v") + packed(1) + packed(message())[1:],
+    "integer map key": packed({1: 1, **message()}),
+    "not msgpack": b"\xc1",
+    "top level array": packed([message()]),
+    "no groups": packed(message(groups=[])),
+    "65 groups": packed(message(groups=[{**GROUP, "index": i} for i in range(65)])),
+    "65 completions": packed(message(groups=[{**GROUP, "completions": ["x"] * 65}])),
+    "8193 code points": packed(message(groups=[{**GROUP, "completions": ["é" * 8193]}])),
+    "8192 code points (16384 bytes)": packed(message(groups=[{**GROUP, "completions": ["é" * 8192]}])),
+    "another author": packed(message(peer="12D3KooWSomebodyElseSomebodyElseSomebodyElseSomebod")),
+    "31 s in the future": packed(message(created=NOW + 31)),
+    "301 s old": packed(message(created=NOW - 301)),
+    "too large": packed(message(groups=[{**GROUP, "index": i, "completions": ["x" * 8000] * 8} for i in range(5)])),
+}
+
+TASKS = [("arith", {}, 0, 1353), ("arith", {"max_operand": 9, "ops": "+-"}, 0, 1353), ("arith", {}, -3, 0),
+         ("arith", {"max_operand": 1000000, "ops": "*"}, 2**62, 7), ("reverse", {}, 5, 11),
+         ("reverse", {"min_len": 1, "max_len": 64, "alphabet": "ab"}, 1, 2), ("count", {}, 7, 99),
+         ("count", {"alphabet": "héllo"}, 0, 3)]
+
+SCORES = [("arith", {}, 0, 1353, c) for c in (
+    "<answer>{a}</answer>", "reasoning first <answer>{a}</answer>\n", "<answer> {a} </answer>",
+    "<answer>{a}</answer> trailing text", "<answer>{a}</answer><answer>{a}</answer>", "{a}", "<answer></answer>",
+    "</answer><answer>{a}</answer>", "<answer>0{a}</answer>")]
+
+
+def verdict(data: bytes) -> str:
+    try:
+        MessagePolicy(Limits()).check(data, SIGNER, now=NOW)
+    except Rejected as r:
+        return r.reason
+    return "accepted"
+
+
+def main() -> int:
+    tasks = []
+    for dataset, config, seed, index in TASKS:
+        task = regenerate(TaskRef(dataset, config, seed, index))
+        tasks.append({"dataset": dataset, "config": config, "seed": seed, "index": index,
+                      "question": task.question, "answer": task.answer})
+    scores = []
+    for dataset, config, seed, index, template in SCORES:
+        task = regenerate(TaskRef(dataset, config, seed, index))
+        completion = template.format(a=task.answer)
+        scores.append({"dataset": dataset, "config": config, "seed": seed, "index": index, "completion": completion,
+                       "reward": score_completion(task, completion).reward})
+    vectors = {
+        "about": "Conformance vectors for docs/PROTOCOL.md (wire protocol 1), written by "
+                 "scripts/gen_protocol_vectors.py. messages: hex msgpack bytes, signed by `signer`, received at "
+                 "unix time `now` with the default limits, and the verdict (accepted, or the rejection reason). "
+                 "tasks: built-in task references and the question and answer they generate. scores: completions "
+                 "and their reward (format weight 0).",
+        "signer": SIGNER, "now": NOW,
+        "messages": [{"name": name, "hex": data.hex(), "verdict": verdict(data)} for name, data in MESSAGES.items()],
+        "tasks": tasks, "scores": scores,
+    }
+    OUT.write_text(json.dumps(vectors, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {OUT}: {len(MESSAGES)} messages, {len(tasks)} tasks, {len(scores)} scores")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
