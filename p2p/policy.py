@@ -13,6 +13,7 @@ from collections import Counter
 from p2p.config import Limits
 from p2p.seen import SeenKeys
 from p2p.wire import Rejected, WireMessage, decode
+from rewards.scoring import can_carry_signal
 
 
 class MessagePolicy:
@@ -55,6 +56,11 @@ class MessagePolicy:
             if digest in self._seen:
                 raise Rejected("duplicate", "same bytes seen before")
             self._seen.add(digest, now)
+        if not any(can_carry_signal(g.completions) for g in msg.groups):
+            # A group whose completions all give the same answer (or none) is worth nothing to any
+            # receiver; a message of only such groups is not forwarded, so well-formed junk stops at the
+            # first honest hop instead of costing every neighbour its decoding and re-scoring.
+            raise Rejected("no_signal", f"none of its {len(msg.groups)} group(s) has two different answers")
         return msg
 
     def stats(self) -> dict[str, object]:

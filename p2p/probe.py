@@ -43,6 +43,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--groups", type=int, default=8, help="rollout groups per message")
     p.add_argument("--completions", type=int, default=8, help="completions per group")
     p.add_argument("--chars", type=int, default=200, help="characters per completion")
+    p.add_argument("--junk", action="store_true", help="publish random text without answers (a useless flood)")
+    p.add_argument("--max-peers", type=int, default=P2PConfig.model_fields["max_peers"].default,
+                   help="stop dialing discovered peers beyond this many connections")
     p.add_argument("--task", type=json.loads, default={"dataset": "arith", "config": {}, "seed": 0},
                    help='JSON {"dataset", "config", "seed"} of the published groups (the index counts up)')
     p.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until SIGINT/SIGTERM)")
@@ -52,12 +55,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def synthetic_groups(rng: random.Random, round_: int, n: int, completions: int, chars: int,
-                     task: dict | None = None) -> list[WireGroup]:
-    """Groups of random text (never a well-formed answer) for the task reference `task`."""
+                     task: dict | None = None, junk: bool = False) -> list[WireGroup]:
+    """Groups for the task reference `task` whose completions are `chars` characters of random text
+    ending in random (different, almost surely wrong) answers; with `junk`, random text without any
+    answer, which receivers refuse to forward (`no_signal`)."""
     alphabet = string.ascii_letters + string.digits + " "
+
+    def completion() -> str:
+        if junk:
+            return "".join(rng.choices(alphabet, k=chars))
+        answer = f"<answer>{rng.randrange(10**6)}</answer>"
+        return "".join(rng.choices(alphabet, k=max(0, chars - len(answer)))) + answer
+
     task = task or {"dataset": "arith", "config": {}, "seed": 0}
-    return [WireGroup(**task, index=round_ * n + i,
-                      completions=["".join(rng.choices(alphabet, k=chars)) for _ in range(completions)])
+    return [WireGroup(**task, index=round_ * n + i, completions=[completion() for _ in range(completions)])
             for i in range(n)]
 
 
@@ -100,7 +111,8 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
             await asyncio.sleep(max(0.0, start + k / args.rate - time.monotonic()))
             created = time.time()
             payloads, _ = pack_groups(gossip.peer_id, "probe", k, created,
-                                      synthetic_groups(rng, k, args.groups, args.completions, args.chars, args.task),
+                                      synthetic_groups(rng, k, args.groups, args.completions, args.chars, args.task,
+                                                       args.junk),
                                       cfg.limits)
             for data in payloads:
                 gossip.publish(data)
@@ -135,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
-        cfg = P2PConfig(network=args.network, listen=[args.listen], bootstrap=args.bootstrap, mesh_degree=args.mesh_degree)
+        cfg = P2PConfig(network=args.network, listen=[args.listen], bootstrap=args.bootstrap, mesh_degree=args.mesh_degree,
+                        max_peers=args.max_peers)
     except ValidationError as e:
         err = e.errors()[0]
         print(f"probe: {'.'.join(map(str, err['loc']))}: {err['msg']}", file=sys.stderr)

@@ -19,7 +19,7 @@ VERSION = 1
 INT64 = 2**63 - 1
 
 REASONS = ("too_large", "undecodable", "version", "schema", "too_many_groups", "too_many_completions",
-           "completion_too_long", "sender_mismatch", "from_future", "too_old", "duplicate")
+           "completion_too_long", "sender_mismatch", "from_future", "too_old", "duplicate", "no_signal")
 
 
 class Rejected(ValueError):

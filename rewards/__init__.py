@@ -4,7 +4,7 @@ Rewards never come from the wire: any node regenerates a task from its `TaskRef`
 completions with its own verifier.
 """
 
-from rewards.scoring import Score, extract_answer, score_completion
+from rewards.scoring import Score, can_carry_signal, extract_answer, score_completion
 from rewards.source import TaskSource
 from rewards.tasks import Task, TaskError, TaskRef, UnknownDataset, regenerate
 
@@ -15,6 +15,7 @@ __all__ = [
     "TaskRef",
     "TaskSource",
     "UnknownDataset",
+    "can_carry_signal",
     "extract_answer",
     "regenerate",
     "score_completion",

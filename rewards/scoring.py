@@ -46,3 +46,9 @@ def score_completion(task: "Task", completion: str, format_weight: float = 0.0) 
         return Score(reward=0.0, correct=False, formatted=False)
     correct = (task.verify(answer) >= 1.0) if task.verify else (answer == task.answer.strip())
     return Score(reward=float(correct) + format_weight, correct=correct, formatted=True)
+
+
+def can_carry_signal(completions: list[str]) -> bool:
+    """False when every completion yields the same extracted answer (or none does): any verifier then
+    gives them equal rewards, so the group has zero GRPO advantage for every receiver."""
+    return len({extract_answer(c) for c in completions}) > 1

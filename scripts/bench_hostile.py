@@ -1,9 +1,13 @@
 """Hostile-swarm benchmark over real libp2p on 127.0.0.1: free identities flooding useless groups.
 
-Two tiny-a nodes train side by side: the *target* and an honest *neighbour* that joins through it. H
-hostile probes (`p2p.probe`, one fresh identity each) join through the target and publish 2 messages a
-second of 8 well-formed `arith` groups whose completions are random text (never an answer, so no
-learning signal). After a warm-up, a window of W seconds is measured:
+Two tiny-a nodes train side by side: the *target* and an honest *neighbour* that joins through it. With
+`--topology one-hop` the neighbour reaches the swarm only through the target (`p2p.max_peers` 1) and the
+hostile probes connect to the target alone, so a flood at the target reaches the neighbour only if the
+target forwards it; with `--topology direct` everyone dials whoever peer exchange names, so the flood
+also arrives on the neighbour's own connections. H hostile probes (`p2p.probe`, one fresh identity each) publish
+2 messages a second of 8 well-formed `arith` groups of 8 completions: `--flood junk`, random text without an
+answer (no learning signal for anyone), or `--flood answers`, random text ending in different wrong
+answers (useless too, but only re-scoring shows it). After a warm-up, a window of W seconds is measured:
 
 - the honest groups the target trains on per round (`n_external`: under the default `signal` rule a
   junk group never takes a slot, so every external group it trains on is the neighbour's);
@@ -12,8 +16,8 @@ learning signal). After a warm-up, a window of W seconds is measured:
   measure of the harness more than of the node, so both are reported);
 - the target's drops by reason.
 
-`--code DIR` runs nodes and probes from another checkout (e.g. a `git worktree` of an older commit) for a
-before/after comparison. Prints a table and writes JSON.
+`--code DIR` runs the two nodes from another checkout (e.g. a `git worktree` of an older commit) for a
+before/after comparison; the hostile probes always run from this one. Prints a table and writes JSON.
 
     .venv/bin/python scripts/bench_hostile.py --hostile 0 1 6 --window 60 --seeds 2 --out docs/bench/hostile-2cpu.json
 """
@@ -75,7 +79,8 @@ def rows(out: Path) -> list[dict]:
     return found[1:]
 
 
-def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path) -> dict:
+def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path, flood: str,
+        topology: str) -> dict:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     py = [sys.executable, "-m"]
     target_out, neighbour_out = work / "target", work / "neighbour"
@@ -86,18 +91,20 @@ def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: P
     procs = []
     logs = []
 
-    def start(args: list[str], name: str) -> None:
+    def start(args: list[str], name: str, cwd: Path) -> None:
         log = open(work / f"{name}.log", "w")
         logs.append(log)
-        procs.append(subprocess.Popen([*py, *args], cwd=code, env=env, stdout=subprocess.DEVNULL, stderr=log))
+        procs.append(subprocess.Popen([*py, *args], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=log))
 
     try:
-        start(["node.cli", "run", *node_args(target_out, port, seed, cache)], "target")
-        start(["node.cli", "run", *node_args(neighbour_out, free_port(), seed + 1, cache), "--bootstrap", addr],
-              "neighbour")
+        start(["node.cli", "run", *node_args(target_out, port, seed, cache)], "target", code)
+        start(["node.cli", "run", *node_args(neighbour_out, free_port(), seed + 1, cache), "--bootstrap", addr,
+               *(["--p2p.max_peers", "1"] if topology == "one-hop" else [])], "neighbour", code)
         for h in range(hostile):
             start(["p2p.probe", "--key", str(work / f"sybil{h}.key"), "--bootstrap", addr, "--rate", "2",
-                   "--groups", "8", "--completions", "8", "--chars", "200"], f"sybil{h}")
+                   "--groups", "8", "--completions", "8", "--chars", "200",
+                   *(["--max-peers", "1"] if topology == "one-hop" else []),
+                   *(["--junk"] if flood == "junk" else [])], f"sybil{h}", ROOT)
         deadline = time.monotonic() + 600
         while min(len(rows(target_out)), len(rows(neighbour_out))) < WARMUP_ROUNDS:
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
@@ -125,7 +132,7 @@ def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: P
             dropped[reason] = dropped.get(reason, 0) + n
     last = target[-1] if target else {}
     cpu_per_round = [(c1 - c0) / max(1, len(rs)) for c0, c1, rs in zip(cpu0, cpu1, (target, neighbour))]
-    return {"hostile": hostile, "seed": seed, "window_s": t1 - t0,
+    return {"hostile": hostile, "flood": flood, "topology": topology, "seed": seed, "window_s": t1 - t0,
             "target_cpu_s_per_round": cpu_per_round[0], "neighbour_cpu_s_per_round": cpu_per_round[1],
             "target_rounds_per_s": len(target) / (t1 - t0), "neighbour_rounds_per_s": len(neighbour) / (t1 - t0),
             "honest_used_per_round": statistics.mean(r["n_external"] for r in target) if target else 0.0,
@@ -140,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hostile", type=int, nargs="+", default=[0, 1, 6], help="hostile identities per arm (0: baseline)")
     p.add_argument("--window", type=float, default=60.0, help="seconds measured per run, after the warm-up")
     p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--flood", choices=("junk", "answers"), default="junk",
+                   help="what the hostile probes send: text without answers, or different wrong answers")
+    p.add_argument("--topology", choices=("one-hop", "direct"), default="one-hop",
+                   help="one-hop: the flood reaches the neighbour only through the target; direct: on its own links too")
     p.add_argument("--code", type=Path, default=ROOT, help="checkout whose nodes and probes run")
     p.add_argument("--cache", type=Path, default=ROOT / ".sapo-cache", help="model cache (tiny-a is built there)")
     p.add_argument("--out", type=Path)
@@ -150,10 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(args.seeds):
         for h in args.hostile:
             with tempfile.TemporaryDirectory(prefix="sapo-hostile-") as work:
-                runs.append(run(h, args.window, seed, args.code, args.cache, Path(work)))
+                runs.append(run(h, args.window, seed, args.code, args.cache, Path(work), args.flood, args.topology))
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "target_p2p"}), flush=True)
-    table = Table(title=f"free identities flooding useless groups (code {commit}, {args.window:.0f} s windows, "
-                        f"{args.seeds} seeds)")
+    table = Table(title=f"free identities flooding useless groups ({args.flood}, {args.topology}; code {commit}, "
+                        f"{args.window:.0f} s windows, {args.seeds} seeds)")
     for col in ("hostile", "honest used / round", "share of 0", "inspected / round", "target CPU s / round",
                 "neighbour CPU s / round", "neighbour rounds/s"):
         table.add_column(col)
@@ -175,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     Console().print(table)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"command": " ".join(sys.argv), "code": commit, "machine": platform.machine(),
+        args.out.write_text(json.dumps({"command": " ".join(sys.argv), "code": commit, "flood": args.flood, "topology": args.topology,
+                                        "machine": platform.machine(),
                                         "cpus": os.cpu_count(), "summary": summary, "runs": runs}, indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0

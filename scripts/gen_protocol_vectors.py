@@ -58,8 +58,11 @@ MESSAGES: dict[str, bytes] = {
     "no groups": packed(message(groups=[])),
     "65 groups": packed(message(groups=[{**GROUP, "index": i} for i in range(65)])),
     "65 completions": packed(message(groups=[{**GROUP, "completions": ["x"] * 65}])),
-    "8193 code points": packed(message(groups=[{**GROUP, "completions": ["é" * 8193]}])),
-    "8192 code points (16384 bytes)": packed(message(groups=[{**GROUP, "completions": ["é" * 8192]}])),
+    "8193 code points": packed(message(groups=[{**GROUP, "completions": ["é" * 8175 + "<answer>1</answer>", "x"]}])),
+    "8192 code points (16366 bytes)": packed(message(groups=[{**GROUP, "completions": [
+        "é" * 8174 + "<answer>1</answer>", "<answer>2</answer>"]}])),
+    "every group one answer": packed(message(groups=[{**GROUP, "completions": ["<answer>7</answer>", "<answer>7</answer>\n"]},
+                                                     {**GROUP, "index": 1, "completions": ["no answer", "none"]}])),
     "another author": packed(message(peer="12D3KooWSomebodyElseSomebodyElseSomebodyElseSomebod")),
     "31 s in the future": packed(message(created=NOW + 31)),
     "301 s old": packed(message(created=NOW - 301)),

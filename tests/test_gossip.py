@@ -268,7 +268,7 @@ def test_a_peer_that_does_not_answer_peer_exchange_costs_one_log_line(spawn, tmp
 
 
 def test_messages_past_the_rate_limit_and_rpcs_past_the_size_cap_are_counted(spawn, tmp_path):
-    flooder = spawn("flooder", "--rate", "20", "--groups", "1", "--completions", "1", "--chars", "10")
+    flooder = spawn("flooder", "--rate", "20", "--groups", "1", "--completions", "2", "--chars", "20")
     cfg = P2PConfig(listen=[LOOPBACK], bootstrap=[flooder.addr], max_messages_per_s=2)
     with Gossip(cfg, tmp_path / "node.key", on_message=lambda msg: None) as node:
         deadline = time.monotonic() + 30
@@ -280,3 +280,16 @@ def test_messages_past_the_rate_limit_and_rpcs_past_the_size_cap_are_counted(spa
         logging.getLogger("libp2p.pubsub.pubsub").warning(
             "Inbound pubsub RPC from peer %s exceeded size limit: %s", flooder.peer_id, "2000000 > 1048576")
         assert node.stats()["dropped_rpc_too_large"] == before + 1
+
+
+def test_a_flood_of_useless_groups_stops_at_the_first_honest_hop(spawn):
+    target = spawn("target")
+    neighbour = spawn("neighbour", "--bootstrap", target.addr, "--max-peers", "1")  # reached only through target
+    honest = spawn("honest", "--bootstrap", target.addr, "--max-peers", "1", "--rate", "2", "--groups", "1")
+    flood = spawn("flood", "--bootstrap", target.addr, "--max-peers", "1", "--rate", "20", "--groups", "1", "--junk")
+    neighbour.wait_for(lambda: any(e["peer"] == honest.peer_id for e in neighbour.events("received")), 30,
+                       "an honest message forwarded by the target")
+    target.wait_for(lambda: target.stats().get("rejected", {}).get("no_signal", 0) >= 40, 30, "40 junk messages")
+    assert flood.peer_id not in {e["peer"] for e in neighbour.events("received")}
+    assert flood.peer_id not in {e["peer"] for e in target.events("received")}
+    assert neighbour.stats().get("peers") == 1  # the flood never had another way in

@@ -134,7 +134,7 @@ def test_a_round_takes_honest_groups_past_runaway_ones_within_its_budget():
 
 @pytest.mark.slow
 def test_a_node_flooded_with_runaway_tasks_keeps_training_and_checkpoints_on_stop(tiny_a, cache_dir, tmp_path):
-    hostile = ProbeProcess(tmp_path, "hostile", "--rate", "2", "--groups", "2", "--completions", "4", "--chars", "20",
+    hostile = ProbeProcess(tmp_path, "hostile", "--rate", "2", "--groups", "2", "--completions", "4", "--chars", "30",
                            "--task", json.dumps({"dataset": "rg/basic_arithmetic", "config": SLOW, "seed": 1}))
     out = tmp_path / "node"
     proc = subprocess.Popen(

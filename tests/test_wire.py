@@ -17,7 +17,7 @@ NOW = 1_800_000_000.0
 
 def group(index: int = 0, n: int = 8, chars: int = 20) -> WireGroup:
     return WireGroup(dataset="arith", config={"max_operand": 9}, seed=3, index=index,
-                     completions=[f"<answer>{i}</answer>".ljust(chars, ".") for i in range(n)])
+                     completions=[f"<answer>{i}</answer>".rjust(chars, ".") for i in range(n)])
 
 
 def raw_message(**changes) -> dict:
@@ -72,6 +72,8 @@ def bad_payloads(author: str, now: float) -> dict[str, tuple[bytes, str]]:
         "sender_mismatch": (pack(raw_message(peer=other, created=now)), author),
         "from_future": (msg(created=now + 3600), author),
         "too_old": (msg(created=now - 3600), author),
+        "no_signal": (msg(groups=[{**group().model_dump(), "completions": ["<answer>3</answer>"] * 4},
+                                  {**group(1).model_dump(), "completions": ["no answer", "none either"]}]), author),
     }
 
 
@@ -161,3 +163,13 @@ def test_nesting_is_bounded():
         deep = [deep]
     with pytest.raises(Rejected, match="schema: .*nested deeper than"):
         decode(pack(raw_message(groups=[{**group().model_dump(), "config": {"k": deep}}])), Limits())
+
+
+def test_a_message_is_forwarded_when_any_group_can_carry_signal():
+    dead = {**group().model_dump(), "completions": ["<answer>3</answer>", " <answer>3</answer>\n"]}
+    live = {**group(1).model_dump(), "completions": ["<answer>3</answer>", "<answer>4</answer>"]}
+    half = {**group(2).model_dump(), "completions": ["<answer>3</answer>", "no answer"]}  # a format difference
+    policy = MessagePolicy(Limits())
+    for groups in ([dead, live], [half]):
+        policy.check(pack(raw_message(groups=groups)), ME, now=NOW)
+    assert policy.stats() == {"accepted": 2, "rejected": {}}
