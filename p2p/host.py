@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import random
 import socket
 from collections import Counter
@@ -29,6 +30,7 @@ from multiaddr import Multiaddr
 
 from p2p.config import P2PConfig
 from p2p.policy import MessagePolicy
+from p2p.seen import SeenKeys
 from p2p.wire import Rejected, WireMessage, decode
 
 log = logging.getLogger(__name__)
@@ -37,7 +39,7 @@ DIAL_TIMEOUT_S = 10.0
 EXCHANGE_MAX_PEERS = 32
 EXCHANGE_MAX_BYTES = 64 * 1024
 HINT_DIALS_PER_ANSWER = 4  # new peers dialed from one peer-exchange answer: a liar's answer costs at most this
-REMEMBERED = 4096  # addresses and peers kept in the discovery loop's backoff tables
+REMEMBERED = 4096  # addresses and peers the discovery loop remembers (backoff, logged once)
 
 
 def advertised(addrs: list[Multiaddr]) -> list[Multiaddr]:
@@ -84,7 +86,8 @@ class GossipHost:
         self.on_message = on_message
         self.counts: Counter[str] = Counter()  # published, publish_failed, publish_dropped, dials, dial_failed, exchange_failed
         self.addrs: list[str] = []
-        self._logged_hints, self._logged_silent = _OnceSet(), _OnceSet()
+        # addresses and peers already logged as failing: each is logged once (while remembered)
+        self._logged_hints, self._logged_silent = SeenKeys(math.inf, REMEMBERED), SeenKeys(math.inf, REMEMBERED)
         self.n_peers = 0
         self.n_mesh = 0  # GossipSub mesh peers on the rollout topic: who our publishes reach first
         announce = [Multiaddr(a) for a in cfg.announce] or None
@@ -231,23 +234,22 @@ class GossipHost:
         failing address is logged once. A neighbour that does not answer (peer exchange is optional for
         other implementations) is not asked again for a while.
         """
-        failed: dict[str, float] = {}  # address (without /p2p) -> not dialed again before
-        silent: dict[ID, float] = {}  # neighbour that did not answer -> not asked again before
+        failed = SeenKeys(self.cfg.max_backoff_s, REMEMBERED)  # addresses (without /p2p) not dialed again yet
+        silent = SeenKeys(self.cfg.max_backoff_s, REMEMBERED)  # neighbours that did not answer, not asked again yet
         wait = 0.3  # the first ask comes right after the bootstrap connection, to mesh quickly
         while True:
             await trio.sleep(wait)
             wait = self.cfg.peer_exchange_s * random.uniform(0.5, 1.0)
             connected = self._connected()
-            now = trio.current_time()
-            failed = _unexpired(failed, now)
-            silent = _unexpired(silent, now)
+            failed.forget_expired(trio.current_time())
+            silent.forget_expired(trio.current_time())
             askable = [p for p in connected if p not in silent]
             if not askable or len(connected) >= self.cfg.max_peers:
                 continue
             responder = random.choice(askable)
             infos = await self._ask_peer_list(responder)
             if infos is None:
-                silent[responder] = trio.current_time() + self.cfg.max_backoff_s
+                silent.add(responder, trio.current_time())
                 continue
             dials = 0
             for info in infos:
@@ -260,11 +262,12 @@ class GossipHost:
                 if await self._dial(PeerInfo(info.peer_id, addrs)):
                     log.info("discovered peer %s", info.peer_id)
                     continue
-                for a in addrs:
-                    failed[_addr_key(a)] = trio.current_time() + self.cfg.max_backoff_s
-                    if self._logged_hints.add(_addr_key(a)):
+                for key in map(_addr_key, addrs):
+                    failed.add(key, trio.current_time())
+                    if key not in self._logged_hints:
+                        self._logged_hints.add(key, 0.0)
                         log.info("peer-exchange hint %s (from %s) unreachable; not dialed again for %.0f s",
-                                 _addr_key(a), responder, self.cfg.max_backoff_s)
+                                 key, responder, self.cfg.max_backoff_s)
 
     async def _ask_peer_list(self, peer: ID) -> list[PeerInfo] | None:
         """The peer's answer, or None when it did not answer (logged once per peer)."""
@@ -280,36 +283,15 @@ class GossipHost:
                 await stream.close()
                 return _parse_peer_list(data)
             except Exception as e:
-                if self._logged_silent.add(peer):
+                if peer not in self._logged_silent:
+                    self._logged_silent.add(peer, 0.0)
                     log.info("peer %s does not answer peer exchange (%s); asking others", peer, e or type(e).__name__)
         self.counts["exchange_failed"] += 1
         return None
 
 
-class _OnceSet:
-    """Keys seen before, bounded: what the discovery loop has already logged."""
-
-    def __init__(self, limit: int = REMEMBERED):
-        self.limit, self._keys = limit, dict[object, None]()
-
-    def add(self, key: object) -> bool:
-        """True the first time `key` is added (while remembered)."""
-        if key in self._keys:
-            return False
-        self._keys[key] = None
-        if len(self._keys) > self.limit:
-            del self._keys[next(iter(self._keys))]
-        return True
-
-
 def _addr_key(addr: Multiaddr) -> str:
     return str(addr).split("/p2p/")[0]
-
-
-def _unexpired(table: dict, now: float) -> dict:
-    """Entries whose time has not come, the most recent `REMEMBERED` of them."""
-    live = {k: until for k, until in table.items() if until > now}
-    return dict(list(live.items())[-REMEMBERED:])
 
 
 def _parse_peer_list(data: bytes) -> list[PeerInfo]:

@@ -66,7 +66,9 @@ class RolloutPool:
         added = 0
         with self._lock:
             self._expire(now)
-            proven = {peer: self.proven(peer) for peer in {msg.peer, *self._by_peer}}
+            queue = self._by_peer.setdefault(msg.peer, deque())
+            proven = {peer: self.proven(peer) for peer in self._by_peer}
+            unproven = [q for p, q in self._by_peer.items() if not proven[p]]
             for g in msg.groups:
                 self.received += 1
                 key = g.key()
@@ -77,16 +79,15 @@ class RolloutPool:
                     self.dropped["stale"] += 1
                     continue
                 self._seen.add(key, now)
-                queue = self._by_peer.setdefault(msg.peer, deque())
-                unproven = [q for p, q in self._by_peer.items() if q and not proven[p]]
+                held = sum(map(len, unproven))
                 if len(queue) >= self.peer_quota:
                     self._pop(queue, "peer_quota")
-                elif not proven[msg.peer] and sum(map(len, unproven)) >= self.unproven_quota:
+                elif not proven[msg.peer] and held >= self.unproven_quota:
                     self._pop(max(unproven, key=len), "unproven_quota")
                 elif self._size >= self.cfg.size:
-                    victims = unproven or [q for q in self._by_peer.values() if q]
-                    self._pop(max(victims, key=len) if unproven else min(victims, key=lambda q: q[0].created),
-                              "overflow")
+                    victim = max(unproven, key=len) if held else min((q for q in self._by_peer.values() if q),
+                                                                      key=lambda q: q[0].created)
+                    self._pop(victim, "overflow")
                 queue.append(PooledGroup(msg.peer, msg.model, msg.round, float(msg.created), g, key))
                 self._size += 1
                 self.accepted += 1

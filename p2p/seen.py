@@ -1,5 +1,6 @@
 """Keys remembered for a fixed time and up to a fixed count: the duplicate memory of the message
-policy (hashes of message bytes) and of the pool (group keys). Not locked: its owner holds a lock."""
+policy (hashes of message bytes) and of the pool (group keys), and the discovery loop's backoff and
+logged-once tables. Not locked: its one owner serialises access (a lock, or a single trio task)."""
 
 from __future__ import annotations
 
