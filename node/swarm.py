@@ -9,6 +9,7 @@ them up.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from p2p.identity import load_or_create, peer_id
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 60.0
+PLAIN_EVERY_S = 15.0  # progress line period when the output is not a terminal
 COMPANION_ROUNDS = 10**6  # "until the others finish": the runner stops a companion long before
 
 
@@ -175,6 +177,12 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _state(c: Child) -> str:
+    if c.proc.poll() is not None:
+        return f"exit {c.proc.returncode}"
+    return "running" if c.rows else "starting"
+
+
 def table(children: list[Child], rounds: int) -> Table:
     t = Table(title="sapo swarm", caption="Ctrl-C stops every node with a checkpoint")
     for col in ("node", "model", "round", "reward", "eval acc", "peers", "out (msgs)", "in (groups)",
@@ -183,12 +191,11 @@ def table(children: list[Child], rounds: int) -> Table:
     for c in children:
         rows = c.rows
         p2p = _last(rows, "p2p") or {}
-        state = "running" if c.proc.poll() is None else f"exit {c.proc.returncode}"
         t.add_row(c.name, c.preset, f"{rows[-1]['round'] if rows else 0}/{'-' if c.companion else rounds}", _fmt(_last(rows, "reward_mean")),
                   _fmt(_last(rows, "eval_accuracy")), str(_last(rows, "peers") or 0), str(p2p.get("published", 0)),
                   str(total(rows, "n_external_received")),
                   "/".join(str(total(rows, k)) for k in ("external_inspected", "external_informative", "n_external_used")),
-                  f"{total(rows, 'local_informative')}/{total(rows, 'n_local')}", state, c.dashboard)
+                  f"{total(rows, 'local_informative')}/{total(rows, 'n_local')}", _state(c), c.dashboard)
     return t
 
 
@@ -254,6 +261,48 @@ def plot(children: list[Child], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def progress_lines(children: list[Child], rounds: int, elapsed: float) -> list[str]:
+    """One plain line per node, for output that is not a terminal (CI logs, `| tee`)."""
+    lines = []
+    for c in children:
+        rows = c.rows
+        lines.append(f"[{elapsed:5.0f} s] {c.name} ({c.preset}) round {rows[-1]['round'] if rows else 0}/"
+                     f"{'-' if c.companion else rounds}, reward {_fmt(_last(rows, 'reward_mean'))}, "
+                     f"eval {_fmt(_last(rows, 'eval_accuracy'))}, peers {_last(rows, 'peers') or 0}, "
+                     f"external used {total(rows, 'n_external_used')}, {_state(c)}")
+    return lines
+
+
+def watch(children: list[Child], rounds: int, console: Console, live: bool, stopping) -> None:
+    """Show the swarm until every node (companions aside) is done or `stopping()`, then stop it: a live
+    table on a terminal; elsewhere a progress line per node every `PLAIN_EVERY_S` and the final table at
+    full width (a pipe gets no live updates, and rich would squeeze the table to 80 columns)."""
+    started, shown = time.monotonic(), 0.0
+    view = Live(table(children, rounds), console=console, refresh_per_second=2, transient=not live) \
+        if console.is_terminal else contextlib.nullcontext()
+    with view:
+        while not stopping() and any(c.proc.poll() is None for c in children if not c.companion):
+            for c in children:
+                c.refresh()
+            if console.is_terminal:
+                view.update(table(children, rounds))
+            elif time.monotonic() - shown >= PLAIN_EVERY_S:
+                shown = time.monotonic()
+                print("\n".join(progress_lines(children, rounds, shown - started)), file=console.file, flush=True)
+            time.sleep(0.5)
+        if stopping():
+            console.print("stopping every node (each writes a checkpoint)...")
+        stop(children)
+        for c in children:
+            c.refresh()
+        if console.is_terminal:
+            view.update(table(children, rounds))
+    if not console.is_terminal and live:
+        final = table(children, rounds)
+        wide = Console(file=console.file, width=10_000)
+        Console(file=console.file, width=max(console.width, wide.measure(final).maximum)).print(final)
+
+
 def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None = None, live: bool = True) -> dict:
     """Start the swarm, show it until every node is done or a stop signal arrives, then summarise."""
     console = console or Console(stderr=True)
@@ -275,18 +324,7 @@ def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None 
         if spec.baseline:
             silos = start(spec.silo(), cache_dir, processes, prefix="silo")
             children = nodes + silos
-        with Live(table(children, spec.rounds), console=console, refresh_per_second=2, transient=not live) as view:
-            while not stopping and any(c.proc.poll() is None for c in children if not c.companion):
-                for c in children:
-                    c.refresh()
-                view.update(table(children, spec.rounds))
-                time.sleep(0.5)
-            if stopping:
-                console.print("stopping every node (each writes a checkpoint)...")
-            stop(children)
-            for c in children:
-                c.refresh()
-            view.update(table(children, spec.rounds))
+        watch(children, spec.rounds, console, live, lambda: stopping)
     finally:
         stop(children)
         for s, handler in previous.items():

@@ -125,6 +125,11 @@ def test_a_swarm_with_a_baseline_runs_the_same_nodes_alone_and_reports_the_diffe
         config = json.loads((tmp_path / "silo" / f"node{k}" / "config.json").read_text())
         assert config["run"]["seed"] == k and config["model"]["name"] == "tiny-a"  # the same node, alone
     assert f"the same nodes alone ({summary['cumulative_reward_mean']:.2f} vs " in r.stdout
+    # piped output (as in CI logs): plain progress lines from the start, and the final table at full width
+    assert "] node0 (tiny-a) round 0/3" in r.stderr and "] silo1 (tiny-a) round " in r.stderr
+    header = next(line for line in r.stderr.splitlines() if "ext inspected/informative/used" in line)
+    assert "local informative" in header and "dashboard" in header and len(header) > 120
+    assert "exit 0" in r.stderr.split("ext inspected/informative/used")[-1]
 
 
 @pytest.mark.slow
