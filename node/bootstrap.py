@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import time
 
 from node.config import ConfigError, NodeConfig
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 TICK_S = 5.0  # how often the status history gets a point
 
 
-def run_bootstrap(cfg: NodeConfig, stop: StopSignal) -> None:
+def run_bootstrap(cfg: NodeConfig, stop: StopSignal, status_socket: socket.socket | None = None) -> None:
     if not cfg.p2p.enabled:
         raise ConfigError("--bootstrap-only needs the p2p layer: drop --p2p.enabled false")
     board = StatusBoard("bootstrap", {"model": None, "rounds": None, "peer_id": None, "network": cfg.p2p.network},
@@ -33,7 +34,7 @@ def run_bootstrap(cfg: NodeConfig, stop: StopSignal) -> None:
 
     with contextlib.ExitStack() as stack:
         if cfg.status.enabled:
-            stack.enter_context(StatusServer(cfg.status, board))
+            stack.enter_context(StatusServer(cfg.status, board, status_socket))
         gossip = stack.enter_context(Gossip(cfg.p2p, cfg.key_file(), on_message=count))
         board.update_info(peer_id=gossip.peer_id)
         board.set_live(gossip.stats)

@@ -73,6 +73,18 @@ def _setup_logging(level: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from node import preflight
+
+    cfg = load_config(args.config, _overrides(args))
+    _setup_logging(cfg.run.log_level)
+    checked = preflight.check(cfg, model=not args.bootstrap_only)  # before torch is imported or a model loaded
+    try:
+        return _run_checked(args, cfg, checked)
+    finally:
+        checked.close()
+
+
+def _run_checked(args: argparse.Namespace, cfg: NodeConfig, checked) -> int:
     from node.bootstrap import run_bootstrap
     from node.lifecycle import StopSignal
     from node.loop import Node
@@ -85,14 +97,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from trainer.memory import MemoryPlanError
     from trainer.policy import ModelLoadError
 
-    cfg = load_config(args.config, _overrides(args))
-    _setup_logging(cfg.run.log_level)
     with StopSignal(cfg.run.stop_timeout_s) as stop:
         try:
             if args.bootstrap_only:
-                run_bootstrap(cfg, stop)
+                run_bootstrap(cfg, stop, checked.status_socket)
                 return 0
-            node = Node(cfg)
+            node = Node(cfg, status_socket=checked.status_socket)
             node.run(stop)
         except ModelLoadError as e:
             raise ConfigError(f"model.name: {e}") from None
@@ -143,6 +153,7 @@ def cmd_id(args: argparse.Namespace) -> int:
 def cmd_swarm(args: argparse.Namespace) -> int:
     import shlex
 
+    from node.preflight import model_problem
     from node.swarm import SwarmError, SwarmSpec, run
     from trainer import presets as named
 
@@ -164,6 +175,9 @@ def cmd_swarm(args: argparse.Namespace) -> int:
             raise ConfigError(f"--task-mixes: {e}") from None
     _setup_logging("INFO")
     cache_dir = args.cache_dir or NodeConfig().model.cache_dir
+    for name in dict.fromkeys(presets):
+        if problem := model_problem(name, cache_dir):
+            raise ConfigError(f"--presets: {problem}")
     for name in dict.fromkeys(presets):
         if name in named.names():
             named.ensure(name, cache_dir)

@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import random
+import socket
 import time
 from dataclasses import asdict
 
@@ -46,8 +47,10 @@ def round_seed(seed: int, round_: int) -> int:
 
 
 class Node:
-    def __init__(self, cfg: NodeConfig, progress: Progress | None = None):
+    def __init__(self, cfg: NodeConfig, progress: Progress | None = None, status_socket: socket.socket | None = None):
+        """`status_socket`: the status endpoint's socket, bound before the model loaded (`node.preflight`)."""
         self.cfg = cfg
+        self._status_socket = status_socket
         if cfg.run.torch_threads:
             torch.set_num_threads(cfg.run.torch_threads)
         out = cfg.run.out_dir
@@ -140,7 +143,7 @@ class Node:
             if self.cfg.selection.external_groups:
                 self.selector.untrusted.start()  # its worker warms up while the node starts
             if self.cfg.status.enabled:
-                stack.enter_context(StatusServer(self.cfg.status, self.board))
+                stack.enter_context(StatusServer(self.cfg.status, self.board, self._status_socket))
             if self.cfg.p2p.enabled:
                 self.gossip = stack.enter_context(self._new_gossip())
                 self.board.update_info(peer_id=self.gossip.peer_id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from collections import Counter, deque
@@ -32,7 +33,7 @@ class StatusConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     enabled: bool = Field(True, description="serve /metrics, /status and the dashboard over HTTP")
-    listen: str = Field("127.0.0.1:8080", description="HOST:PORT of the status endpoint (port 0 picks a free one; "
+    listen: str = Field("127.0.0.1:8080", description="HOST:PORT of the status endpoint (busy: the next free port of the 20 after it; port 0 picks any free one; "
                         "0.0.0.0 exposes it to the network: it has no authentication)")
     history: int = Field(5000, ge=10, description="rounds kept in memory for /status and the dashboard's charts")
     stall_after_s: float = Field(900.0, gt=0, description="a running node that has completed no round for this long "
@@ -204,13 +205,18 @@ class StatusError(RuntimeError):
 class StatusServer:
     """Owns the HTTP server thread from start to join."""
 
-    def __init__(self, cfg: StatusConfig, board: StatusBoard):
+    def __init__(self, cfg: StatusConfig, board: StatusBoard, sock: socket.socket | None = None):
+        """`sock`: a socket already bound and listening (`node.preflight`), served instead of binding `cfg.listen`."""
         handler = type("Handler", (_Handler,), {"board": board})
         try:
-            self._server = ThreadingHTTPServer(cfg.address(), handler)
+            self._server = ThreadingHTTPServer(cfg.address(), handler, bind_and_activate=sock is None)
         except OSError as e:
             raise StatusError(f"cannot serve the status endpoint on {cfg.listen}: {e.strerror or e} "
                               "(choose another with --status.listen, or --status.enabled false)") from None
+        if sock is not None:
+            self._server.socket.close()
+            self._server.socket, self._server.server_address = sock, sock.getsockname()
+            self._server.server_name, self._server.server_port = sock.getsockname()[:2]  # what server_bind sets
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="sapo-status", daemon=True)
 

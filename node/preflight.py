@@ -1,0 +1,159 @@
+"""What `sapo run` checks before it imports torch or loads a model: a busy port, an unwritable folder, a
+corrupt key or a misspelt model name should cost a second and one line, not a minute of model loading
+(or of hub retries with no network) followed by the same line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import errno
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from node.config import ConfigError, NodeConfig
+
+log = logging.getLogger(__name__)
+
+STATUS_PORT_TRIES = 20  # a busy status port gives way to the next free one among this many
+HUB_PROBE_S = 3.0
+
+
+@dataclass
+class Preflight:
+    """What the checks hold on to for the node: the status endpoint's socket, bound (so a second node
+    started at the same moment cannot take the same port) but not yet served."""
+    status_socket: socket.socket | None
+
+    def close(self) -> None:
+        if self.status_socket is not None:
+            self.status_socket.close()
+
+
+def check(cfg: NodeConfig, model: bool = True) -> Preflight:
+    """Raise `ConfigError` naming the first problem; `model=False` for a node without one. Checks that
+    create nothing come first, so a typo leaves no folder or key behind."""
+    if model and (problem := model_problem(cfg.model.name, cfg.model.cache_dir)):
+        raise ConfigError(f"model.name: {problem}")
+    if cfg.p2p.enabled:
+        for addr in cfg.p2p.listen:
+            _check_listen(addr)
+    _check_out_dir(cfg.run.out_dir)
+    _check_key(cfg)
+    return Preflight(bind_status(cfg) if cfg.status.enabled else None)
+
+
+def _check_out_dir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"run.out_dir: cannot create {out} ({e.strerror})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"run.out_dir: {out} is not writable")
+
+
+def _check_key(cfg: NodeConfig) -> None:
+    from p2p.identity import IdentityError, load_or_create
+
+    try:
+        load_or_create(cfg.key_file())
+    except IdentityError as e:
+        raise ConfigError(f"p2p.key_file: {e}") from None
+
+
+def _check_listen(addr: str) -> None:
+    parts = addr.strip("/").split("/")
+    if len(parts) < 4 or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp" or parts[3] == "0":
+        return
+    family = socket.AF_INET if parts[0] == "ip4" else socket.AF_INET6
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the libp2p listener does
+        try:
+            s.bind((parts[1], int(parts[3])))
+        except OSError as e:
+            raise ConfigError(f"p2p.listen: cannot listen on {addr} ({e.strerror}; another node on this machine?): "
+                              "choose another port, or tcp/0 for any free one") from None
+
+
+def bind_status(cfg: NodeConfig) -> socket.socket:
+    """The status endpoint's listening socket: the configured port, or when it is busy the next free one
+    (two nodes on one machine with default settings both work). Port 0 takes any free port."""
+    host, port = cfg.status.address()
+    tries = 1 if port == 0 else STATUS_PORT_TRIES
+    for candidate in range(port, port + tries):
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind((host, candidate))
+            s.listen(16)
+        except OSError as e:
+            s.close()
+            if e.errno == errno.EADDRINUSE and candidate + 1 < port + tries:
+                continue
+            raise ConfigError(f"status.listen: cannot listen on {host}:{candidate} ({e.strerror}): choose another "
+                              "with --status.listen HOST:PORT (port 0 picks a free one) or --status.enabled false") from None
+        if candidate != port:
+            log.warning("status port %d is busy (another node?); serving status on %s:%d", port, host, candidate)
+        return s
+    raise AssertionError("unreachable")
+
+
+def model_problem(name: str, cache_dir: Path) -> str | None:
+    """Why `name` cannot be loaded, when that is clear without loading it: a folder that is not there or
+    holds no model, or a name that is no preset, no folder and not reachable on the hub."""
+    from trainer import presets
+
+    if name in presets.names():
+        return None
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            return f"{name} is a file; give the folder that holds config.json and the weights"
+        if not (path / "config.json").is_file():
+            return f"{name} has no config.json: not a Hugging Face model folder"
+        return None
+    close = difflib.get_close_matches(Path(name).name or name, presets.names(), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    choices = f"presets: {', '.join(presets.names())}"
+    if name.startswith(("/", "./", "../", "~")) or name.endswith("/") or name.count("/") > 1:
+        return f"no such folder: {name} ({hint}{choices})"
+    if hub_reachable():
+        return None
+    go_offline()
+    if _hub_cached(name):
+        return None
+    return (f"{name!r} is not a preset or a folder, and the model hub is unreachable from here, so it cannot be "
+            f"fetched ({hint}{choices}; or a local model folder)")
+
+
+def go_offline() -> None:
+    """Tell huggingface_hub (and transformers through it) that the hub is unreachable: with no network it
+    retries for about a minute per look-up before it falls back on its cache. It reads the variable once at
+    import, so the module's copy is set too."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import huggingface_hub.constants
+
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+
+
+def _hub_cached(repo_id: str) -> bool:
+    """A hub model downloaded before loads with no network."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # noqa: BLE001 - a malformed repo id is simply not cached
+        return False
+
+
+def hub_reachable(timeout: float = HUB_PROBE_S) -> bool:
+    """One TCP connection to the hub's endpoint: with no network transformers retries for about a minute."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((url.hostname or "", url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,120 @@
+"""`sapo run` refuses what it can check (ports, folders, keys, model names) before it loads anything."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+
+import pytest
+
+from node import preflight
+from node.config import ConfigError, load_config
+from tests.conftest import run_sapo
+
+OFFLINE = {"HF_ENDPOINT": "http://127.0.0.1:9"}  # a closed local port: the hub looks unreachable, at once
+
+
+def busy_port() -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    return s
+
+
+def test_a_busy_status_port_gives_way_to_the_next_free_one(tmp_path):
+    with busy_port() as taken:
+        port = taken.getsockname()[1]
+        cfg = load_config(overrides={"run": {"out_dir": str(tmp_path)}, "status": {"listen": f"127.0.0.1:{port}"}})
+        checked = preflight.check(cfg, model=False)
+        try:
+            assert port < checked.status_socket.getsockname()[1] <= port + preflight.STATUS_PORT_TRIES
+        finally:
+            checked.close()
+
+
+def test_an_unavailable_status_address_is_one_line_naming_the_knob(tmp_path):
+    cfg = load_config(overrides={"run": {"out_dir": str(tmp_path)}, "status": {"listen": "192.0.2.1:8080"}})
+    with pytest.raises(ConfigError, match=r"^status.listen: cannot listen on 192.0.2.1:8080"):
+        preflight.check(cfg, model=False)
+
+
+def test_a_busy_p2p_port_is_refused_before_any_model_is_built(tmp_path):
+    """The model cache stays empty: the tiny-a preset would have been built (a minute) had it got that far."""
+    cache = tmp_path / "cache"
+    with busy_port() as taken:
+        port = taken.getsockname()[1]
+        r = run_sapo("run", "--out", str(tmp_path / "out"), "--listen", f"/ip4/127.0.0.1/tcp/{port}",
+                     "--model.cache_dir", str(cache), timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(f"sapo: config error: p2p.listen: cannot listen on /ip4/127.0.0.1/tcp/{port}")
+    assert not cache.exists()
+
+
+def test_a_corrupt_key_is_refused_before_the_model_loads_and_kept(tmp_path):
+    key = tmp_path / "node.key"
+    key.write_bytes(b"not a key")
+    r = run_sapo("run", "--out", str(tmp_path), "--model.cache_dir", str(tmp_path / "cache"), timeout=60)
+    assert r.returncode == 2 and "config error: p2p.key_file:" in r.stderr, r.stderr
+    assert key.read_bytes() == b"not a key" and not (tmp_path / "cache").exists()
+
+
+def test_an_out_dir_that_cannot_be_created_is_named(tmp_path):
+    (tmp_path / "file").write_text("")
+    cfg = load_config(overrides={"run": {"out_dir": str(tmp_path / "file" / "run")}})
+    with pytest.raises(ConfigError, match=r"^run.out_dir: cannot create .*file/run"):
+        preflight.check(cfg)
+
+
+@pytest.mark.parametrize("name, says", [
+    ("/nonexistent", "no such folder: /nonexistent"),
+    ("./models/tiny-bb/", "no such folder: ./models/tiny-bb/ (did you mean tiny-b?"),
+    ("smollm2-135", "'smollm2-135' is not a preset or a folder, and the model hub is unreachable from here"),
+])
+def test_a_model_that_is_not_there_says_so_at_once_with_the_presets(name, says, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", OFFLINE["HF_ENDPOINT"])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # restored afterwards, though model_problem sets it
+    problem = preflight.model_problem(name, tmp_path)
+    assert problem is not None and says in problem and "presets: tiny-a, tiny-b, smollm2-135m" in problem
+    if name == "smollm2-135":
+        assert "did you mean smollm2-135m?" in problem
+
+
+def test_a_folder_that_holds_no_model_is_named(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"")
+    assert "has no config.json" in preflight.model_problem(str(tmp_path), tmp_path)
+    assert "is a file" in preflight.model_problem(str(tmp_path / "weights.bin"), tmp_path)
+
+
+def test_presets_folders_and_a_reachable_hub_pass(tmp_path, tiny_a, monkeypatch):
+    assert preflight.model_problem("tiny-b", tmp_path) is None  # a preset is built when it is needed
+    assert preflight.model_problem(str(tiny_a), tmp_path) is None
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # restored afterwards, though model_problem sets it
+    with busy_port() as hub:  # something answers there: the hub counts as reachable and has the last word
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{hub.getsockname()[1]}")
+        assert preflight.hub_reachable(1.0) and preflight.model_problem("org/model", tmp_path) is None
+    assert not preflight.hub_reachable(1.0)  # now nothing listens there
+
+
+def test_a_typo_in_the_cli_fails_in_one_line_with_no_hub_retries(tmp_path):
+    r = run_sapo("run", "--model", "smollm2-135", "--out", str(tmp_path), env=OFFLINE, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "sapo: config error: model.name: 'smollm2-135' is not a preset or a folder, and the model hub is unreachable "
+        "from here, so it cannot be fetched (did you mean smollm2-135m? presets: tiny-a, tiny-b, smollm2-135m; or a "
+        "local model folder)"]
+
+
+@pytest.mark.slow
+def test_a_hub_model_downloaded_before_runs_with_no_network(tmp_path, tiny_a):
+    """A hub id found in the local hub cache loads offline (no minute of retries first)."""
+    snapshot = tmp_path / "hub" / "models--someone--tiny" / "snapshots" / "0123abc"
+    shutil.copytree(tiny_a, snapshot)
+    (tmp_path / "hub" / "models--someone--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--someone--tiny" / "refs" / "main").write_text("0123abc")
+    r = run_sapo("run", "--model", "someone/tiny", "--out", str(tmp_path / "out"), "--rounds", "1",
+                 "--p2p.enabled", "false", "--tasks.eval_size", "4",
+                 env={**OFFLINE, "HF_HUB_CACHE": str(tmp_path / "hub")}, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["round"] for m in rows] == [0, 1]
