@@ -224,7 +224,7 @@ def test_a_node_on_vllm_trains_pushes_every_step_and_resumes_exactly(tiny_a, cac
 def test_asking_for_vllm_without_it_is_one_line_naming_the_install(tiny_a, cache_dir, tmp_path):
     r = run_sapo(*small_run(cache_dir, tmp_path, 1, "--generation.backend", "vllm", "--p2p.enabled", "false"))
     assert r.returncode != 0
-    assert "generation.backend" in r.stderr and "sapo-node[vllm]" in r.stderr
+    assert "generation.backend" in r.stderr and "pip install -e '.[vllm]'" in r.stderr
     assert "Traceback" not in r.stderr
 
 

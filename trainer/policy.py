@@ -128,7 +128,7 @@ def _with_lora(model: PreTrainedModel, cfg: ModelConfig, adapter_from: Path | No
     try:
         from peft import LoraConfig, PeftModel, get_peft_model
     except ImportError:
-        raise ModelLoadError("model.lora.enabled needs peft: pip install 'sapo-node[lora]'") from None
+        raise ModelLoadError("model.lora.enabled needs peft: pip install -e '.[lora]' in the sapo-node checkout") from None
     if adapter_from is not None:
         return PeftModel.from_pretrained(model, str(adapter_from), is_trainable=True)
     lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,

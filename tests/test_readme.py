@@ -1,0 +1,94 @@
+"""Every example in the README runs as written: the short ones here, the rest listed with why not."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from node.config import load_config
+from tests.conftest import CACHE, ROOT
+
+BLOCK = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
+
+# First line of each fenced block that is not run here -> why (long runs, other machines, or output).
+NOT_RUN = {
+    "bash scripts/demo.sh": "the main job (minutes); scripts/demo.sh is `sapo swarm`, run by tests/test_swarm.py",
+    ".venv/bin/python scripts/pass_rates.py": "benchmark: tens of minutes on the real model",
+    ".venv/bin/python scripts/bench_round.py": "benchmark: tens of minutes on the real model",
+    ".venv/bin/python scripts/bench_silo.py": "benchmark: 10 minutes",
+    ".venv/bin/python scripts/sapo_experiment.py": "experiment: hours; tests/test_experiment.py runs its machinery",
+    ".venv/bin/python scripts/bench_gossip.py": "benchmark: minutes",
+    ".venv/bin/python scripts/bench_hostile.py": "benchmark: minutes",
+    ".venv-vllm/bin/python scripts/bench_generation.py": "benchmark; the second line needs a GPU",
+    "bash scripts/setup.sh": "needs the model hub (Qwen2.5-0.5B) and another node's address",
+    ".venv/bin/pip install -e '.[vllm]'": "needs a CUDA machine (CI's second stage tests the CPU build of vLLM)",
+    "node0 (tiny-a): 300 rounds": "output of the demo, not a command",
+}
+
+
+def blocks() -> list[tuple[str, str]]:
+    return [(lang, body) for lang, body in BLOCK.findall((ROOT / "README.md").read_text())]
+
+
+def sapo_env() -> dict:
+    """A user's shell: `sapo` on the PATH, default ports (none of the tests' overrides), the tests' model cache."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAPO_")}
+    env["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{env['PATH']}"
+    return {**env, "SAPO_MODEL__CACHE_DIR": str(CACHE), "COLUMNS": "300"}
+
+
+def test_every_block_is_run_here_or_listed_with_why_not():
+    firsts = [body.splitlines()[0] for _, body in blocks()]
+    ran = {"$ sapo run --grpo.lr -1", "[[tasks.datasets]]", "A=$(sapo id --out runs/a --listen /ip4/127.0.0.1/tcp/7420 | tail -n 1)"}
+    unknown = [f for f in firsts if not any(f.startswith(k) for k in NOT_RUN) and not any(f.startswith(k) for k in ran)]
+    assert unknown == [], "README blocks neither run by tests/test_readme.py nor listed in NOT_RUN"
+    stale = [k for k in NOT_RUN if not any(f.startswith(k) for f in firsts)]
+    assert stale == [], "NOT_RUN lists blocks the README no longer has"
+
+
+def test_shell_transcripts_print_what_the_readme_shows(tmp_path):
+    transcripts = [body for _, body in blocks() if body.startswith("$ ")]
+    assert transcripts
+    for body in transcripts:
+        command, *expected = body.strip().splitlines()
+        r = subprocess.run(command[2:], shell=True, capture_output=True, text=True, env=sapo_env(),
+                           cwd=tmp_path, timeout=120)
+        assert (r.stdout + r.stderr).strip().splitlines() == expected, command
+
+
+def test_config_file_examples_load(tmp_path):
+    tomls = [body for lang, body in blocks() if lang == "toml"]
+    assert tomls
+    for k, body in enumerate(tomls):
+        path = tmp_path / f"example{k}.toml"
+        path.write_text(body)
+        load_config(path)
+
+
+@pytest.mark.slow
+def test_the_two_node_example_trains_both_nodes_together(tmp_path, tiny_a):
+    body = next(body for lang, body in blocks() if lang == "bash" and body.startswith("A=$(sapo id"))
+    proc = subprocess.Popen(["bash", "-c", body], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=sapo_env(), cwd=tmp_path, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=600)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the backgrounded node too, whatever happened
+    assert proc.returncode == 0, stderr[-3000:]
+    for node, rounds in (("a", 200), ("b", 200)):
+        rows = [json.loads(line) for line in (tmp_path / "runs" / node / "metrics.jsonl").read_text().splitlines()][1:]
+        assert len(rows) == rounds and max(m["peers"] for m in rows) == 1
+    used = [sum(m["n_external_used"] for m in (json.loads(line) for line in
+            (tmp_path / "runs" / node / "metrics.jsonl").read_text().splitlines())) for node in "ab"]
+    assert min(used) > 0, f"external groups used by a and b: {used}"
+    # both serve status; with 8080 free, one node says it took the next port
+    dashboards = re.findall(r"status: dashboard at (http://\S+)", stderr)
+    assert len(set(dashboards)) == 2
