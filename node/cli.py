@@ -122,6 +122,20 @@ def _run_checked(args: argparse.Namespace, cfg: NodeConfig, checked) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from node.doctor import report
+    from trainer.policy import ModelLoadError
+
+    if args.card is not None and args.card <= 0:
+        raise ConfigError(f"--card: GB must be positive (got {args.card})")
+    cfg = load_config(args.config, _overrides(args))
+    _setup_logging("WARNING")
+    try:
+        return report(cfg, args.card)
+    except ModelLoadError as e:
+        raise ConfigError(f"model.name: {e}") from None
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, _overrides(args))
     print(cfg.model_dump_json(indent=2))
@@ -244,6 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="no model: serve peer discovery and gossip routing for a swarm (cheap enough for a small VPS)")
     _add_config_flags(run)
     run.set_defaults(func=cmd_run)
+
+    doctor = sub.add_parser("doctor", help="what this machine has (CUDA, MPS, threads, memory, reachability) and the "
+                            "plan `sapo run` with the same flags would choose here, and why")
+    doctor.add_argument("--card", type=float, metavar="GB", help="plan for a CUDA card with this many GB free instead "
+                        "of this machine's device (e.g. 8, 24)")
+    _add_config_flags(doctor)
+    doctor.set_defaults(func=cmd_doctor)
 
     show = sub.add_parser("config", help="print the resolved config (defaults < file < env < flags) as JSON")
     _add_config_flags(show)

@@ -34,8 +34,9 @@ class RunConfig(BaseModel):
     torch_threads: int | None = Field(None, ge=1, description="CPU threads torch may use (null: torch's default, all cores); "
                                       "set it when several nodes share a machine, or they thrash")
     seed: int = Field(0, description="seeds task draws and sampling")
-    memory_gb: float | None = Field(None, gt=0, description="memory (GB) a CPU node plans its rounds in: a config that "
-                                    "cannot fit is refused at start (null: the cgroup limit or the memory available)")
+    memory_gb: float | None = Field(None, gt=0, description="memory (GB) the node plans its rounds in, on its device (GPU "
+                                    "or host): a config that cannot fit is refused at start (null: the device's free "
+                                    "memory; on a CPU the cgroup limit or the memory available)")
     eval_every: int = Field(25, ge=1, description="greedy evaluation on the held-out set every K rounds")
     checkpoint_every: int = Field(100, ge=1, description="checkpoint every K rounds, and always on stop")
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K checkpoints")

@@ -14,6 +14,7 @@ import torch
 
 from node.config import NodeConfig
 from node.lifecycle import StopSignal
+from node import planner
 from node.metrics import MetricsLog, RoundMetrics
 from node.progress import Progress
 from node.selection import Selector, informative
@@ -27,8 +28,7 @@ from trainer import checkpoint
 from trainer.generation import SamplingParams, make_generator
 from trainer.batch import RolloutGroup
 from trainer.grpo import GRPOTrainer, StepStats
-from trainer import memory
-from trainer.policy import encode_prompts, export_weights, load_policy
+from trainer.policy import export_weights, load_policy
 from trainer.rollout import accuracy, accuracy_by_dataset, evaluate, rollout
 
 log = logging.getLogger(__name__)
@@ -65,42 +65,29 @@ class Node:
                 f"{resumed.path} continues model {resumed.state.get('model')!r}, not {cfg.model.name!r}: "
                 "resume with the same model.name or choose a new --out"
             )
-        self.policy = load_policy(cfg.model, weights_from=resumed.model_dir if resumed else None)
+        if resumed and cfg.model.lora.enabled == "auto" and "lora" in resumed.state:  # a checkpoint's kind stands
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={
+                "lora": cfg.model.lora.model_copy(update={"enabled": resumed.state["lora"]})})})
+        fitted = planner.fit(cfg)  # before any weights load: a plan that cannot fit stops here
+        planner.log_plan(fitted.plan)
+        self.cfg = cfg = fitted.cfg
+        self.plan = fitted.plan
+        self.policy = load_policy(cfg.model, weights_from=resumed.model_dir if resumed else None, tokenizer=fitted.tokenizer)
         self.generator = make_generator(cfg.generation, self.policy)
         self.tasks = TaskSource(cfg.tasks.mix(), seed=cfg.run.seed)
         self.eval_tasks = TaskSource(cfg.tasks.mix(), seed=cfg.tasks.eval_seed).draw(cfg.tasks.eval_size)
-        grpo = cfg.grpo.model_copy(update={"micro_batch": self._micro_batch()})
-        self.trainer = GRPOTrainer(self.policy, grpo, cfg.generation.max_new_tokens, cfg.run.rounds, cfg.generation.stop)
+        self.trainer = GRPOTrainer(self.policy, cfg.grpo, cfg.generation.max_new_tokens, cfg.run.rounds, cfg.generation.stop)
         self.round = 0
         self.selector = Selector(cfg.selection, cfg.tasks)
         self.pool = RolloutPool(cfg.p2p.pool, proven=self.selector.proven)
         self.gossip: Gossip | None = None
         self._pool_accepted = 0
-        self.board = StatusBoard("trainer", {"model": cfg.model.name, "rounds": cfg.run.rounds, "peer_id": None,
+        self.board = StatusBoard("trainer", {"model": cfg.model.name, "plan": self.plan.summary(), "rounds": cfg.run.rounds, "peer_id": None,
                                              "network": cfg.p2p.network if cfg.p2p.enabled else None},
                                  cfg.status.history, live=self._live_p2p, stall_after_s=cfg.status.stall_after_s)
         if resumed:
             self._restore(resumed)
         (out / "config.json").write_text(cfg.model_dump_json(indent=2))
-
-    def _micro_batch(self) -> int:
-        """The configured micro-batch checked against this machine's memory (0: the largest that fits).
-        On a GPU the configured one stands: planning for accelerators is not done here."""
-        cfg = self.cfg
-        if self.policy.device.type != "cpu":
-            return cfg.grpo.micro_batch
-        g = cfg.generation.completions_per_group
-        longest_prompt = max(len(ids) for ids in encode_prompts(self.policy, [t.prompt for t in self.eval_tasks[:64]]))
-        shape = memory.RoundShape(
-            rows=-(-(cfg.run.local_groups + cfg.selection.external_groups) * g // cfg.grpo.minibatches),
-            generation_rows=min(cfg.generation.batch_size, max(cfg.run.local_groups * g, cfg.tasks.eval_size)),
-            prompt_tokens=longest_prompt + longest_prompt // 4, completion_tokens=cfg.generation.max_new_tokens)
-        budget = cfg.run.memory_gb * 1e9 if cfg.run.memory_gb else memory.available_bytes()
-        micro = memory.plan_micro_batch(memory.shape_of(self.policy.model), shape, cfg.grpo.micro_batch, budget)
-        if micro < shape.rows:
-            log.info("training in micro-batches of %d sequences (of %d per step)%s", micro, shape.rows,
-                     ": the most that fits in memory" if cfg.grpo.micro_batch == 0 else "")
-        return micro
 
     def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
         self.round = ckpt.round
@@ -120,7 +107,7 @@ class Node:
             "scheduler": self.trainer.scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
         }
-        state = {"model": self.cfg.model.name, "task_position": self.tasks.position,
+        state = {"model": self.cfg.model.name, "lora": self.cfg.model.lora.enabled, "task_position": self.tasks.position,
                  "weight_version": self.generator.weight_version, "selection": self.selector.state_dict()}
         checkpoint.save(self.checkpoints, self.round, self.policy.model, self.policy.tokenizer, trainer_state, state,
                         keep=self.cfg.run.keep_checkpoints)

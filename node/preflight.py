@@ -65,17 +65,13 @@ def _check_key(cfg: NodeConfig) -> None:
 
 
 def _check_listen(addr: str) -> None:
-    parts = addr.strip("/").split("/")
-    if len(parts) < 4 or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp" or parts[3] == "0":
-        return
-    family = socket.AF_INET if parts[0] == "ip4" else socket.AF_INET6
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the libp2p listener does
-        try:
-            s.bind((parts[1], int(parts[3])))
-        except OSError as e:
-            raise ConfigError(f"p2p.listen: cannot listen on {addr} ({e.strerror}; another node on this machine?): "
-                              "choose another port, or tcp/0 for any free one") from None
+    from p2p.host import check_can_listen
+
+    try:
+        check_can_listen([addr])
+    except OSError as e:
+        raise ConfigError(f"p2p.listen: cannot listen on {addr} ({e.strerror}; another node on this machine?): "
+                          "choose another port, or tcp/0 for any free one") from None
 
 
 def bind_status(cfg: NodeConfig) -> socket.socket:

@@ -42,6 +42,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from node.swarm import free_port  # noqa: E402
+from trainer.config import default_cache_dir  # noqa: E402
 
 WARMUP_ROUNDS = 5
 
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topology", choices=("one-hop", "direct"), default="one-hop",
                    help="one-hop: the flood reaches the neighbour only through the target; direct: on its own links too")
     p.add_argument("--code", type=Path, default=ROOT, help="checkout whose nodes and probes run")
-    p.add_argument("--cache", type=Path, default=ROOT / ".sapo-cache", help="model cache (tiny-a is built there)")
+    p.add_argument("--cache", type=Path, default=default_cache_dir(), help="model cache (tiny-a is built there)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.code, capture_output=True,

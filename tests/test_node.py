@@ -230,10 +230,13 @@ def test_asking_for_vllm_without_it_is_one_line_naming_the_install(tiny_a, cache
 
 def test_a_round_that_cannot_fit_in_memory_is_refused_before_it_starts_and_auto_fits_it(tiny_a, cache_dir, tmp_path):
     tight = ["--run.memory_gb", "1.2", "--generation.max_new_tokens", "2000"]
-    r = run_sapo(*small_run(cache_dir, tmp_path / "fixed", 1, *tight, "--grpo.micro_batch", "12"))
+    full = ["--model.lora.enabled", "false", "--model.gradient_checkpointing", "false"]
+    r = run_sapo(*small_run(cache_dir, tmp_path / "fixed", 1, *tight, *full, "--grpo.micro_batch", "12"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "grpo.micro_batch 12 needs about" in r.stderr and "set grpo.micro_batch to" in r.stderr
     assert not (tmp_path / "fixed" / "metrics.jsonl").exists()
-    r = run_sapo(*small_run(cache_dir, tmp_path / "auto", 1, *tight))
+    r = run_sapo(*small_run(cache_dir, tmp_path / "auto", 1, *tight, *full), env={"COLUMNS": "300"})
     assert r.returncode == 0, r.stderr
-    assert "training in micro-batches of" in r.stderr
+    ran = json.loads((tmp_path / "auto" / "config.json").read_text())
+    assert 1 <= ran["grpo"]["micro_batch"] < 12  # 3 groups x 4 completions per step: the whole step does not fit
+    assert f"micro-batch {ran['grpo']['micro_batch']}; expected peak" in r.stderr

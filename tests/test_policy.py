@@ -53,3 +53,17 @@ def test_a_saved_tokenizer_is_loaded_as_saved(tiny_a):
     text = "reverse abcde\nReply with <answer>final answer</answer>.\n"
     loaded = policy_module.load_tokenizer(str(tiny_a))
     assert loaded(text)["input_ids"] == train_tokenizer(PRESETS["tiny-a"])(text)["input_ids"]
+
+
+def test_apple_mps_is_planned_in_float32_within_what_metal_recommends(monkeypatch):
+    """No Mac runs this suite: the MPS branch of the device probe and dtype choice, with torch's MPS calls faked."""
+    from trainer import plan
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 12 * 2**30)
+    assert pick_dtype("auto", pick_device("auto")) == torch.float32  # bf16 autocast on MPS is not relied on
+    device = plan.probe("auto", memory_gb=64)
+    assert device.kind == "mps" and device.total_bytes == 12 * 2**30
+    assert device.free_bytes <= 12 * 2**30 and not device.bf16
+    assert plan.probe("auto", memory_gb=1).free_bytes == 1e9  # a cap the user sets holds on unified memory too

@@ -208,12 +208,22 @@ def test_ctrl_c_stops_every_node_of_a_swarm_with_a_checkpoint_and_leaves_no_proc
 
 
 def test_a_swarm_whose_bootstrap_node_cannot_start_says_why_in_one_line(tmp_path):
-    r = run_sapo("swarm", "--nodes", "2", "--rounds", "1", "--presets", str(tmp_path / "no-such-model"),
-                 "--out", str(tmp_path / "s"))
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # looks like a model folder until it is read
+    r = run_sapo("swarm", "--nodes", "2", "--rounds", "1", "--presets", str(broken), "--out", str(tmp_path / "s"))
     assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1].startswith(
         "sapo: the bootstrap node did not start (sapo: config error: model.name:")
     assert "Traceback" not in r.stderr and not (tmp_path / "s" / "node1").exists()
+
+
+def test_a_swarm_with_a_model_that_is_not_there_starts_nothing(tmp_path):
+    r = run_sapo("swarm", "--nodes", "2", "--rounds", "1", "--presets", f"tiny-a,{tmp_path / 'no-such-model'}",
+                 "--out", str(tmp_path / "s"))
+    assert r.returncode == 2 and not (tmp_path / "s").exists()
+    assert r.stderr.strip().splitlines() == [f"sapo: config error: --presets: no such folder: {tmp_path / 'no-such-model'} "
+                                             "(presets: tiny-a, tiny-b, smollm2-135m)"]
 
 
 def test_own_completions_sent_through_the_external_path_train_on_the_tokens_that_were_sampled(tiny_a, cache_dir):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -17,7 +17,8 @@ def default_cache_dir() -> Path:
 
 
 class LoraConfig(Section):
-    enabled: bool = Field(False, description="train LoRA adapters instead of all weights (needs the 'lora' extra)")
+    enabled: Literal["auto"] | bool = Field("auto", description="train LoRA adapters instead of all weights (needs peft, "
+                                            "the 'lora' extra); auto: when full fine-tuning does not fit (trainer/plan.py)")
     r: int = Field(16, ge=1, description="adapter rank")
     alpha: int = Field(32, ge=1, description="LoRA scaling numerator (scale = alpha / r)")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input")
@@ -36,13 +37,16 @@ class ModelConfig(Section):
         ("What is 12 + 9?", "12 + 9 = 21.\n<answer>21</answer>"),
         description="a worked exchange (question, reply) put before every task in chat-template prompts, so that a "
         "small instruct model sees the answer format once; null sends the task alone")
-    gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
+    gradient_checkpointing: Literal["auto"] | bool = Field(
+        "auto", description="recompute activations in backward to save memory; auto: when the plan needs it to fit")
     trust_remote_code: bool = Field(False, description="allow model code shipped with a hub model (runs that code)")
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
 class VLLMConfig(Section):
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=0.95, description="share of the GPU vLLM may take (weights + KV cache); the trainer uses the rest")
+    gpu_memory_utilization: Literal["auto"] | Annotated[float, Field(gt=0, le=0.95)] = Field(
+        "auto", description="share of the GPU vLLM may take (weights + KV cache), the trainer uses the rest; auto: what the "
+        "round needs (trainer/plan.py)")
     sleep_mode: bool = Field(True, description="on a GPU, free vLLM's memory while the trainer steps and wake it before generating")
     max_model_len: int | None = Field(None, ge=16, description="longest prompt + completion in tokens (null: the model's own limit)")
     enforce_eager: bool = Field(False, description="skip CUDA graph capture (faster start, slower decoding)")
@@ -80,8 +84,8 @@ class GRPOConfig(Section):
     epochs: int = Field(1, ge=1, description="optimisation passes over each round's batch")
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
     micro_batch: int = Field(0, ge=0, description="sequences per forward and backward pass, gradients accumulated over "
-                             "the minibatch; bounds training memory (0: on a CPU the largest that fits in memory, on a "
-                             "GPU the whole minibatch; a CPU node refuses at start a size that cannot fit)")
+                             "the minibatch; bounds training memory (0: the largest that fits in the device's memory; "
+                             "a size that cannot fit is refused at start)")
     max_grad_norm: float = Field(1.0, gt=0, description="clip the global gradient norm")
     external_negatives: bool = Field(False, description="also push down external completions that scored below their "
                                      "group's mean; off by default: a peer's mistakes are text this policy did not "

@@ -1,13 +1,15 @@
-"""A round's peak memory, estimated from the model's shape, so a config that cannot fit is refused
-with the change that would fit instead of being killed by the kernel halfway through a round.
+"""A round's peak memory, estimated from the model's shape before anything is loaded, so that a node
+picks a plan that fits (`trainer.plan`) and refuses one that cannot, instead of being killed halfway
+through a round.
 
-The estimate is deliberately simple and errs high: fp32 weights for the policy and the generator's
-copy, gradients and two AdamW moments for every trainable weight, the KV cache of a generation
-batch, and per training token the activations autograd keeps (per layer, a multiple of the hidden
-and MLP widths) plus the vocabulary-wide logits of completion tokens. The multiples are calibrated
-on SmolLM2-135M on this project's CPU machine: peak RSS 5.56 GB at micro-batch 8 and 8.64 GB at 16,
-with every row running its own prompt (docs/bench/round-smollm2-135m-2cpu.json as of commit a08e13a;
-shared prompts need less, so the estimate stays high).
+The estimate is deliberately simple and errs high: the policy's weights, the generator's copy, gradients
+and two AdamW moments for every trainable weight (in the weights' dtype; LoRA adapters in float32), the KV
+cache of a generation batch, and per training token the activations autograd keeps (per layer, a multiple
+of the hidden and MLP widths) plus the vocabulary-wide logits of completion tokens in float32. The
+multiples are calibrated on SmolLM2-135M on this project's CPU machine: peak RSS 5.56 GB at micro-batch 8
+and 8.64 GB at 16, with every row running its own prompt (docs/bench/round-smollm2-135m-2cpu.json as of
+commit a08e13a; shared prompts need less, so the estimate stays high). Nothing here has been measured on a
+GPU.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-BYTES = 4  # float32
+FLOAT32 = 4
 ACT_PER_HIDDEN, ACT_PER_MLP = 14, 5  # activations kept per layer and token, in units of each width
 LOGIT_COPIES = 3  # logits, their float log-softmax and its gradient, per completion token
-OVERHEAD = 1.0e9  # the interpreter, torch, tokenizer, node state
+HOST_OVERHEAD = 1.0e9  # a CPU node's interpreter, torch, tokenizer, node state
+GB = 1e9
 
 
 class MemoryPlanError(ValueError):
@@ -35,18 +38,34 @@ class ModelShape:
     vocab: int
     kv_width: int  # key (= value) width per token and layer
     checkpointing: bool = False  # activations recomputed in backward: each layer keeps only its input
+    weight_bytes: int = FLOAT32  # per weight value of the policy (and of its activations)
+
+    @property
+    def lora(self) -> bool:
+        return self.trainable < self.parameters
 
 
-def shape_of(model) -> ModelShape:
-    c = model.config
-    c = getattr(c, "text_config", None) or c
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    return ModelShape(parameters=sum(p.numel() for p in model.parameters()),
-                      trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
-                      layers=c.num_hidden_layers, hidden=c.hidden_size, mlp=c.intermediate_size, vocab=c.vocab_size,
-                      kv_width=kv_heads * head_dim,
-                      checkpointing=any(getattr(mod, "gradient_checkpointing", False) for mod in model.modules()))
+def shape_from_config(config: dict, lora_r: int | None = None, lora_targets: tuple[str, ...] = ()) -> ModelShape:
+    """The shape of a decoder-only transformer from its config.json alone (no weights read): parameters
+    counted from the widths (embeddings, attention, gated MLP; biases and norms are a rounding error),
+    trainable ones from the LoRA rank and target modules when `lora_r` is given."""
+    c = config.get("text_config") or config
+    hidden, layers, mlp, vocab = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"], c["vocab_size"]
+    heads = c["num_attention_heads"]
+    head_dim = c.get("head_dim") or hidden // heads
+    kv_width = (c.get("num_key_value_heads") or heads) * head_dim
+    widths = {"q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv_width), "v_proj": (hidden, kv_width),
+              "o_proj": (heads * head_dim, hidden), "gate_proj": (hidden, mlp), "up_proj": (hidden, mlp),
+              "down_proj": (mlp, hidden)}
+    per_layer = sum(i * o for i, o in widths.values()) + 2 * hidden
+    embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", c.get("tie_word_embeddings", True)) else 2)
+    parameters = embeddings + layers * per_layer + hidden
+    trainable = parameters
+    if lora_r is not None:
+        trainable = layers * sum(lora_r * sum(widths[t]) for t in lora_targets if t in widths)
+        parameters += trainable
+    return ModelShape(parameters=parameters, trainable=trainable, layers=layers, hidden=hidden, mlp=mlp, vocab=vocab,
+                      kv_width=kv_width)
 
 
 @dataclass(frozen=True)
@@ -56,22 +75,33 @@ class RoundShape:
     prompt_tokens: int  # the longest prompt
     completion_tokens: int  # max_new_tokens
 
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
-def fixed_bytes(m: ModelShape) -> float:
-    return 2 * m.parameters * BYTES + 3 * m.trainable * BYTES + OVERHEAD
+
+def weights_bytes(m: ModelShape) -> float:
+    return m.parameters * m.weight_bytes
 
 
-def training_bytes(m: ModelShape, r: RoundShape, micro_batch: int) -> float:
-    tokens = r.prompt_tokens + r.completion_tokens
+def optimizer_bytes(m: ModelShape) -> float:
+    """Gradients and two AdamW moments per trainable weight: LoRA adapters train in float32 (peft casts
+    them), full fine-tuning in the weights' own dtype."""
+    return 3 * m.trainable * (FLOAT32 if m.lora else m.weight_bytes)
+
+
+def activation_bytes(m: ModelShape, r: RoundShape, micro_batch: int) -> float:
     layer = ACT_PER_HIDDEN * m.hidden + ACT_PER_MLP * m.mlp
     kept = m.layers * m.hidden + layer if m.checkpointing else m.layers * layer
-    per_row = (tokens * kept + r.completion_tokens * m.vocab * LOGIT_COPIES) * BYTES
-    return fixed_bytes(m) + micro_batch * per_row
+    per_row = r.tokens * kept * m.weight_bytes + r.completion_tokens * m.vocab * LOGIT_COPIES * FLOAT32
+    return micro_batch * per_row
 
 
-def generation_bytes(m: ModelShape, r: RoundShape) -> float:
-    tokens = r.prompt_tokens + r.completion_tokens
-    return fixed_bytes(m) + r.generation_rows * (tokens * m.layers * 2 * m.kv_width + 2 * m.vocab) * BYTES
+def kv_cache_bytes(m: ModelShape, r: RoundShape, rows: int | None = None, value_bytes: int | None = None) -> float:
+    """KV cache and last-position logits of `rows` sequences decoding together (default: the round's)."""
+    rows = r.generation_rows if rows is None else rows
+    value = m.weight_bytes if value_bytes is None else value_bytes
+    return rows * (r.tokens * m.layers * 2 * m.kv_width * value + 2 * m.vocab * FLOAT32)
 
 
 def available_bytes() -> float:
@@ -83,27 +113,3 @@ def available_bytes() -> float:
     lines = dict(line.split(":", 1) for line in meminfo.read_text().splitlines()) if meminfo.exists() else {}
     free = float(lines["MemAvailable"].split()[0]) * 1024 if "MemAvailable" in lines else float("inf")
     return min(cgroup, free)
-
-
-def plan_micro_batch(m: ModelShape, r: RoundShape, configured: int, budget: float) -> int:
-    """The micro-batch to train with: the configured one, or for 0 (auto) the whole step's rows or the
-    largest share of them that fits. Raises `MemoryPlanError` when the configured one, or none, fits."""
-    gb = 1e9
-    if generation_bytes(m, r) > budget:
-        raise MemoryPlanError(
-            f"generating {r.generation_rows} sequences of up to {r.prompt_tokens + r.completion_tokens} tokens needs "
-            f"about {generation_bytes(m, r) / gb:.1f} GB, {budget / gb:.1f} GB is available: lower generation.batch_size "
-            "or generation.max_new_tokens")
-    fits = [b for b in range(r.rows, 0, -1) if training_bytes(m, r, b) <= budget]
-    if not fits:
-        raise MemoryPlanError(
-            f"training one sequence of up to {r.prompt_tokens + r.completion_tokens} tokens needs about "
-            f"{training_bytes(m, r, 1) / gb:.1f} GB, {budget / gb:.1f} GB is available: lower generation.max_new_tokens, "
-            "turn on model.gradient_checkpointing or model.lora.enabled, or use a smaller model")
-    if configured == 0:
-        return fits[0]
-    if configured > fits[0]:
-        raise MemoryPlanError(
-            f"grpo.micro_batch {configured} needs about {training_bytes(m, r, configured) / gb:.1f} GB, "
-            f"{budget / gb:.1f} GB is available: set grpo.micro_batch to {fits[0]} or less (0 chooses)")
-    return configured

@@ -34,19 +34,28 @@ class Policy:
     trust_remote_code: bool = False
 
     def format_prompt(self, prompt: str) -> str:
-        """The text this node's model sees for a task prompt (chat template when it has one)."""
-        if not self.use_chat_template:
-            return prompt
-        messages = [{"role": "user", "content": prompt}]
-        if self.chat_example is not None:
-            question, reply = self.chat_example
-            messages = [{"role": "user", "content": task_prompt(question)}, {"role": "assistant", "content": reply}, *messages]
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return format_prompt(self.tokenizer, prompt, self.use_chat_template, self.chat_example)
 
     @property
     def stop_token_ids(self) -> list[int]:
         eos = self.tokenizer.eos_token_id
         return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+def format_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, use_chat_template: bool,
+                  chat_example: tuple[str, str] | None) -> str:
+    """The text a model sees for a task prompt (chat template when it has one)."""
+    if not use_chat_template:
+        return prompt
+    messages = [{"role": "user", "content": prompt}]
+    if chat_example is not None:
+        question, reply = chat_example
+        messages = [{"role": "user", "content": task_prompt(question)}, {"role": "assistant", "content": reply}, *messages]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def uses_chat_template(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> bool:
+    return cfg.chat_template and bool(getattr(tokenizer, "chat_template", None))
 
 
 def pick_device(name: str) -> torch.device:
@@ -97,14 +106,16 @@ def load_tokenizer(source: str, trust_remote_code: bool = False) -> PreTrainedTo
     return tokenizer
 
 
-def load_policy(cfg: ModelConfig, weights_from: Path | None = None) -> Policy:
+def load_policy(cfg: ModelConfig, weights_from: Path | None = None,
+                tokenizer: PreTrainedTokenizerBase | None = None) -> Policy:
     """Load the policy; `weights_from` (a checkpoint's model folder) replaces the starting weights."""
     source = resolve_model_path(cfg)
     device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, device)
-    weights = str(weights_from if weights_from is not None and not cfg.lora.enabled else source)
+    lora = cfg.lora.enabled is True  # "auto" is the node's planner's to decide (trainer/plan.py); elsewhere off
+    weights = str(weights_from if weights_from is not None and not lora else source)
     try:
-        tokenizer = load_tokenizer(source, cfg.trust_remote_code)
+        tokenizer = tokenizer or load_tokenizer(source, cfg.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype, trust_remote_code=cfg.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - model files are input: any failure to read them is the user's to fix
         first_line = (str(e).splitlines() or [type(e).__name__])[0]
@@ -113,14 +124,13 @@ def load_policy(cfg: ModelConfig, weights_from: Path | None = None) -> Policy:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     model.to(device)
-    if cfg.gradient_checkpointing:
+    if cfg.gradient_checkpointing is True:
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
         enable()
-    if cfg.lora.enabled:
+    if lora:
         model = _with_lora(model, cfg, weights_from)
     log.info("loaded %s (%.2fM parameters, %s, %s)", source, sum(p.numel() for p in model.parameters()) / 1e6, device, dtype)
-    use_template = cfg.chat_template and bool(getattr(tokenizer, "chat_template", None))
-    return Policy(model=model, tokenizer=tokenizer, device=device, use_chat_template=use_template,
+    return Policy(model=model, tokenizer=tokenizer, device=device, use_chat_template=uses_chat_template(cfg, tokenizer),
                   chat_example=cfg.chat_example, source=source, trust_remote_code=cfg.trust_remote_code)
 
 

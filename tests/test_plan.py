@@ -1,0 +1,156 @@
+"""The memory planner on described devices and models: pure arithmetic, no hardware needed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from trainer.memory import GB, MemoryPlanError, ModelShape, RoundShape, shape_from_config
+from trainer.plan import Device, Wants, estimate, peak, plan
+
+# Qwen2.5 Instruct configs as the hub publishes them (only the fields the planner reads)
+QWEN = {
+    "0.5B": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                 intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
+    "1.5B": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                 intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
+    "7B": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+               intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
+}
+SMOLLM2 = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+               intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True)
+PAPER_ROUND = RoundShape(rows=64, generation_rows=64, prompt_tokens=250, completion_tokens=512)  # 4+4 groups x 8, 512 new tokens
+BENCH_ROUND = RoundShape(rows=64, generation_rows=64, prompt_tokens=57, completion_tokens=128)
+CPU = Device("cpu", "a described CPU", 24 * GB, 24 * GB)
+
+
+def cpu(gb: float) -> Device:
+    return Device("cpu", "a described CPU", gb * GB, gb * GB)
+
+
+def test_parameters_are_counted_from_the_config_alone():
+    assert shape_from_config(SMOLLM2).parameters == pytest.approx(134_515_008, rel=1e-3)
+    assert shape_from_config(QWEN["0.5B"]).parameters == pytest.approx(494e6, rel=0.01)  # published: 0.49B
+    assert shape_from_config(QWEN["1.5B"]).parameters == pytest.approx(1.54e9, rel=0.01)
+    assert shape_from_config(QWEN["7B"]).parameters == pytest.approx(7.62e9, rel=0.01)
+    lora = shape_from_config(QWEN["0.5B"], lora_r=16, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    assert lora.trainable == 24 * 16 * ((896 + 896) + 2 * (896 + 128) + (896 + 896)) and lora.lora
+
+
+def test_parameters_match_the_real_tiny_models(tiny_a, tiny_b):
+    from transformers import AutoModelForCausalLM
+
+    for folder in (tiny_a, tiny_b):
+        real = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(folder).parameters())
+        assert shape_from_config(json.loads((folder / "config.json").read_text())).parameters == pytest.approx(real, rel=0.02)
+
+
+def test_the_estimate_errs_high_but_close_on_the_measured_smollm2_step():
+    """Measured peak RSS of a GRPO step on SmolLM2-135M, 2 CPU cores: 5.56 GB at micro-batch 8, 8.64 GB at 16."""
+    m = replace(shape_from_config(SMOLLM2), parameters=134_515_008, trainable=134_515_008)
+    for micro, measured in ((8, 5.56), (16, 8.64)):
+        assert measured * GB <= peak(estimate(CPU, m, BENCH_ROUND, "transformers", micro, None, False)) <= 1.5 * measured * GB
+
+
+@pytest.mark.parametrize("gb, model, how", [
+    (8, "0.5B", "lora"), (8, "1.5B", None), (8, "7B", None),
+    (12, "0.5B", "lora"), (12, "1.5B", "lora"), (12, "7B", None),
+    (16, "0.5B", "lora"), (16, "1.5B", "lora"), (16, "7B", None),
+    (24, "0.5B", "full"), (24, "1.5B", "lora"), (24, "7B", None),
+    (80, "0.5B", "full"), (80, "1.5B", "full"), (80, "7B", "lora"),
+])
+@pytest.mark.parametrize("vllm", [False, True])
+def test_home_and_datacenter_cards_get_a_plan_that_fits_or_the_change_that_would(gb, model, how, vllm):
+    card = Device.card(gb)
+    wants = Wants(vllm_installed=vllm)
+    if how is None:
+        with pytest.raises(MemoryPlanError) as refused:
+            plan(card, QWEN[model], PAPER_ROUND, wants)
+        message = str(refused.value)
+        assert f"usable on cuda (a {gb} GB CUDA card" in message and "use a device with " in message
+        needed = int(message.split("use a device with ")[1].split(" GB")[0])
+        fitted = plan(Device.card(needed), QWEN[model], PAPER_ROUND, wants)  # the device it names would do
+        assert fitted.peak_bytes <= fitted.budget_bytes
+        return
+    p = plan(card, QWEN[model], PAPER_ROUND, wants)
+    assert p.peak_bytes <= p.budget_bytes < gb * GB
+    assert p.lora == (how == "lora") and p.micro_batch >= 1
+    assert p.dtype == ("bfloat16" if p.lora else "float32")  # full fine-tuning keeps float32 weights
+    assert p.backend == ("vllm" if vllm else "transformers")
+    if vllm:
+        assert p.vllm_sleep and p.vllm_share * card.total_bytes >= shape_from_config(QWEN[model]).parameters * 2
+        assert p.parts["generator"] == 0  # vLLM's copy lives inside its share
+    assert f"expected peak {p.peak_bytes / GB:.1f} GB" in p.summary()
+
+
+def test_the_preferred_plan_is_full_fine_tuning_then_no_recomputation_then_the_largest_micro_batch():
+    roomy = plan(Device.card(80), QWEN["0.5B"], PAPER_ROUND, Wants())
+    assert not roomy.lora and not roomy.checkpointing and roomy.micro_batch >= 8
+    tight = plan(Device.card(24), QWEN["0.5B"], PAPER_ROUND, Wants())
+    assert not tight.lora and tight.checkpointing  # recomputation before giving up full fine-tuning
+
+
+def test_what_the_user_set_stands_and_a_refusal_names_the_one_change_that_fits():
+    assert plan(Device.card(80), QWEN["0.5B"], PAPER_ROUND, Wants(lora=True)).lora
+    assert plan(Device.card(80), QWEN["0.5B"], PAPER_ROUND, Wants(micro_batch=3)).micro_batch == 3
+    with pytest.raises(MemoryPlanError, match="set model.lora.enabled to true"):
+        plan(Device.card(8), QWEN["0.5B"], PAPER_ROUND, Wants(lora=False))
+    with pytest.raises(MemoryPlanError, match=r"grpo.micro_batch 64 needs about .* set grpo.micro_batch to (\d+) or less") as e:
+        plan(Device.card(24), QWEN["0.5B"], PAPER_ROUND, Wants(lora=False, checkpointing=False, micro_batch=64))
+    fits = int(str(e.value).split("set grpo.micro_batch to ")[1].split()[0])
+    assert plan(Device.card(24), QWEN["0.5B"], PAPER_ROUND, Wants(lora=False, checkpointing=False, micro_batch=fits))
+    with pytest.raises(MemoryPlanError, match=r"set generation.batch_size to (\d+)"):
+        plan(cpu(3.3), SMOLLM2, RoundShape(rows=8, generation_rows=4096, prompt_tokens=57, completion_tokens=128), Wants())
+
+
+def test_bfloat16_full_fine_tuning_is_allowed_when_asked_with_the_reason_it_is_not_the_default():
+    p = plan(Device.card(80), QWEN["0.5B"], PAPER_ROUND, Wants(dtype="bfloat16", lora=False))
+    assert p.dtype == "bfloat16" and any("loses AdamW updates" in w for w in p.why)
+
+
+def test_a_cpu_node_takes_the_whole_step_when_it_fits_and_the_largest_share_otherwise():
+    m = ModelShape(parameters=134_515_008, trainable=134_515_008, layers=30, hidden=576, mlp=1536, vocab=49152, kv_width=192)
+    assert plan(cpu(200), SMOLLM2, BENCH_ROUND, Wants()).micro_batch == 64
+    p = plan(cpu(8), SMOLLM2, BENCH_ROUND, Wants(lora=False, checkpointing=False))
+    assert 1 <= p.micro_batch < 64 and p.backend == "transformers" and p.dtype == "float32"
+    assert peak(estimate(cpu(8), m, BENCH_ROUND, "transformers", p.micro_batch + 1, None, False)) > 8 * GB
+
+
+def test_gradient_checkpointing_and_lora_lower_the_estimate():
+    base = shape_from_config(QWEN["0.5B"])
+
+    def per_row(shape: ModelShape) -> float:
+        training = [estimate(CPU, shape, PAPER_ROUND, "transformers", b, None, False)["training"] for b in (8, 9)]
+        return training[1] - training[0]
+
+    assert per_row(replace(base, checkpointing=True)) < 0.5 * per_row(base)
+    lora = shape_from_config(QWEN["0.5B"], lora_r=16, lora_targets=("q_proj", "v_proj"))
+    assert estimate(CPU, lora, PAPER_ROUND, "transformers", 1, None, False)["optimizer"] < 0.01 * \
+        estimate(CPU, base, PAPER_ROUND, "transformers", 1, None, False)["optimizer"]
+
+
+def test_vllm_frees_the_card_while_training_only_with_sleep_mode():
+    m = shape_from_config(QWEN["0.5B"])
+    card = Device.card(24)
+    asleep = estimate(card, m, PAPER_ROUND, "vllm", 4, 0.3, True)
+    awake = estimate(card, m, PAPER_ROUND, "vllm", 4, 0.3, False)
+    assert awake["training"] - asleep["training"] == pytest.approx(0.3 * card.total_bytes)
+
+
+def test_apple_mps_plans_transformers_in_float32_and_refuses_vllm():
+    mac = Device("mps", "Apple GPU", 16 * GB, 16 * GB)
+    p = plan(mac, QWEN["0.5B"], PAPER_ROUND, Wants(vllm_installed=True))
+    assert p.backend == "transformers" and p.dtype == "float32" and p.vllm_share is None
+    with pytest.raises(MemoryPlanError, match="vLLM does not run on Apple MPS"):
+        plan(mac, QWEN["0.5B"], PAPER_ROUND, Wants(backend="vllm"))
+
+
+def test_the_readme_quotes_the_planner_word_for_word():
+    from tests.conftest import ROOT
+
+    quoted = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("no plan fits: "))
+    with pytest.raises(MemoryPlanError) as refused:
+        plan(Device.card(24), QWEN["7B"], PAPER_ROUND, Wants())
+    assert quoted == f"no plan fits: {refused.value}"

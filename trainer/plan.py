@@ -1,0 +1,254 @@
+"""How a node runs on the machine it finds: backend, dtype, LoRA or full fine-tuning, gradient
+checkpointing, micro-batch and vLLM's share of the card, chosen from the device's free memory and the
+model's shape before any weights are loaded (`trainer.memory` holds the estimates).
+
+Every choice the user made stands; the planner fills in the rest, preferring what learns and runs
+fastest: full fine-tuning over LoRA, no recomputation over gradient checkpointing, then the largest
+micro-batch. A plan that cannot fit is refused with the smallest change that would. Pure code: it is
+tested on described cards; only `probe` touches the hardware.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from trainer import memory
+from trainer.memory import GB, MemoryPlanError, ModelShape, RoundShape
+
+DeviceKind = Literal["cuda", "mps", "cpu"]
+CUDA_RESERVE = 1.0e9  # CUDA context, cuBLAS workspaces and allocator fragmentation, beyond the estimate
+VLLM_OVERHEAD = 1.5e9  # vLLM's activations, sampler and CUDA graphs inside its share
+GOOD_MICRO = 8  # a plan with at least this micro-batch (or the whole step) beats one that saves memory below it
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: DeviceKind
+    name: str
+    free_bytes: float  # what the node may use
+    total_bytes: float
+    bf16: bool = False
+
+    @classmethod
+    def card(cls, gb: float, name: str | None = None, bf16: bool = True) -> "Device":
+        """A described CUDA card with `gb` GB free (tests, `sapo doctor --card`)."""
+        return cls("cuda", name or f"a {gb:g} GB CUDA card", gb * GB, gb * GB, bf16)
+
+    def __str__(self) -> str:
+        return f"{self.kind} ({self.name}, {self.free_bytes / GB:.1f} GB free)"
+
+
+@dataclass(frozen=True)
+class Wants:
+    """The user's settings; None leaves the choice to the planner."""
+    backend: str | None = None
+    dtype: str | None = None
+    lora: bool | None = None
+    checkpointing: bool | None = None
+    micro_batch: int = 0  # 0: the planner's
+    vllm_share: float | None = None
+    vllm_sleep: bool = True
+    lora_r: int = 16
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    vllm_installed: bool = False
+    peft_installed: bool = True
+
+
+@dataclass(frozen=True)
+class Plan:
+    device: Device
+    backend: str
+    dtype: str
+    lora: bool
+    checkpointing: bool
+    micro_batch: int
+    vllm_share: float | None  # of the card's total memory; None off CUDA or without vLLM
+    vllm_sleep: bool
+    parts: dict[str, float]  # what the peak is made of
+    peak_bytes: float
+    budget_bytes: float
+    why: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        how = "LoRA" if self.lora else "full fine-tuning"
+        extra = [f"vLLM share {self.vllm_share:.2f}{' with sleep mode' if self.vllm_sleep else ''}"] if self.vllm_share else []
+        if self.checkpointing:
+            extra.append("gradient checkpointing")
+        return (f"{self.device}: {self.backend} backend, {self.dtype} weights, {how}, micro-batch {self.micro_batch}"
+                + "".join(f", {e}" for e in extra) + f"; expected peak {self.peak_bytes / GB:.1f} GB of "
+                f"{self.budget_bytes / GB:.1f} GB usable")
+
+
+def budget_of(device: Device) -> float:
+    """What plans may fill: on a GPU the free memory less a reserve for what the estimate leaves out."""
+    return device.free_bytes if device.kind == "cpu" else device.free_bytes * 0.95 - CUDA_RESERVE
+
+
+def choose_dtype(device: Device, lora: bool, wants: Wants) -> tuple[str, str | None]:
+    """The policy's dtype, and why when it is not the obvious one."""
+    if wants.dtype is not None:
+        if wants.dtype != "float32" and not lora:
+            return wants.dtype, (f"{wants.dtype} weights as asked; full fine-tuning in {wants.dtype} loses AdamW "
+                                 "updates smaller than 1/256 of a weight (most of them at small learning rates)")
+        return wants.dtype, None
+    if device.kind == "cuda" and lora and device.bf16:
+        return "bfloat16", "LoRA: the frozen base weights in bfloat16, the adapters in float32"
+    if device.kind == "cuda" and not lora:
+        return "float32", ("full fine-tuning keeps float32 weights: in bfloat16 an AdamW update smaller than 1/256 of "
+                           "its weight rounds away")
+    return "float32", None
+
+
+def estimate(device: Device, m: ModelShape, r: RoundShape, backend: str, micro: int, share: float | None,
+             sleep: bool) -> dict[str, float]:
+    """The peak's parts: what stays resident, plus the larger of training's and generation's extra."""
+    parts = {"weights": memory.weights_bytes(m), "optimizer": memory.optimizer_bytes(m),
+             "overhead": memory.HOST_OVERHEAD if device.kind == "cpu" else CUDA_RESERVE}
+    training = memory.activation_bytes(m, r, micro)
+    if backend == "vllm" and device.kind == "cuda":
+        engine = (share or 0.0) * device.total_bytes
+        generation, training = engine, training + (0.0 if sleep else engine)
+        parts["generator"] = 0.0
+    else:  # the transformers generator (and vLLM's CPU build) keeps its own copy of the weights
+        parts["generator"] = memory.weights_bytes(m)
+        generation = memory.kv_cache_bytes(m, r)
+    parts["training"], parts["generation"] = training, generation
+    return parts
+
+
+def peak(parts: dict[str, float]) -> float:
+    return sum(v for k, v in parts.items() if k not in ("training", "generation")) + max(parts["training"], parts["generation"])
+
+
+def vllm_share_needed(device: Device, m: ModelShape, r: RoundShape) -> float:
+    """The share of the card vLLM needs for its weights, the round's sequences' KV cache and its own work."""
+    value = 2 if device.bf16 else m.weight_bytes
+    need = m.parameters * value + memory.kv_cache_bytes(m, r, value_bytes=value) + VLLM_OVERHEAD
+    return math.ceil(100 * need / device.total_bytes) / 100  # above 0.95 it cannot fit, and the estimate says so
+
+
+def plan(device: Device, config: dict, r: RoundShape, wants: Wants) -> Plan:
+    """The first plan that fits, in order of preference; `MemoryPlanError` with the smallest change when none does."""
+    if wants.backend == "vllm" and device.kind == "mps":
+        raise MemoryPlanError("generation.backend: vLLM does not run on Apple MPS; use transformers (or auto)")
+    found = _first_fit(device, config, r, wants)
+    if isinstance(found, Plan):
+        return found
+    raise MemoryPlanError(_smallest_change(device, config, r, wants, found))
+
+
+def _first_fit(device: Device, config: dict, r: RoundShape, wants: Wants) -> Plan | tuple[Plan, int]:
+    """The preferred plan that fits, or the most memory-saving one tried and the largest micro-batch it fits."""
+    backend = wants.backend or ("vllm" if device.kind == "cuda" and wants.vllm_installed else "transformers")
+    loras = [wants.lora] if wants.lora is not None else [False, True] if wants.peft_installed else [False]
+    ckpts = [wants.checkpointing] if wants.checkpointing is not None else [False, True]
+    fitted = [_fit(device, config, r, wants, backend, lora, ckpt) for lora in loras for ckpt in ckpts]
+    usable = [(c, best) for c, best in fitted if best and (not wants.micro_batch or wants.micro_batch <= best)]
+    good = [c for c, best in usable if best >= min(r.rows, GOOD_MICRO)]
+    if good:
+        return good[0]
+    if usable:  # none reaches a good micro-batch: the one that comes closest (the first, on a tie)
+        return max(usable, key=lambda cb: cb[1])[0]
+    return fitted[-1]
+
+
+def shape(config: dict, lora: bool, ckpt: bool, dtype: str, wants: Wants) -> ModelShape:
+    m = memory.shape_from_config(config, wants.lora_r if lora else None, wants.lora_targets)
+    return replace(m, checkpointing=ckpt, weight_bytes=DTYPE_BYTES[dtype])
+
+
+def _fit(device: Device, config: dict, r: RoundShape, wants: Wants, backend: str, lora: bool,
+         ckpt: bool) -> tuple[Plan, int]:
+    """This candidate at the micro-batch it would run (the user's, else the largest that fits), and the
+    largest that fits (0: not even one sequence)."""
+    dtype, why = choose_dtype(device, lora, wants)
+    m = shape(config, lora, ckpt, dtype, wants)
+    on_vllm_gpu = backend == "vllm" and device.kind == "cuda"
+    sleep = wants.vllm_sleep and on_vllm_gpu
+    budget = budget_of(device)
+    # vLLM's share: room for every sequence of the round at once if that fits, else for fewer (it then
+    # runs them in turns); the user's share stands
+    kv_rows = [r.generation_rows, *_halvings(r.generation_rows)] if on_vllm_gpu and wants.vllm_share is None else [0]
+    for rows in kv_rows:
+        share = (wants.vllm_share or vllm_share_needed(device, m, replace(r, generation_rows=rows))) if on_vllm_gpu else None
+        best = next((b for b in range(max(r.rows, wants.micro_batch), 0, -1)
+                     if peak(estimate(device, m, r, backend, b, share, sleep)) <= budget), 0)
+        if best:
+            break
+    micro = wants.micro_batch or min(best, r.rows) or 1
+    parts = estimate(device, m, r, backend, micro, share, sleep)
+    reasons = [why] if why else []
+    if on_vllm_gpu and wants.vllm_share is None:
+        reasons.append(f"vLLM gets {share:.2f} of the card: its weights, the KV cache of {rows} sequences "
+                       f"of {r.tokens} tokens at once, and {VLLM_OVERHEAD / GB:.1f} GB for its own work")
+    return Plan(device, backend, dtype, lora, ckpt, micro, share, sleep, parts, peak(parts), budget, reasons), best
+
+
+def _smallest_change(device: Device, config: dict, r: RoundShape, wants: Wants, tried: tuple[Plan, int]) -> str:
+    """What the most memory-saving plan allowed needs, and the first single change (in the order a user would
+    rather make them) with which a plan fits."""
+    last, best = tried
+    gb = lambda x: f"{x / GB:.1f} GB"  # noqa: E731
+    how = ", ".join(["LoRA" if last.lora else "full fine-tuning", f"{last.dtype} weights"]
+                    + (["gradient checkpointing"] if last.checkpointing else []) + [f"micro-batch {last.micro_batch}"])
+    phase = "generating" if last.parts["generation"] > last.parts["training"] else "training"
+    head = (f"{last.backend} backend, {how}: {phase} needs about {gb(last.peak_bytes)}, "
+            f"{gb(last.budget_bytes)} usable on {device}")
+    if best:  # the user's micro-batch is the only thing too large
+        return (f"grpo.micro_batch {wants.micro_batch} needs about {gb(last.peak_bytes)} ({last.backend} backend, {how}), "
+                f"{gb(last.budget_bytes)} usable on {device}: set grpo.micro_batch to {best} or less (0 chooses)")
+    changes = []
+    if last.backend == "transformers":
+        changes += [("generation.batch_size", k, replace(r, generation_rows=k), wants)
+                    for k in _halvings(r.generation_rows)]
+    changes += [("generation.max_new_tokens", t, replace(r, completion_tokens=t), wants) for t in _halvings(r.completion_tokens, 32)]
+    if wants.lora is False:
+        changes.append(("model.lora.enabled", "true", r, replace(wants, lora=None)))
+    if wants.checkpointing is False:
+        changes.append(("model.gradient_checkpointing", "true", r, replace(wants, checkpointing=None)))
+    for knob, value, shape_, wants_ in changes:
+        if isinstance(_first_fit(device, config, shape_, wants_), Plan):
+            return f"{head}: set {knob} to {value}"
+    params = memory.shape_from_config(config).parameters
+    smaller = params * last.budget_bytes / last.peak_bytes
+    return (f"{head}: use a device with {_smallest_device(device, config, r, wants, last.peak_bytes)} GB free "
+            f"or a model of at most about {smaller / 1e9:.1f}B parameters (this one has {params / 1e9:.1f}B)")
+
+
+def _smallest_device(device: Device, config: dict, r: RoundShape, wants: Wants, peak_bytes: float) -> int:
+    """The fewest whole GB free (of the same kind of device) with which a plan fits, searched upwards
+    from the estimate (plans are not exactly linear in the device's size: vLLM's share is a fraction)."""
+    start = math.ceil((peak_bytes + CUDA_RESERVE) / 0.95 / GB)
+    for gb in range(start, 2 * start + 8):
+        bigger = replace(device, free_bytes=gb * GB, total_bytes=max(device.total_bytes, gb * GB))
+        if isinstance(_first_fit(bigger, config, r, wants), Plan):
+            return gb
+    return start
+
+
+def _halvings(start: int, floor: int = 1) -> list[int]:
+    out, k = [], start // 2
+    while k >= floor:
+        out.append(k)
+        k //= 2
+    return out
+
+
+def probe(kind: str = "auto", memory_gb: float | None = None) -> Device:
+    """The device a node would run on, with its free memory now (`memory_gb` caps a CPU node's)."""
+    import torch
+
+    from trainer.policy import pick_device
+
+    device = pick_device(kind)
+    cap = memory_gb * GB if memory_gb else float("inf")
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return Device("cuda", torch.cuda.get_device_name(device), min(free, cap), total, torch.cuda.is_bf16_supported())
+    host = min(memory.available_bytes(), cap)
+    if device.type == "mps":  # unified memory: what Metal recommends, within what the host has free
+        return Device("mps", "Apple GPU", min(host, torch.mps.recommended_max_memory()), torch.mps.recommended_max_memory())
+    return Device("cpu", f"{torch.get_num_threads()} threads", host, host)
