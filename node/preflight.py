@@ -42,7 +42,8 @@ def check(cfg: NodeConfig, model: bool = True) -> Preflight:
         for addr in cfg.p2p.listen:
             _check_listen(addr)
     _check_out_dir(cfg.run.out_dir)
-    _check_key(cfg)
+    if cfg.p2p.enabled:  # with no network a node has no identity to keep
+        _check_key(cfg)
     return Preflight(bind_status(cfg) if cfg.status.enabled else None)
 
 

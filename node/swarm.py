@@ -121,6 +121,9 @@ def start(spec: SwarmSpec, cache_dir: Path | None, processes: int | None = None,
     spec.out.mkdir(parents=True, exist_ok=True)
     children: list[Child] = []
     bootstrap = ""
+    log.info("starting %s: %s%s", f"{prefix}0..{prefix}{spec.nodes - 1}" if spec.nodes > 1 else f"{prefix}0",
+             ", ".join(spec.preset(k) for k in range(spec.nodes)),
+             f"; {prefix}0 is the bootstrap peer, the others start once it listens" if spec.network and spec.nodes > 1 else "")
     for k in range(spec.nodes):
         out = spec.out / f"node{k}"
         out.mkdir(parents=True, exist_ok=True)

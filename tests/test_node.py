@@ -156,12 +156,14 @@ def test_init_model_copies_the_cached_preset_and_refuses_to_overwrite(tiny_b, ca
     assert bad.returncode == 2 and "unknown preset 'huge'" in bad.stderr
 
 
-@pytest.mark.parametrize("name", ["{tmp}/no-such-model", "no-such-org/no-such-model"])
-def test_a_model_that_cannot_load_is_a_clear_error(name, tmp_path):
+@pytest.mark.parametrize("name, says", [("{tmp}/no-such-model", "no such folder: "),
+                                        ("no-such-org/no-such-model", "is not a preset or a folder, and the model hub is unreachable")])
+def test_a_model_that_cannot_load_is_a_clear_error(name, says, tmp_path):
     r = run_sapo("run", "--model", name.format(tmp=tmp_path), "--out", str(tmp_path / "out"),
                  env={"HF_HUB_OFFLINE": "1"})
     assert r.returncode == 2
-    assert "model.name: cannot load model" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and says in r.stderr and "sapo: config error: model.name: " in r.stderr
+    assert not (tmp_path / "out").exists()  # refused before it created anything
 
 
 def test_truncated_model_weights_are_a_clear_error(tiny_a, tmp_path):
