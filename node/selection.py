@@ -51,11 +51,15 @@ from rewards import TaskRef
 from rewards.config import TasksConfig
 from rewards.gym import PREFIX as RG_PREFIX
 from rewards.sandbox import SandboxError
+from rewards import untrusted
 from rewards.untrusted import UntrustedTasks
 from trainer.batch import RolloutGroup
 from trainer.rollout import scored_group
 
 log = logging.getLogger(__name__)
+
+# every reason a pool group taken by the round goes unused (metrics.jsonl external_dropped, /metrics)
+DROP_REASONS = ("not_accepted", "uniform_rewards", *untrusted.DROP_REASONS)
 
 PROVEN_HITS = 0.25  # one informative group, decayed by 0.98 a round, keeps a peer proven for ~68 rounds
 

@@ -19,6 +19,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from node.selection import DROP_REASONS as SELECTION_DROPS
+from p2p.pool import DROP_REASONS as POOL_DROPS
+from p2p.wire import REASONS as WIRE_REASONS
+
 log = logging.getLogger(__name__)
 
 # Per-round fields the dashboard charts and /status returns in `history`.
@@ -153,18 +157,21 @@ def prometheus(s: dict) -> str:
            [({}, totals.get("groups_published"))])
     metric("messages_published_total", "counter", "gossip messages published", [({}, p2p.get("published"))])
     metric("messages_accepted_total", "counter", "gossip messages accepted", [({}, p2p.get("accepted"))])
+    # labelled counters export every label from the start, at zero (Prometheus convention: rate() and
+    # alerts need the series before the first event)
+    rejected = Counter(dict.fromkeys(WIRE_REASONS, 0)) + Counter(p2p.get("rejected") or {})
     metric("messages_rejected_total", "counter", "gossip messages rejected, by reason",
-           [({"reason": r}, n) for r, n in sorted((p2p.get("rejected") or {}).items())])
+           [({"reason": r}, rejected.get(r, 0)) for r in sorted({*WIRE_REASONS, *rejected})])
     metric("gossip_dropped_total", "counter", "gossip traffic py-libp2p dropped: messages not forwarded past the "
            "per-neighbour rate limit, RPCs over its inbound size cap",
-           [({"reason": "rate_limit"}, p2p.get("dropped_rate_limit")),
-            ({"reason": "rpc_too_large"}, p2p.get("dropped_rpc_too_large"))])
+           [({"reason": "rate_limit"}, p2p.get("dropped_rate_limit") or 0),
+            ({"reason": "rpc_too_large"}, p2p.get("dropped_rpc_too_large") or 0)])
     metric("rollout_groups_received_total", "counter", "rollout groups received from peers", [({}, pool.get("received"))])
     metric("rollout_groups_accepted_total", "counter", "rollout groups that entered the pool", [({}, pool.get("accepted"))])
     dropped = Counter(pool.get("dropped") or {})
     dropped.update({k.split(":", 1)[1]: v for k, v in totals.items() if k.startswith("external_dropped:")})
     metric("rollout_groups_dropped_total", "counter", "rollout groups dropped from the pool or found unusable, by reason",
-           [({"reason": r}, n) for r, n in sorted(dropped.items())])
+           [({"reason": r}, dropped.get(r, 0)) for r in sorted({*POOL_DROPS, *SELECTION_DROPS, *dropped})])
     return "\n".join(lines) + "\n"
 
 

@@ -28,6 +28,8 @@ BOUND_FLOOR = 16
 MAX_SIZE = 10**6  # reasoning-gym `size`: task indices run below it
 REMEMBERED_FAILURES = 4096
 SANDBOX_FAILURES = ("regen_timeout", "regen_memory", "regen_crashed")
+# every reason `UntrustedTasks.score` can drop a group for (a TaskError's own reason, or the sandbox's)
+DROP_REASONS = ("unknown_task", "config_bounds", *SANDBOX_FAILURES, "regen_failed")
 
 
 def check_bounds(dataset: str, config: Mapping[str, Any]) -> None:
@@ -95,6 +97,8 @@ class UntrustedTasks:
             question, answer, scores = self.sandbox.call((ref_tuple, list(completions), format_weight, trusted),
                                                          self.timeout_s)
         except SandboxError as e:
+            if e.reason not in DROP_REASONS:  # an exception's own `reason` (UnicodeError has one) is no label
+                e.reason = "regen_failed"
             if e.reason in SANDBOX_FAILURES:
                 self._remember(config_key, e.reason)
                 level = logging.DEBUG if e.reason in self._warned else logging.WARNING

@@ -87,6 +87,24 @@ def test_prometheus_text_has_help_type_and_labelled_samples():
     assert "sapo_rollout_groups_published_total 4.0" in samples and "sapo_messages_published_total 7.0" in samples
 
 
+def test_every_label_of_a_labelled_counter_is_exported_at_zero_from_the_first_scrape():
+    from node.selection import DROP_REASONS as SELECTION_DROPS
+    from p2p.pool import DROP_REASONS as POOL_DROPS
+    from p2p.wire import REASONS
+    from rewards.tasks import TaskError
+    from rewards.untrusted import DROP_REASONS as UNTRUSTED_DROPS, SANDBOX_FAILURES
+
+    samples = prometheus(StatusBoard("trainer", {}, history=10).snapshot()).splitlines()
+    for reason in REASONS:
+        assert f'sapo_messages_rejected_total{{reason="{reason}"}} 0.0' in samples
+    for reason in (*POOL_DROPS, *SELECTION_DROPS):
+        assert f'sapo_rollout_groups_dropped_total{{reason="{reason}"}} 0.0' in samples
+    for reason in ("rate_limit", "rpc_too_large"):
+        assert f'sapo_gossip_dropped_total{{reason="{reason}"}} 0.0' in samples
+    # the lists hold what the producers count: a task the receiver cannot build, and every sandbox failure
+    assert TaskError.reason in UNTRUSTED_DROPS and set(SANDBOX_FAILURES) <= set(UNTRUSTED_DROPS) <= set(SELECTION_DROPS)
+
+
 def test_a_running_node_without_a_completed_round_for_too_long_is_stalled_and_unhealthy():
     board = StatusBoard("trainer", {}, history=10, stall_after_s=0.3)
     board.set_state("running")

@@ -94,6 +94,19 @@ def test_a_runaway_task_times_out_and_its_config_is_then_refused_without_work(un
     assert e.value.reason == "config_bounds"
 
 
+def test_a_drop_reason_is_always_one_of_the_counted_labels(untrusted, monkeypatch):
+    """An exception's own `reason` attribute (UnicodeDecodeError has one) must not become a metrics label."""
+    from rewards.untrusted import DROP_REASONS
+
+    def fails(*args, **kwargs):
+        raise SandboxError("invalid start byte", "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff")
+
+    monkeypatch.setattr(untrusted.sandbox, "call", fails)
+    with pytest.raises(SandboxError) as e:
+        untrusted.score(TaskRef("arith", {}, 1, 1), ["<answer>1</answer>"], 0.0, trusted=False)
+    assert e.value.reason == "regen_failed" and e.value.reason in DROP_REASONS
+
+
 def test_a_trusted_config_skips_the_bounds_and_scores_like_the_node_itself(untrusted):
     ref = TaskRef("rg/products", {"min_digits": 1, "max_digits": 1, "size": 10**7}, 3, 9)
     want = regenerate(ref)
