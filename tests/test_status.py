@@ -153,6 +153,13 @@ def test_dashboard_shows_a_running_node_in_a_headless_browser(tiny_a, cache_dir,
         drawn = {m.group(1): int(m.group(2)) for m in re.finditer(r'id="chart-(\w+)"[^>]*data-points="(\d+)"', dom)}
         assert drawn.keys() == {"learning", "peers", "signal", "traffic"} and drawn["learning"] >= 2 * shown_round, drawn
         assert drawn["signal"] >= 2 * shown_round, drawn  # local informative and external counts, every round
+        titles = {m.group(1): (m.group(2), m.group(3)) for m in
+                  re.finditer(r'id="chart-(\w+)"[^>]*data-x-title="([^"]+)"[^>]*data-y-title="([^"]+)"', dom)}
+        assert titles == {"learning": ("round", "reward / accuracy (0-1)"), "peers": ("round", "connected peers"),
+                          "signal": ("round", "groups per round"), "traffic": ("round", "groups per round")}, titles
+        now = dict(re.findall(r'</i>([^<]+?) <b class="now">([^<]+)</b>', dom))  # each series' latest value
+        assert now["peers"] == "0" and 0 <= float(now["reward (mean)"]) <= 1 and 0 <= float(now["eval accuracy"]) <= 1
+        assert {"train accuracy", "local informative", "external used", "groups in (from peers)"} <= now.keys(), now
         assert status["peer_id"] in dom
         shot = tmp_path / "dashboard.png"
         subprocess.run([*browser, f"--screenshot={shot}", url], capture_output=True, timeout=60)
