@@ -97,11 +97,10 @@ def activation_bytes(m: ModelShape, r: RoundShape, micro_batch: int) -> float:
     return micro_batch * per_row
 
 
-def kv_cache_bytes(m: ModelShape, r: RoundShape, rows: int | None = None, value_bytes: int | None = None) -> float:
+def kv_cache_bytes(m: ModelShape, r: RoundShape, rows: int | None = None) -> float:
     """KV cache and last-position logits of `rows` sequences decoding together (default: the round's)."""
     rows = r.generation_rows if rows is None else rows
-    value = m.weight_bytes if value_bytes is None else value_bytes
-    return rows * (r.tokens * m.layers * 2 * m.kv_width * value + 2 * m.vocab * FLOAT32)
+    return rows * (r.tokens * m.layers * 2 * m.kv_width * m.weight_bytes + 2 * m.vocab * FLOAT32)
 
 
 def available_bytes() -> float:

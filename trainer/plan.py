@@ -124,9 +124,9 @@ def peak(parts: dict[str, float]) -> float:
 
 
 def vllm_share_needed(device: Device, m: ModelShape, r: RoundShape) -> float:
-    """The share of the card vLLM needs for its weights, the round's sequences' KV cache and its own work."""
-    value = 2 if device.bf16 else m.weight_bytes
-    need = m.parameters * value + memory.kv_cache_bytes(m, r, value_bytes=value) + VLLM_OVERHEAD
+    """The share of the card vLLM needs for its weights (in the policy's dtype, as the engine is started),
+    the round's sequences' KV cache and its own work."""
+    need = memory.weights_bytes(m) + memory.kv_cache_bytes(m, r) + VLLM_OVERHEAD
     return math.ceil(100 * need / device.total_bytes) / 100  # above 0.95 it cannot fit, and the estimate says so
 
 
