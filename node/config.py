@@ -122,15 +122,27 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         _config_file.reset(token)
 
 
+UNION_TAGS = {"bool", "int", "float", "str", "none"}  # how pydantic names the members of a union in a location
+
+
+def _field_of(loc: tuple) -> str:
+    """The knob a location names, without the union member pydantic tried ("literal['auto']", "bool")."""
+    parts = [str(p) for p in loc]
+    while parts and not parts[-1].isdigit() and (not parts[-1].isidentifier() or parts[-1] in UNION_TAGS):
+        parts.pop()
+    return ".".join(parts) or "config"
+
+
 def describe(e: ValidationError) -> str:
-    """One line per problem: 'grpo.lr: Input should be greater than 0 (got -1)'."""
-    lines = []
+    """One line per problem: 'grpo.lr: Input should be greater than 0 (got -1)'; a value no member of a
+    union takes ('auto' or a number) is one problem: 'Input should be 'auto' or less than or equal to 0.95'."""
+    problems: dict[str, tuple[list[str], str]] = {}
     for err in e.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "config"
         got = err.get("input")
         shown = "" if isinstance(got, (dict, list)) or err["type"] == "missing" else f" (got {json.dumps(got, default=str)})"
-        lines.append(f"{where}: {err['msg']}{shown}")
-    return "; ".join(lines)
+        messages, _ = problems.setdefault(_field_of(err["loc"]), ([], shown))
+        messages.append(err["msg"] if not messages else err["msg"].removeprefix("Input should be "))
+    return "; ".join(f"{where}: {' or '.join(messages)}{shown}" for where, (messages, shown) in problems.items())
 
 
 def shown_default(dotted: str, info: Any) -> str:

@@ -40,6 +40,18 @@ def test_invalid_values_name_the_field(overrides, field):
         load_config(None, overrides)
 
 
+@pytest.mark.parametrize("overrides, line", [
+    ({"model": {"lora": {"enabled": "maybe"}}},
+     'model.lora.enabled: Input should be \'auto\' or a valid boolean, unable to interpret input (got "maybe")'),
+    ({"generation": {"vllm": {"gpu_memory_utilization": "1.5"}}},
+     'generation.vllm.gpu_memory_utilization: Input should be \'auto\' or less than or equal to 0.95 (got "1.5")'),
+])
+def test_a_knob_that_is_auto_or_a_value_is_one_problem_naming_both(overrides, line):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert str(e.value) == line
+
+
 def test_task_shorthand_sets_names_and_weights():
     cfg = load_config(None, {"tasks": {"datasets": "arith, reverse:2 ,rg/leg_counting"}})
     assert [(d.name, d.weight) for d in cfg.tasks.datasets] == [("arith", 1.0), ("reverse", 2.0), ("rg/leg_counting", 1.0)]
