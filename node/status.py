@@ -137,7 +137,13 @@ def prometheus(s: dict) -> str:
     metric("eval_accuracy", "gauge", "greedy accuracy on the held-out set at the last evaluation", [({}, s["last_eval_accuracy"])])
     metric("weight_version", "gauge", "optimizer steps pushed into the generator", [({}, last.get("weight_version"))])
     metric("peers", "gauge", "connected peers", [({}, p2p.get("peers"))])
-    metric("mesh_peers", "gauge", "peers in the gossip mesh of the rollout topic", [({}, p2p.get("mesh_peers"))])
+    metric("mesh_peers", "gauge", "peers in the gossip mesh of our rollout shard topic", [({}, p2p.get("mesh_peers"))])
+    metric("shard_level", "gauge", "rollout shard level this node listens at (0: the whole swarm)",
+           [({}, p2p.get("shard_level"))])
+    metric("shard_authors", "gauge", "authors heard on our shard topic within the shard window, this node included",
+           [({}, p2p.get("shard_authors"))])
+    metric("peers_other_protocol", "gauge", "connected peers gossiping rollouts under another protocol version",
+           [({}, p2p.get("peers_other_protocol"))])
     metric("round_seconds", "gauge", "seconds the last round spent per phase",
            [({"phase": p}, last.get(f"seconds_{p}")) for p in PHASES])
     metric("phase_seconds_total", "counter", "seconds spent per phase since start",

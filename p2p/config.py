@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from multiaddr import Multiaddr
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from p2p.network import NetworkProfile, load_network
+from p2p.shards import MAX_LEVEL, ShardLevel
 
 DEFAULT_PORT = 7420
 
@@ -62,6 +63,31 @@ class PoolConfig(Section):
     max_age_s: float = Field(300.0, gt=0, description="drop received groups older than this")
 
 
+class ShardConfig(Section):
+    """Rollout topic shards (docs/PROTOCOL.md section 7): what a node hears grows with its shard, not the swarm."""
+
+    level: Literal["auto"] | Annotated[int, Field(ge=0, le=MAX_LEVEL)] = Field(
+        "auto", description="shard level: auto follows the swarm's size; a number pins it (0: one topic for all, "
+        "every node receives every rollout)")
+    min_authors: int = Field(6, ge=2, description="fewest authors (this node included) a shard should hold; below "
+                             "this the node moves to the parent shard")
+    split_authors: int = Field(12, ge=4, description="authors in a shard at which the node moves to its child shard "
+                               "(if that holds min_authors)")
+    window_s: float = Field(120.0, gt=0, description="authors heard within this window count; longer than the "
+                            "slowest peer's round")
+
+    @model_validator(mode="after")
+    def _split_in_two(self) -> "ShardConfig":
+        if self.split_authors < 2 * self.min_authors:
+            raise ValueError(f"split_authors ({self.split_authors}) must be at least twice min_authors "
+                             f"({self.min_authors}): a shard splits in two")
+        return self
+
+    def level_of(self, key: bytes) -> ShardLevel:
+        return ShardLevel(key, self.min_authors, self.split_authors, self.window_s,
+                          pinned=None if self.level == "auto" else self.level)
+
+
 class P2PConfig(Section):
     enabled: bool = Field(True, description="join the swarm; false runs a silo without any network")
     network: str = Field("local", description="network profile: local, testnet, or a profile file (namespace, "
@@ -80,6 +106,7 @@ class P2PConfig(Section):
     max_messages_per_s: float = Field(100.0, gt=0, description="GossipSub spam limit per neighbour, own publishes included")
     limits: Limits = Field(default_factory=Limits)
     pool: PoolConfig = Field(default_factory=PoolConfig)
+    shards: ShardConfig = Field(default_factory=ShardConfig)
 
     _split = field_validator("listen", "announce", "bootstrap", mode="before")(_addr_list)
 
@@ -110,7 +137,8 @@ class P2PConfig(Section):
         """GossipSub D_lo: below this many mesh peers the heartbeat grafts more."""
         return max(1, self.mesh_degree - self.mesh_degree // 3)
 
-    def topic(self) -> str:
+    def rollout_topic_base(self) -> str:
+        """Shard topics are this plus `/s<bits>` (p2p.shards)."""
         profile = self.profile()
         return f"/sapo/{profile.namespace}/rollouts/{profile.protocol}"
 

@@ -11,6 +11,7 @@ import logging
 import math
 import random
 import socket
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -31,6 +32,7 @@ from multiaddr import Multiaddr
 from p2p.config import P2PConfig
 from p2p.policy import MessagePolicy
 from p2p.seen import SeenKeys
+from p2p.shards import peer_key, publish_topics, shard_topic, shared_bits, topic_level
 from p2p.wire import Rejected, WireMessage, decode
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,7 @@ EXCHANGE_MAX_PEERS = 32
 EXCHANGE_MAX_BYTES = 64 * 1024
 HINT_DIALS_PER_ANSWER = 4  # new peers dialed from one peer-exchange answer: a liar's answer costs at most this
 REMEMBERED = 4096  # addresses and peers the discovery loop remembers (backoff, logged once)
+SHARD_CHECK_S = 2.0  # how often the shard level is re-decided
 
 
 def advertised(addrs: list[Multiaddr]) -> list[Multiaddr]:
@@ -87,9 +90,10 @@ class GossipHost:
         self.counts: Counter[str] = Counter()  # published, publish_failed, publish_dropped, dials, dial_failed, exchange_failed
         self.addrs: list[str] = []
         # addresses and peers already logged as failing: each is logged once (while remembered)
-        self._logged_hints, self._logged_silent = SeenKeys(math.inf, REMEMBERED), SeenKeys(math.inf, REMEMBERED)
+        self._logged_hints, self._logged_silent, self._logged_other = (SeenKeys(math.inf, REMEMBERED) for _ in range(3))
         self.n_peers = 0
-        self.n_mesh = 0  # GossipSub mesh peers on the rollout topic: who our publishes reach first
+        self.n_mesh = 0  # GossipSub mesh peers on our shard topic: who our publishes reach first
+        self.n_other_protocol = 0  # connected peers on this network's rollout topics of another protocol version
         announce = [Multiaddr(a) for a in cfg.announce] or None
         self.host = new_host(
             key_pair=key_pair,
@@ -99,6 +103,9 @@ class GossipHost:
             announce_addrs=announce, addrs_factory=None if announce else advertised,
         )
         self.me = self.host.get_id()
+        self.base = cfg.rollout_topic_base()
+        self.shard = cfg.shards.level_of(peer_key(self.me.to_bytes()))
+        self.topic = shard_topic(self.base, self.shard.key, self.shard.level)
         self.gossipsub = _CountingGossipSub(
             self.counts, protocols=[PROTOCOL_ID_V11], degree=cfg.mesh_degree,
             degree_low=cfg.mesh_low(), degree_high=2 * cfg.mesh_degree,
@@ -116,19 +123,67 @@ class GossipHost:
             if len(self.host.get_transport_addrs()) < len(listen):
                 raise OSError(errno.EADDRNOTAVAIL, "not every listen address could be opened (see the log above)")
             await self.pubsub.wait_until_ready()
-            self.pubsub.set_topic_validator(self.cfg.topic(), self._validate, False)
-            subscription = await self.pubsub.subscribe(self.cfg.topic())
             self.host.set_stream_handler(TProtocol(self.cfg.peer_exchange_protocol()), self._serve_peer_list)
             self.addrs = [str(a) for a in self.host.get_addrs()]
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read, subscription)
+                await nursery.start(self._follow_shard)
                 nursery.start_soon(self._publish_outbox)
                 nursery.start_soon(self._keep_bootstrap_peers)
                 nursery.start_soon(self._exchange_peers)
                 task_status.started()
                 await stop.wait()
                 nursery.cancel_scope.cancel()
-            await self.pubsub.unsubscribe(self.cfg.topic())
+            await self.pubsub.unsubscribe(self.topic)
+
+    # -- shards -------------------------------------------------------------------------------
+
+    async def _follow_shard(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on our shard's topic; when the level changes, subscribe to the new shard before
+        leaving the old one (publishers name three levels, so nothing falls in between)."""
+        reading: trio.CancelScope | None = None
+        async with trio.open_nursery() as nursery:
+            while True:
+                topic = shard_topic(self.base, self.shard.key, self.shard.level)
+                if reading is None or topic != self.topic:
+                    self.pubsub.set_topic_validator(topic, self._validate, False)
+                    subscription = await self.pubsub.subscribe(topic)
+                    new_reading = await nursery.start(self._read, subscription)
+                    if reading is None:
+                        task_status.started()
+                    else:
+                        reading.cancel()
+                        await self.pubsub.unsubscribe(self.topic)
+                        self.pubsub.remove_topic_validator(self.topic)
+                        log.info("shard level %d -> %d: now on %s", topic_level(self.base, self.topic) or 0,
+                                 self.shard.level, topic)
+                    reading, self.topic = new_reading, topic
+                await trio.sleep(SHARD_CHECK_S)
+                self.shard.update(time.time(), self._neighbour_levels())
+
+    def _neighbour_levels(self) -> list[int]:
+        """The shard level of each connected peer on this network's protocol; peers on another
+        protocol's rollout topic are counted and logged once each."""
+        levels: dict[ID, int] = {}
+        other: set[ID] = set()
+        family = self.base.rsplit("/", 1)[0] + "/"
+        for topic, peers in list(self.pubsub.peer_topics.items()):
+            level = topic_level(self.base, topic)
+            for peer in peers:
+                if level is not None:
+                    levels[peer] = max(level, levels.get(peer, 0))
+                elif topic.startswith(family):
+                    other.add(peer)
+                    if peer not in self._logged_other:
+                        self._logged_other.add(peer, 0.0)
+                        log.warning("peer %s gossips rollouts on %s, another protocol version: rollouts do not "
+                                    "cross versions (one of you should upgrade sapo-node)", peer, topic)
+        self.n_other_protocol = len(other)
+        return list(levels.values())
+
+    def shard_stats(self) -> dict[str, object]:
+        now = time.time()
+        return {"shard_level": self.shard.level, "shard_authors": self.shard.authors(now, self.shard.level),
+                "peers_other_protocol": self.n_other_protocol}
 
     # -- gossip -------------------------------------------------------------------------------
 
@@ -136,26 +191,31 @@ class GossipHost:
         if msg.from_id == self.me.to_bytes():
             return True
         try:
-            self.policy.check(msg.data, ID(msg.from_id).to_base58())
+            self.policy.check(msg.data, ID(msg.from_id).to_base58(), topics=msg.topicIDs)
         except Rejected as r:
             log.debug("rejected message from %s via %s: %s", ID(msg.from_id), forwarder, r)
             return False
         return True
 
-    async def _read(self, subscription) -> None:
-        while True:
-            msg = await subscription.get()  # drain at once: the subscription queue drops when full
-            if msg.from_id == self.me.to_bytes():
-                continue
-            try:
-                self.on_message(decode(msg.data, self.cfg.limits))
-            except Exception:  # a consumer bug must not stop the gossip layer
-                log.exception("handling a received message failed")
+    async def _read(self, subscription, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            while True:
+                msg = await subscription.get()  # drain at once: the subscription queue drops when full
+                if msg.from_id != self.me.to_bytes():
+                    self._deliver(msg)
+
+    def _deliver(self, msg) -> None:
+        self.shard.hear(peer_key(msg.from_id), time.time())
+        try:
+            self.on_message(decode(msg.data, self.cfg.limits))
+        except Exception:  # a consumer bug must not stop the gossip layer
+            log.exception("handling a received message failed")
 
     async def _publish_outbox(self) -> None:
         async for data in self.outbox_recv:
             try:
-                await self.pubsub.publish(self.cfg.topic(), data)
+                await self.pubsub.publish(publish_topics(self.base, self.shard.key, self.shard.level), data)
                 self.counts["published"] += 1
             except Exception as e:
                 self.counts["publish_failed"] += 1
@@ -174,7 +234,7 @@ class GossipHost:
     def _connected(self) -> set[ID]:
         peers = set(self.host.get_connected_peers())
         self.n_peers = len(peers)
-        self.n_mesh = len(self.gossipsub.mesh.get(self.cfg.topic(), ()))
+        self.n_mesh = len(self.gossipsub.mesh.get(self.topic, ()))
         return peers
 
     async def _dial(self, info: PeerInfo) -> bool:
@@ -217,7 +277,9 @@ class GossipHost:
             asker = stream.muxed_conn.peer_id
             store = self.host.get_peerstore()
             entries = []
-            for pid in (p for p in self._connected() if p != asker):
+            near = peer_key(asker.to_bytes())  # the asker's own shard first: those are the peers it most wants
+            for pid in sorted((p for p in self._connected() if p != asker),
+                              key=lambda p: -shared_bits(near, peer_key(p.to_bytes()))):
                 if addrs := [str(a) for a in store.addrs(pid)][:8]:
                     entries.append({"id": pid.to_base58(), "addrs": addrs})
             await stream.write(msgpack.packb(entries[:EXCHANGE_MAX_PEERS]))
@@ -244,7 +306,7 @@ class GossipHost:
             failed.forget_expired(trio.current_time())
             silent.forget_expired(trio.current_time())
             askable = [p for p in connected if p not in silent]
-            if not askable or len(connected) >= self.cfg.max_peers:
+            if not askable or not self._room_for(self.shard.level):
                 continue
             responder = random.choice(askable)
             infos = await self._ask_peer_list(responder)
@@ -252,8 +314,11 @@ class GossipHost:
                 silent.add(responder, trio.current_time())
                 continue
             dials = 0
+            random.shuffle(infos)  # then our own shard first: the peers whose rollouts we hear
+            infos.sort(key=lambda i: -shared_bits(self.shard.key, peer_key(i.peer_id.to_bytes())))
             for info in infos:
-                if len(self._connected()) >= self.cfg.max_peers or dials == HINT_DIALS_PER_ANSWER:
+                if not self._room_for(shared_bits(self.shard.key, peer_key(info.peer_id.to_bytes()))) \
+                        or dials == HINT_DIALS_PER_ANSWER:
                     break
                 addrs = [a for a in info.addrs if _addr_key(a) not in failed]
                 if info.peer_id == self.me or info.peer_id in connected or not addrs:
@@ -268,6 +333,13 @@ class GossipHost:
                         self._logged_hints.add(key, 0.0)
                         log.info("peer-exchange hint %s (from %s) unreachable; not dialed again for %.0f s",
                                  key, responder, self.cfg.max_backoff_s)
+
+    def _room_for(self, shared: int) -> bool:
+        """Another connection is wanted below `max_peers`, and beyond it for a peer of our own shard
+        (`shared` key bits >= our level) while fewer than D neighbours listen on our shard's topic."""
+        if len(self._connected()) < self.cfg.max_peers:
+            return True
+        return shared >= self.shard.level and len(self.pubsub.peer_topics.get(self.topic, ())) < self.cfg.mesh_degree
 
     async def _ask_peer_list(self, peer: ID) -> list[PeerInfo] | None:
         """The peer's answer, or None when it did not answer (logged once per peer)."""

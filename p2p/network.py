@@ -54,6 +54,7 @@ def load_network(name: str) -> NetworkProfile:
     from p2p.wire import VERSION  # p2p.wire needs p2p.config, which needs this module
 
     if profile.protocol != VERSION:
-        raise ValueError(f"network {name!r} speaks protocol {profile.protocol}; this sapo-node speaks {VERSION} "
-                         "(upgrade sapo-node, or choose another network)")
+        advice = ("upgrade sapo-node, or choose another network" if profile.protocol > VERSION else
+                  f"an older network: once its nodes run this sapo-node, its profile says protocol = {VERSION}")
+        raise ValueError(f"network {name!r} speaks protocol {profile.protocol}; this sapo-node speaks {VERSION} ({advice})")
     return profile

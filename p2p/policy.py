@@ -11,14 +11,18 @@ import time
 from collections import Counter
 
 from p2p.config import Limits
+from libp2p.peer.id import ID
+
 from p2p.seen import SeenKeys
+from p2p.shards import peer_key, topics_problem
 from p2p.wire import Rejected, WireMessage, decode
 from rewards.scoring import can_carry_signal
 
 
 class MessagePolicy:
-    def __init__(self, limits: Limits):
+    def __init__(self, limits: Limits, topic_base: str):
         self.limits = limits
+        self.topic_base = topic_base
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
         self._seen = SeenKeys(ttl=self.remember_s)  # sha256 of message bytes
@@ -29,10 +33,13 @@ class MessagePolicy:
         """Long enough that a replay is either remembered or already too old."""
         return self.limits.max_message_age_s + self.limits.max_clock_skew_s
 
-    def check(self, data: bytes, author: str, now: float | None = None) -> WireMessage:
-        """Accept or raise `Rejected`; either way the outcome is counted. `author` is the libp2p signer."""
+    def check(self, data: bytes, author: str, topics: list[str], now: float | None = None) -> WireMessage:
+        """Accept or raise `Rejected`; either way the outcome is counted. `author` is the libp2p signer,
+        `topics` the topic ids the message was published under."""
         now = time.time() if now is None else now
         try:
+            if problem := topics_problem(self.topic_base, topics, peer_key(ID.from_base58(author).to_bytes())):
+                raise Rejected("wrong_shard", problem)
             msg = self._check(data, author, now)
         except Rejected as r:
             with self._lock:

@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help='JSON {"dataset", "config", "seed"} of the published groups (the index counts up)')
     p.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until SIGINT/SIGTERM)")
     p.add_argument("--events", type=Path, help="JSON-lines event file (default: stdout)")
+    p.add_argument("--shards", type=json.loads, default={},
+                   help='JSON of p2p.shards knobs, e.g. {"level": 0} (one topic for all) or {"window_s": 10}')
     p.add_argument("--mesh-degree", type=int, default=P2PConfig.model_fields["mesh_degree"].default, help="GossipSub D")
     return p.parse_args(argv)
 
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
         cfg = P2PConfig(network=args.network, listen=[args.listen], bootstrap=args.bootstrap, mesh_degree=args.mesh_degree,
-                        max_peers=args.max_peers)
+                        max_peers=args.max_peers, shards=args.shards)
     except ValidationError as e:
         err = e.errors()[0]
         print(f"probe: {'.'.join(map(str, err['loc']))}: {err['msg']}", file=sys.stderr)

@@ -34,7 +34,7 @@ class Gossip:
         self.cfg = cfg
         self.key_pair = load_or_create(key_file)
         self.peer_id = peer_id(self.key_pair)
-        self.policy = MessagePolicy(cfg.limits)
+        self.policy = MessagePolicy(cfg.limits, cfg.rollout_topic_base())
         self._on_message = on_message
         self._host: GossipHost | None = None
         self._token: trio.lowlevel.TrioToken | None = None
@@ -78,7 +78,7 @@ class Gossip:
         host = self._host
         counts = dict(host.counts) if host else {}
         return {"peer_id": self.peer_id, "peers": host.n_peers if host else 0, "mesh_peers": host.n_mesh if host else 0,
-                **counts, **LIBP2P_DROPS, **self.policy.stats()}
+                **(host.shard_stats() if host else {}), **counts, **LIBP2P_DROPS, **self.policy.stats()}
 
     def stop(self, timeout: float = 10.0) -> None:
         if self._token is not None and self._stop is not None and self._thread.is_alive():

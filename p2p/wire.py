@@ -1,4 +1,4 @@
-"""Wire protocol v1 (docs/PROTOCOL.md): the rollout message, its msgpack codec and its limits.
+"""Wire protocol v2 (docs/PROTOCOL.md): the rollout message, its msgpack codec and its limits.
 
 Nothing here is trusted by the receiver beyond its shape: there is no answer or reward field to
 trust. Every rejection carries one of `REASONS`, so the caller can count it.
@@ -15,11 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 
 from p2p.config import Limits
 
-VERSION = 1
+VERSION = 2
 INT64 = 2**63 - 1
 
 REASONS = ("too_large", "undecodable", "version", "schema", "too_many_groups", "too_many_completions",
-           "completion_too_long", "sender_mismatch", "from_future", "too_old", "duplicate", "no_signal")
+           "completion_too_long", "wrong_shard", "sender_mismatch", "from_future", "too_old", "duplicate", "no_signal")
 
 
 class Rejected(ValueError):

@@ -1,6 +1,6 @@
 """Write docs/protocol-vectors.json: conformance vectors for docs/PROTOCOL.md, computed by this code.
 
-Encoded messages with the receiver's verdict, built-in task references with their question and answer,
+Encoded messages with the topic ids they were published under and the receiver's verdict, built-in task references with their question and answer,
 and completions with their reward. tests/test_protocol_vectors.py checks the code against the file (and
 an implementation of section 5 written from the text alone against its tasks), so a change to either
 shows up as a failing test; rerun this script only for a deliberate change of the protocol.
@@ -19,20 +19,27 @@ import msgpack
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from p2p.config import Limits  # noqa: E402
+from libp2p.peer.id import ID  # noqa: E402
+
+from p2p.config import Limits, P2PConfig  # noqa: E402
 from p2p.policy import MessagePolicy  # noqa: E402
-from p2p.wire import Rejected  # noqa: E402
+from p2p.shards import peer_key, publish_topics, shard_topic  # noqa: E402
+from p2p.wire import VERSION, Rejected  # noqa: E402
 from rewards import TaskRef, regenerate, score_completion  # noqa: E402
 
 OUT = ROOT / "docs" / "protocol-vectors.json"
 SIGNER = "12D3KooWC6raWqzRwSPE9BwaYkKr1xW4BUZnUVAnDqzAcBkBgQx8"
 NOW = 1_800_000_000.0
+BASE = P2PConfig().rollout_topic_base()
+KEY = peer_key(ID.from_base58(SIGNER).to_bytes())
+TOPICS = publish_topics(BASE, KEY, 1)  # as a signer at level 1 publishes: its shards at levels 0, 1 and 2
+NOT_ITS_SHARD = f"{BASE}/s{'1' if shard_topic(BASE, KEY, 1).endswith('0') else '0'}"
 GROUP = {"dataset": "arith", "config": {}, "seed": 0, "index": 1353,
          "completions": ["<answer>12</answer>", "<answer>14</answer>"]}
 
 
 def message(**changes) -> dict:
-    return {"v": 1, "peer": SIGNER, "model": "tiny-a", "round": 17, "created": NOW - 1, "groups": [GROUP], **changes}
+    return {"v": VERSION, "peer": SIGNER, "model": "tiny-a", "round": 17, "created": NOW - 1, "groups": [GROUP], **changes}
 
 
 def packed(obj) -> bytes:
@@ -45,7 +52,7 @@ MESSAGES: dict[str, bytes] = {
                                                                  groups=[{**GROUP, "note": 1}])),
     "float32 created": b"\x86" + b"".join(packed(k) + (b"\xca" + struct.pack(">f", NOW) if k == "created"
                                                       else packed(v)) for k, v in message().items()),
-    "version 2": packed(message(v=2)),
+    "version 1": packed(message(v=1)),
     "round is a bool": packed(message(round=True)),
     "NaN created": packed(message(created=float("nan"))),
     "infinite config value": packed(message(groups=[{**GROUP, "config": {"max_operand": float("inf")}}])),
@@ -80,9 +87,18 @@ SCORES = [("arith", {}, 0, 1353, c) for c in (
     "</answer><answer>{a}</answer>", "<answer>0{a}</answer>")]
 
 
-def verdict(data: bytes) -> str:
+TOPIC_CASES: dict[str, list[str]] = {  # the valid message under other topic ids
+    "level 0 topic only": [f"{BASE}/s"],
+    "a shard that is not the signer's": [f"{BASE}/s", NOT_ITS_SHARD],
+    "four topics": [*TOPICS, shard_topic(BASE, KEY, 3)],
+    "another network's topic": [f"{BASE}/s".replace("/local/", "/testnet/")],
+    "protocol 1 topic": [BASE.rsplit("/", 1)[0] + "/1"],
+}
+
+
+def verdict(data: bytes, topics: list[str]) -> str:
     try:
-        MessagePolicy(Limits()).check(data, SIGNER, now=NOW)
+        MessagePolicy(Limits(), BASE).check(data, SIGNER, topics, now=NOW)
     except Rejected as r:
         return r.reason
     return "accepted"
@@ -101,17 +117,21 @@ def main() -> int:
         scores.append({"dataset": dataset, "config": config, "seed": seed, "index": index, "completion": completion,
                        "reward": score_completion(task, completion).reward})
     vectors = {
-        "about": "Conformance vectors for docs/PROTOCOL.md (wire protocol 1), written by "
-                 "scripts/gen_protocol_vectors.py. messages: hex msgpack bytes, signed by `signer`, received at "
-                 "unix time `now` with the default limits, and the verdict (accepted, or the rejection reason). "
+        "about": f"Conformance vectors for docs/PROTOCOL.md (wire protocol {VERSION}), written by "
+                 "scripts/gen_protocol_vectors.py. messages: hex msgpack bytes, signed by `signer`, published under "
+                 "`topics` and received at unix time `now` on the network whose rollout topics start with "
+                 "`topic_base`, with the default limits, and the verdict (accepted, or the rejection reason). "
                  "tasks: built-in task references and the question and answer they generate. scores: completions "
                  "and their reward (format weight 0).",
-        "signer": SIGNER, "now": NOW,
-        "messages": [{"name": name, "hex": data.hex(), "verdict": verdict(data)} for name, data in MESSAGES.items()],
+        "signer": SIGNER, "now": NOW, "topic_base": BASE,
+        "messages": [{"name": name, "hex": data.hex(), "topics": TOPICS, "verdict": verdict(data, TOPICS)}
+                     for name, data in MESSAGES.items()]
+        + [{"name": name, "hex": MESSAGES["valid"].hex(), "topics": topics, "verdict": verdict(MESSAGES["valid"], topics)}
+           for name, topics in TOPIC_CASES.items()],
         "tasks": tasks, "scores": scores,
     }
     OUT.write_text(json.dumps(vectors, indent=1, ensure_ascii=False) + "\n")
-    print(f"wrote {OUT}: {len(MESSAGES)} messages, {len(tasks)} tasks, {len(scores)} scores")
+    print(f"wrote {OUT}: {len(MESSAGES) + len(TOPIC_CASES)} messages, {len(tasks)} tasks, {len(scores)} scores")
     return 0
 
 

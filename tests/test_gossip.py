@@ -26,6 +26,7 @@ from p2p.config import P2PConfig
 from p2p.identity import load_or_create, peer_id
 from p2p.probe import ProbeProcess
 from p2p.service import Gossip
+from p2p.shards import peer_key, prefix
 from p2p.wire import REASONS
 from tests.conftest import ROOT, run_sapo
 from tests.test_wire import bad_payloads, raw_message
@@ -163,8 +164,8 @@ def test_each_malformed_message_class_is_rejected_and_counted_by_a_remote_node(s
         before = accepted()
         cases = bad_payloads(sender.peer_id, time.time())
         duplicate = valid()
-        for data, _ in cases.values():
-            sender.publish(data)
+        for data, topics in cases.values():  # under the topic ids each case names, signed by the sender
+            trio.from_thread.run(sender._host.pubsub.publish, topics, data, trio_token=sender._token)
         sender.publish(duplicate)
         sender.publish(duplicate)
         node.wait_for(lambda: sum(node.stats().get("rejected", {}).values()) >= len(REASONS), 30, "all rejections")
@@ -206,7 +207,7 @@ def test_a_listen_port_taken_after_the_preflight_is_still_one_line(tmp_path):
 
 def test_nodes_on_different_networks_never_exchange_rollouts(spawn, tmp_path):
     profile = tmp_path / "lab.toml"
-    profile.write_text('namespace = "lab"\nprotocol = 1\nbootstrap = []\n')
+    profile.write_text('namespace = "lab"\nprotocol = 2\nbootstrap = []\n')
     local = spawn("local", "--rate", "4")
     lab = spawn("lab", "--rate", "4", "--network", str(profile), "--bootstrap", local.addr)
     same = spawn("same", "--rate", "4", "--bootstrap", local.addr)
@@ -295,3 +296,38 @@ def test_a_flood_of_useless_groups_stops_at_the_first_honest_hop(spawn):
     assert flood.peer_id not in {e["peer"] for e in neighbour.events("received")}
     assert flood.peer_id not in {e["peer"] for e in target.events("received")}
     assert neighbour.stats().get("peers") == 1  # the flood never had another way in
+
+
+def keys_in_shards(tmp_path: Path, shards: list[str]) -> list[Path]:
+    """One identity key file per entry of `shards`, each falling in that shard (key prefix)."""
+    paths, n = [], 0
+    for bits in shards:
+        while True:
+            n += 1
+            path = tmp_path / f"candidate-{n}.key"
+            key = peer_key(ID.from_base58(peer_id(load_or_create(path))).to_bytes())
+            if prefix(key, len(bits)) == bits:
+                paths.append(path)
+                break
+            path.unlink()
+    return paths
+
+
+def test_nodes_split_into_shards_and_hear_only_their_own_shards_authors(spawn, tmp_path):
+    # two nodes per 2-bit shard; a shard splits at 4 authors when its child holds 2: all settle at level 2
+    shards = ["00", "00", "01", "01", "10", "10", "11", "11"]
+    knobs = ["--shards", json.dumps({"min_authors": 2, "split_authors": 4, "window_s": 4}), "--rate", "2",
+             "--groups", "1"]
+    keys = keys_in_shards(tmp_path, shards)
+    first = spawn("n0", *knobs, key=keys[0])
+    probes = [first] + [spawn(f"n{i}", *knobs, "--bootstrap", first.addr, key=keys[i]) for i in range(1, 8)]
+    for p in probes:
+        p.wait_for(lambda p=p: p.stats().get("shard_level") == 2, 60, "shard level 2")
+    time.sleep(4)  # a window at the new level
+    since = time.time()
+    time.sleep(4)
+    for p, bits in zip(probes, shards):
+        mates = {q.peer_id for q, b in zip(probes, shards) if b == bits and q is not p}
+        heard = {e["peer"] for e in p.events("received") if e["created"] > since}
+        assert heard == mates, f"{p.name} in shard {bits} heard {len(heard)} authors"
+        assert p.stats()["shard_level"] == 2 and p.stats()["rejected"] == {}

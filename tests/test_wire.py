@@ -1,4 +1,4 @@
-"""Wire protocol v1: codec, splitting under the limits, and one test per rejection reason."""
+"""Wire protocol v2: codec, splitting under the limits, and one test per rejection reason."""
 
 from __future__ import annotations
 
@@ -7,12 +7,17 @@ import time
 import msgpack
 import pytest
 
-from p2p.config import Limits
+from libp2p.peer.id import ID
+
+from p2p.config import Limits, P2PConfig
 from p2p.policy import MessagePolicy
+from p2p.shards import peer_key, prefix
 from p2p.wire import REASONS, VERSION, Rejected, WireGroup, WireMessage, decode, encode, pack_groups
 
 ME = "12D3KooWAuthorAuthorAuthorAuthorAuthorAuthorAuthorAu"
 NOW = 1_800_000_000.0
+BASE = P2PConfig().rollout_topic_base()
+TOPICS = [f"{BASE}/s"]  # level 0: every author's shard
 
 
 def group(index: int = 0, n: int = 8, chars: int = 20) -> WireGroup:
@@ -56,25 +61,34 @@ def test_group_key_ignores_completion_order_but_not_content():
     assert g.key() != group(index=1).key()
 
 
-def bad_payloads(author: str, now: float) -> dict[str, tuple[bytes, str]]:
-    """reason -> (payload, signer): every class a receiver can see; each must be rejected and counted."""
+def not_my_shard(author: str) -> str:
+    """The level-1 shard topic that `author`'s key does not fall in."""
+    bit = prefix(peer_key(ID.from_base58(author).to_bytes()), 1)
+    return f"{BASE}/s{1 - int(bit)}"
+
+
+def bad_payloads(author: str, now: float) -> dict[str, tuple[bytes, list[str]]]:
+    """reason -> (payload, topic ids): every class a receiver can see from the signer `author`; each
+    must be rejected and counted."""
     def msg(**changes) -> bytes:
         return pack(raw_message(**{"peer": author, "created": now, **changes}))
-    other = "12D3KooWSomebodyElseSomebodyElseSomebodyElseSomebod"
-    return {
-        "undecodable": (b"\xc1\x00not msgpack", author),
-        "schema": (msg(round="four"), author),
-        "version": (msg(v=2), author),
-        "too_large": (msg(groups=[group(i, n=8, chars=4000).model_dump() for i in range(10)]), author),
-        "too_many_groups": (msg(groups=[group(i, n=1).model_dump() for i in range(65)]), author),
-        "too_many_completions": (msg(groups=[group(n=65).model_dump()]), author),
-        "completion_too_long": (msg(groups=[group(chars=8193).model_dump()]), author),
-        "sender_mismatch": (pack(raw_message(peer=other, created=now)), author),
-        "from_future": (msg(created=now + 3600), author),
-        "too_old": (msg(created=now - 3600), author),
-        "no_signal": (msg(groups=[{**group().model_dump(), "completions": ["<answer>3</answer>"] * 4},
-                                  {**group(1).model_dump(), "completions": ["no answer", "none either"]}]), author),
+    other = "12D3KooWSomebodyEsseSomebodyEsseSomebodyEsseSomebod"
+    cases = {
+        "undecodable": b"\xc1\x00not msgpack",
+        "schema": msg(round="four"),
+        "version": msg(v=1),
+        "too_large": msg(groups=[group(i, n=8, chars=4000).model_dump() for i in range(10)]),
+        "too_many_groups": msg(groups=[group(i, n=1).model_dump() for i in range(65)]),
+        "too_many_completions": msg(groups=[group(n=65).model_dump()]),
+        "completion_too_long": msg(groups=[group(chars=8193).model_dump()]),
+        "sender_mismatch": pack(raw_message(peer=other, created=now)),
+        "from_future": msg(created=now + 3600),
+        "too_old": msg(created=now - 3600),
+        "no_signal": msg(groups=[{**group().model_dump(), "completions": ["<answer>3</answer>"] * 4},
+                                 {**group(1).model_dump(), "completions": ["no answer", "none either"]}]),
     }
+    return {**{reason: (data, TOPICS) for reason, data in cases.items()},
+            "wrong_shard": (msg(), [*TOPICS, not_my_shard(author)])}
 
 
 CASES = bad_payloads(ME, NOW)
@@ -86,20 +100,20 @@ def test_every_reason_has_a_case():
 
 @pytest.mark.parametrize("reason", sorted(CASES))
 def test_each_bad_message_class_is_rejected_with_its_reason_and_counted(reason):
-    policy = MessagePolicy(Limits())
-    data, author = CASES[reason]
+    policy = MessagePolicy(Limits(), BASE)
+    data, topics = CASES[reason]
     with pytest.raises(Rejected) as caught:
-        policy.check(data, author, now=NOW)
+        policy.check(data, ME, topics, now=NOW)
     assert caught.value.reason == reason
     assert policy.stats() == {"accepted": 0, "rejected": {reason: 1}}
 
 
 def test_the_same_bytes_twice_are_a_duplicate():
-    policy = MessagePolicy(Limits())
+    policy = MessagePolicy(Limits(), BASE)
     data = pack(raw_message())
-    policy.check(data, ME, now=NOW)
+    policy.check(data, ME, TOPICS, now=NOW)
     with pytest.raises(Rejected, match="duplicate"):
-        policy.check(data, ME, now=NOW + 1)
+        policy.check(data, ME, TOPICS, now=NOW + 1)
     assert policy.stats() == {"accepted": 1, "rejected": {"duplicate": 1}}
 
 
@@ -114,29 +128,29 @@ def test_shape_violations_are_schema_errors(payload):
 
 def test_a_replay_is_remembered_for_as_long_as_it_could_pass_the_age_check():
     limits = Limits(max_message_age_s=60, max_clock_skew_s=5)
-    policy = MessagePolicy(limits)
+    policy = MessagePolicy(limits, BASE)
     data = pack(raw_message(created=NOW))
-    policy.check(data, ME, now=NOW)
+    policy.check(data, ME, TOPICS, now=NOW)
     with pytest.raises(Rejected, match="duplicate"):
-        policy.check(data, ME, now=NOW + 59)
+        policy.check(data, ME, TOPICS, now=NOW + 59)
     with pytest.raises(Rejected, match="too_old"):
-        policy.check(data, ME, now=NOW + 61)
+        policy.check(data, ME, TOPICS, now=NOW + 61)
 
 
 def test_a_fresh_message_from_its_signer_is_accepted_at_the_real_clock():
-    msg = MessagePolicy(Limits()).check(pack(raw_message(created=time.time())), ME)
+    msg = MessagePolicy(Limits(), BASE).check(pack(raw_message(created=time.time())), ME, TOPICS)
     assert msg.peer == ME and len(msg.groups) == 1
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 def test_a_non_finite_number_anywhere_is_a_schema_rejection_and_stays_one(value):
-    policy = MessagePolicy(Limits())
+    policy = MessagePolicy(Limits(), BASE)
     bad_created = pack(raw_message(created=value))
     bad_config = pack(raw_message(groups=[{**group().model_dump(), "config": {"min_len": value}}]))
     for data in (bad_created, bad_config):
         for now in (NOW, NOW + 400):  # past the duplicate window: still refused, not accepted
             with pytest.raises(Rejected, match="schema: .*not a finite number"):
-                policy.check(data, ME, now=now)
+                policy.check(data, ME, TOPICS, now=now)
     assert policy.stats() == {"accepted": 0, "rejected": {"schema": 4}}
 
 
@@ -169,7 +183,7 @@ def test_a_message_is_forwarded_when_any_group_can_carry_signal():
     dead = {**group().model_dump(), "completions": ["<answer>3</answer>", " <answer>3</answer>\n"]}
     live = {**group(1).model_dump(), "completions": ["<answer>3</answer>", "<answer>4</answer>"]}
     half = {**group(2).model_dump(), "completions": ["<answer>3</answer>", "no answer"]}  # a format difference
-    policy = MessagePolicy(Limits())
+    policy = MessagePolicy(Limits(), BASE)
     for groups in ([dead, live], [half]):
-        policy.check(pack(raw_message(groups=groups)), ME, now=NOW)
+        policy.check(pack(raw_message(groups=groups)), ME, TOPICS, now=NOW)
     assert policy.stats() == {"accepted": 2, "rejected": {}}
