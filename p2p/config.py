@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import NoDecode
 
 from p2p.network import NetworkProfile, load_network
-from p2p.shards import MAX_LEVEL, ShardLevel
+from p2p.shards import MAX_LEVEL, ShardLevel, epoch_of
 
 DEFAULT_PORT = 7420
 
@@ -83,8 +83,8 @@ class ShardConfig(Section):
                              f"({self.min_authors}): a shard splits in two")
         return self
 
-    def level_of(self, key: bytes) -> ShardLevel:
-        return ShardLevel(key, self.min_authors, self.split_authors, self.window_s,
+    def level_of(self, peer: bytes, epoch_s: float, now: float) -> ShardLevel:
+        return ShardLevel(peer, epoch_s, epoch_of(now, epoch_s), self.min_authors, self.split_authors, self.window_s,
                           pinned=None if self.level == "auto" else self.level)
 
 

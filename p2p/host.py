@@ -32,7 +32,7 @@ from multiaddr import Multiaddr
 from p2p.config import P2PConfig
 from p2p.policy import MessagePolicy
 from p2p.seen import SeenKeys
-from p2p.shards import peer_key, publish_topics, shard_topic, shared_bits, topic_level
+from p2p.shards import publish_topics, shard_topic, shared_bits, topic_level
 from p2p.wire import Rejected, WireMessage, decode
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,7 @@ class GossipHost:
         self.n_peers = 0
         self.n_mesh = 0  # GossipSub mesh peers on our shard topic: who our publishes reach first
         self.n_other_protocol = 0  # connected peers on this network's rollout topics of another protocol version
+        self.bootstrap_ids: set[ID] = set()  # never closed to make room
         announce = [Multiaddr(a) for a in cfg.announce] or None
         self.host = new_host(
             key_pair=key_pair,
@@ -104,7 +105,7 @@ class GossipHost:
         )
         self.me = self.host.get_id()
         self.base = cfg.rollout_topic_base()
-        self.shard = cfg.shards.level_of(peer_key(self.me.to_bytes()))
+        self.shard = cfg.shards.level_of(self.me.to_bytes(), cfg.profile().shard_epoch_s, time.time())
         self.topic = shard_topic(self.base, self.shard.key, self.shard.level)
         self.gossipsub = _CountingGossipSub(
             self.counts, protocols=[PROTOCOL_ID_V11], degree=cfg.mesh_degree,
@@ -138,25 +139,34 @@ class GossipHost:
     # -- shards -------------------------------------------------------------------------------
 
     async def _follow_shard(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Listen on our shard's topic; when the level changes, subscribe to the new shard before
-        leaving the old one (publishers name three levels, so nothing falls in between)."""
+        """Listen on our shard's topic; when the shard changes (a new level or a new epoch), subscribe to
+        the new one and keep the old one for `leave_after_s` more: publishers name three levels, and an
+        author whose clock is a little behind still publishes into its old-epoch shard."""
         reading: trio.CancelScope | None = None
+        leaving: dict[str, tuple[float, trio.CancelScope]] = {}  # topic -> (unsubscribe at, its reader)
+        leave_after_s = 2 * self.cfg.limits.max_clock_skew_s + SHARD_CHECK_S
         async with trio.open_nursery() as nursery:
             while True:
                 topic = shard_topic(self.base, self.shard.key, self.shard.level)
                 if reading is None or topic != self.topic:
-                    self.pubsub.set_topic_validator(topic, self._validate, False)
-                    subscription = await self.pubsub.subscribe(topic)
-                    new_reading = await nursery.start(self._read, subscription)
+                    if topic in leaving:  # back to a shard not yet left
+                        new_reading = leaving.pop(topic)[1]
+                    else:
+                        self.pubsub.set_topic_validator(topic, self._validate, False)
+                        new_reading = await nursery.start(self._read, await self.pubsub.subscribe(topic))
                     if reading is None:
                         task_status.started()
                     else:
-                        reading.cancel()
-                        await self.pubsub.unsubscribe(self.topic)
-                        self.pubsub.remove_topic_validator(self.topic)
-                        log.info("shard level %d -> %d: now on %s", topic_level(self.base, self.topic) or 0,
-                                 self.shard.level, topic)
+                        leaving[self.topic] = (trio.current_time() + leave_after_s, reading)
+                        log.info("shard %s -> %s (level %d, epoch %d)", self.topic, topic, self.shard.level,
+                                 self.shard.epoch)
                     reading, self.topic = new_reading, topic
+                for old, (when, scope) in list(leaving.items()):
+                    if trio.current_time() >= when:
+                        del leaving[old]
+                        scope.cancel()
+                        await self.pubsub.unsubscribe(old)
+                        self.pubsub.remove_topic_validator(old)
                 await trio.sleep(SHARD_CHECK_S)
                 self.shard.update(time.time(), self._neighbour_levels())
 
@@ -206,7 +216,7 @@ class GossipHost:
                     self._deliver(msg)
 
     def _deliver(self, msg) -> None:
-        self.shard.hear(peer_key(msg.from_id), time.time())
+        self.shard.hear(msg.from_id, time.time())
         try:
             self.on_message(decode(msg.data, self.cfg.limits))
         except Exception:  # a consumer bug must not stop the gossip layer
@@ -251,6 +261,7 @@ class GossipHost:
     async def _keep_bootstrap_peers(self) -> None:
         """Dial every bootstrap peer; redial lost ones with exponential backoff and jitter."""
         infos = [i for i in (info_from_p2p_addr(Multiaddr(a)) for a in self.cfg.bootstrap_peers()) if i.peer_id != self.me]
+        self.bootstrap_ids = {i.peer_id for i in infos}
         delay = {i.peer_id: 1.0 for i in infos}
         due = {i.peer_id: 0.0 for i in infos}
         while True:
@@ -277,9 +288,9 @@ class GossipHost:
             asker = stream.muxed_conn.peer_id
             store = self.host.get_peerstore()
             entries = []
-            near = peer_key(asker.to_bytes())  # the asker's own shard first: those are the peers it most wants
+            near = self.shard.key_of(asker.to_bytes())  # the asker's own shard first: those are the peers it most wants
             for pid in sorted((p for p in self._connected() if p != asker),
-                              key=lambda p: -shared_bits(near, peer_key(p.to_bytes()))):
+                              key=lambda p: -shared_bits(near, self.shard.key_of(p.to_bytes()))):
                 if addrs := [str(a) for a in store.addrs(pid)][:8]:
                     entries.append({"id": pid.to_base58(), "addrs": addrs})
             await stream.write(msgpack.packb(entries[:EXCHANGE_MAX_PEERS]))
@@ -306,7 +317,7 @@ class GossipHost:
             failed.forget_expired(trio.current_time())
             silent.forget_expired(trio.current_time())
             askable = [p for p in connected if p not in silent]
-            if not askable or not self._room_for(self.shard.level):
+            if not askable or not self._wants_peers():
                 continue
             responder = random.choice(askable)
             infos = await self._ask_peer_list(responder)
@@ -315,14 +326,15 @@ class GossipHost:
                 continue
             dials = 0
             random.shuffle(infos)  # then our own shard first: the peers whose rollouts we hear
-            infos.sort(key=lambda i: -shared_bits(self.shard.key, peer_key(i.peer_id.to_bytes())))
+            infos.sort(key=lambda i: -shared_bits(self.shard.key, self.shard.key_of(i.peer_id.to_bytes())))
             for info in infos:
-                if not self._room_for(shared_bits(self.shard.key, peer_key(info.peer_id.to_bytes()))) \
-                        or dials == HINT_DIALS_PER_ANSWER:
+                if dials == HINT_DIALS_PER_ANSWER:
                     break
                 addrs = [a for a in info.addrs if _addr_key(a) not in failed]
                 if info.peer_id == self.me or info.peer_id in connected or not addrs:
                     continue
+                if not await self._make_room(shared_bits(self.shard.key, self.shard.key_of(info.peer_id.to_bytes()))):
+                    break  # hints are sorted: the rest are no nearer
                 dials += 1
                 if await self._dial(PeerInfo(info.peer_id, addrs)):
                     log.info("discovered peer %s", info.peer_id)
@@ -334,12 +346,31 @@ class GossipHost:
                         log.info("peer-exchange hint %s (from %s) unreachable; not dialed again for %.0f s",
                                  key, responder, self.cfg.max_backoff_s)
 
-    def _room_for(self, shared: int) -> bool:
-        """Another connection is wanted below `max_peers`, and beyond it for a peer of our own shard
-        (`shared` key bits >= our level) while fewer than D neighbours listen on our shard's topic."""
-        if len(self._connected()) < self.cfg.max_peers:
+    def _wants_peers(self) -> bool:
+        """Below `max_peers`, or short of D neighbours on our shard's topic (then a nearer peer may take
+        a farther one's place)."""
+        return len(self._connected()) < self.cfg.max_peers \
+            or len(self.pubsub.peer_topics.get(self.topic, ())) < self.cfg.mesh_degree
+
+    async def _make_room(self, shared: int) -> bool:
+        """Whether a peer sharing `shared` key bits with us may be dialed: below `max_peers`; at it, only a
+        peer of our own shard while fewer than D neighbours listen on our shard's topic, in place of the
+        connected peer farthest from our shard that neither listens on it nor is a bootstrap peer."""
+        connected = self._connected()
+        if len(connected) < self.cfg.max_peers:
             return True
-        return shared >= self.shard.level and len(self.pubsub.peer_topics.get(self.topic, ())) < self.cfg.mesh_degree
+        listening = self.pubsub.peer_topics.get(self.topic, set())
+        if shared < self.shard.level or len(listening) >= self.cfg.mesh_degree:
+            return False
+        spare = [p for p in connected if p not in listening and p not in self.bootstrap_ids]
+        if not spare:
+            return False
+        far = min(spare, key=lambda p: shared_bits(self.shard.key, self.shard.key_of(p.to_bytes())))
+        if shared_bits(self.shard.key, self.shard.key_of(far.to_bytes())) >= shared:
+            return False
+        log.debug("closing %s to make room for a peer of our shard", far)
+        await self.host.disconnect(far)
+        return True
 
     async def _ask_peer_list(self, peer: ID) -> list[PeerInfo] | None:
         """The peer's answer, or None when it did not answer (logged once per peer)."""

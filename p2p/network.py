@@ -1,4 +1,5 @@
-"""Network profiles: which swarm a node joins (topic namespace, protocol version, bootstrap peers).
+"""Network profiles: which swarm a node joins (topic namespace, protocol version, bootstrap peers,
+shard epoch).
 
 `local` and `testnet` ship with the package (p2p/networks/*.toml); any other value of
 `p2p.network` is read as the path of a profile file with the same fields.
@@ -12,6 +13,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from p2p.shards import EPOCH_S
+
 
 SHIPPED = Path(__file__).with_name("networks")
 
@@ -22,6 +25,8 @@ class NetworkProfile(BaseModel):
     namespace: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$", description="topic and protocol namespace")
     protocol: int = Field(ge=1, description="wire protocol major version spoken on this network")
     bootstrap: tuple[str, ...] = Field((), description="full multiaddrs of the network's bootstrap peers")
+    shard_epoch_s: int = Field(EPOCH_S, ge=60, description="seconds between redraws of every peer's rollout shard "
+                               "(docs/PROTOCOL.md section 7); all nodes of a network must agree")
     description: str = ""
 
     @field_validator("bootstrap")

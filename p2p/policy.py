@@ -14,15 +14,16 @@ from p2p.config import Limits
 from libp2p.peer.id import ID
 
 from p2p.seen import SeenKeys
-from p2p.shards import peer_key, topics_problem
+from p2p.shards import EPOCH_S, epoch_of, topics_problem
 from p2p.wire import Rejected, WireMessage, decode
 from rewards.scoring import can_carry_signal
 
 
 class MessagePolicy:
-    def __init__(self, limits: Limits, topic_base: str):
+    def __init__(self, limits: Limits, topic_base: str, epoch_s: float = EPOCH_S):
         self.limits = limits
         self.topic_base = topic_base
+        self.epoch_s = epoch_s
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
         self._seen = SeenKeys(ttl=self.remember_s)  # sha256 of message bytes
@@ -38,7 +39,9 @@ class MessagePolicy:
         `topics` the topic ids the message was published under."""
         now = time.time() if now is None else now
         try:
-            if problem := topics_problem(self.topic_base, topics, peer_key(ID.from_base58(author).to_bytes())):
+            skew = self.limits.max_clock_skew_s  # the author's clock may sit in a neighbouring epoch
+            epochs = sorted({epoch_of(now - skew, self.epoch_s), epoch_of(now + skew, self.epoch_s)})
+            if problem := topics_problem(self.topic_base, topics, ID.from_base58(author).to_bytes(), epochs):
                 raise Rejected("wrong_shard", problem)
             msg = self._check(data, author, now)
         except Rejected as r:

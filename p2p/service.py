@@ -34,7 +34,7 @@ class Gossip:
         self.cfg = cfg
         self.key_pair = load_or_create(key_file)
         self.peer_id = peer_id(self.key_pair)
-        self.policy = MessagePolicy(cfg.limits, cfg.rollout_topic_base())
+        self.policy = MessagePolicy(cfg.limits, cfg.rollout_topic_base(), cfg.profile().shard_epoch_s)
         self._on_message = on_message
         self._host: GossipHost | None = None
         self._token: trio.lowlevel.TrioToken | None = None

@@ -23,7 +23,7 @@ from libp2p.peer.id import ID  # noqa: E402
 
 from p2p.config import Limits, P2PConfig  # noqa: E402
 from p2p.policy import MessagePolicy  # noqa: E402
-from p2p.shards import peer_key, publish_topics, shard_topic  # noqa: E402
+from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key, shard_topic  # noqa: E402
 from p2p.wire import VERSION, Rejected  # noqa: E402
 from rewards import TaskRef, regenerate, score_completion  # noqa: E402
 
@@ -31,9 +31,12 @@ OUT = ROOT / "docs" / "protocol-vectors.json"
 SIGNER = "12D3KooWC6raWqzRwSPE9BwaYkKr1xW4BUZnUVAnDqzAcBkBgQx8"
 NOW = 1_800_000_000.0
 BASE = P2PConfig().rollout_topic_base()
-KEY = peer_key(ID.from_base58(SIGNER).to_bytes())
+EPOCH = epoch_of(NOW, EPOCH_S)  # NOW is the first second of this epoch: the previous one is still accepted
+KEY, PREVIOUS = (shard_key(ID.from_base58(SIGNER).to_bytes(), e) for e in (EPOCH, EPOCH - 1))
+PAST = next(k for k in (shard_key(ID.from_base58(SIGNER).to_bytes(), EPOCH - d) for d in range(2, 99))
+            if prefix(k, 2) not in (prefix(KEY, 2), prefix(PREVIOUS, 2)))
 TOPICS = publish_topics(BASE, KEY, 1)  # as a signer at level 1 publishes: its shards at levels 0, 1 and 2
-NOT_ITS_SHARD = f"{BASE}/s{'1' if shard_topic(BASE, KEY, 1).endswith('0') else '0'}"
+NOT_ITS_SHARD = f"{BASE}/s" + next(b for b in ("00", "01", "10", "11") if b not in (prefix(KEY, 2), prefix(PREVIOUS, 2)))
 GROUP = {"dataset": "arith", "config": {}, "seed": 0, "index": 1353,
          "completions": ["<answer>12</answer>", "<answer>14</answer>"]}
 
@@ -90,6 +93,8 @@ SCORES = [("arith", {}, 0, 1353, c) for c in (
 TOPIC_CASES: dict[str, list[str]] = {  # the valid message under other topic ids
     "level 0 topic only": [f"{BASE}/s"],
     "a shard that is not the signer's": [f"{BASE}/s", NOT_ITS_SHARD],
+    "the signer's shards of the previous epoch (its clock a little behind)": publish_topics(BASE, PREVIOUS, 1),
+    "the signer's shards of an epoch long past": publish_topics(BASE, PAST, 1),
     "four topics": [*TOPICS, shard_topic(BASE, KEY, 3)],
     "another network's topic": [f"{BASE}/s".replace("/local/", "/testnet/")],
     "protocol 1 topic": [BASE.rsplit("/", 1)[0] + "/1"],
@@ -98,7 +103,7 @@ TOPIC_CASES: dict[str, list[str]] = {  # the valid message under other topic ids
 
 def verdict(data: bytes, topics: list[str]) -> str:
     try:
-        MessagePolicy(Limits(), BASE).check(data, SIGNER, topics, now=NOW)
+        MessagePolicy(Limits(), BASE, EPOCH_S).check(data, SIGNER, topics, now=NOW)
     except Rejected as r:
         return r.reason
     return "accepted"
@@ -120,10 +125,10 @@ def main() -> int:
         "about": f"Conformance vectors for docs/PROTOCOL.md (wire protocol {VERSION}), written by "
                  "scripts/gen_protocol_vectors.py. messages: hex msgpack bytes, signed by `signer`, published under "
                  "`topics` and received at unix time `now` on the network whose rollout topics start with "
-                 "`topic_base`, with the default limits, and the verdict (accepted, or the rejection reason). "
+                 "`topic_base` (shard epoch `shard_epoch_s`), with the default limits, and the verdict (accepted, or the rejection reason). "
                  "tasks: built-in task references and the question and answer they generate. scores: completions "
                  "and their reward (format weight 0).",
-        "signer": SIGNER, "now": NOW, "topic_base": BASE,
+        "signer": SIGNER, "now": NOW, "topic_base": BASE, "shard_epoch_s": EPOCH_S,
         "messages": [{"name": name, "hex": data.hex(), "topics": TOPICS, "verdict": verdict(data, TOPICS)}
                      for name, data in MESSAGES.items()]
         + [{"name": name, "hex": MESSAGES["valid"].hex(), "topics": topics, "verdict": verdict(MESSAGES["valid"], topics)}

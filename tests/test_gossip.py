@@ -26,7 +26,7 @@ from p2p.config import P2PConfig
 from p2p.identity import load_or_create, peer_id
 from p2p.probe import ProbeProcess
 from p2p.service import Gossip
-from p2p.shards import peer_key, prefix
+from p2p.shards import epoch_of, prefix, shard_key
 from p2p.wire import REASONS
 from tests.conftest import ROOT, run_sapo
 from tests.test_wire import bad_payloads, raw_message
@@ -298,14 +298,17 @@ def test_a_flood_of_useless_groups_stops_at_the_first_honest_hop(spawn):
     assert neighbour.stats().get("peers") == 1  # the flood never had another way in
 
 
+ONE_EPOCH_S = 10**9  # a network whose shards are not redrawn during a test (the current epoch began in 2001)
+
+
 def keys_in_shards(tmp_path: Path, shards: list[str]) -> list[Path]:
-    """One identity key file per entry of `shards`, each falling in that shard (key prefix)."""
+    """One identity key file per entry of `shards`, each falling in that shard (key prefix) this epoch."""
     paths, n = [], 0
     for bits in shards:
         while True:
             n += 1
             path = tmp_path / f"candidate-{n}.key"
-            key = peer_key(ID.from_base58(peer_id(load_or_create(path))).to_bytes())
+            key = shard_key(ID.from_base58(peer_id(load_or_create(path))).to_bytes(), epoch_of(time.time(), ONE_EPOCH_S))
             if prefix(key, len(bits)) == bits:
                 paths.append(path)
                 break
@@ -316,8 +319,10 @@ def keys_in_shards(tmp_path: Path, shards: list[str]) -> list[Path]:
 def test_nodes_split_into_shards_and_hear_only_their_own_shards_authors(spawn, tmp_path):
     # two nodes per 2-bit shard; a shard splits at 4 authors when its child holds 2: all settle at level 2
     shards = ["00", "00", "01", "01", "10", "10", "11", "11"]
+    profile = tmp_path / "lab.toml"
+    profile.write_text(f'namespace = "lab"\nprotocol = 2\nshard_epoch_s = {ONE_EPOCH_S}\n')
     knobs = ["--shards", json.dumps({"min_authors": 2, "split_authors": 4, "window_s": 4}), "--rate", "2",
-             "--groups", "1"]
+             "--groups", "1", "--network", str(profile)]
     keys = keys_in_shards(tmp_path, shards)
     first = spawn("n0", *knobs, key=keys[0])
     probes = [first] + [spawn(f"n{i}", *knobs, "--bootstrap", first.addr, key=keys[i]) for i in range(1, 8)]

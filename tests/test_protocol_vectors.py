@@ -19,7 +19,7 @@ VECTORS = json.loads((ROOT / "docs" / "protocol-vectors.json").read_text())
 
 @pytest.mark.parametrize("case", VECTORS["messages"], ids=lambda c: c["name"])
 def test_each_message_vector_gets_its_verdict(case):
-    policy = MessagePolicy(Limits(), VECTORS["topic_base"])
+    policy = MessagePolicy(Limits(), VECTORS["topic_base"], VECTORS["shard_epoch_s"])
     try:
         policy.check(bytes.fromhex(case["hex"]), VECTORS["signer"], case["topics"], now=VECTORS["now"])
         verdict = "accepted"

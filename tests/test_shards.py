@@ -1,25 +1,26 @@
-"""Rollout topic shards: topic names, which topics an author may use, and how a node picks its level."""
+"""Rollout topic shards: topic names, which topics an author may use, how a node picks its level, and
+how shards are redrawn each epoch."""
 
 from __future__ import annotations
-
-import hashlib
 
 import pytest
 from pydantic import ValidationError
 
 from p2p.config import P2PConfig, ShardConfig
-from p2p.shards import MAX_LEVEL, prefix, publish_topics, shard_topic, topic_level, topics_problem
+from p2p.shards import MAX_LEVEL, epoch_of, prefix, publish_topics, shard_key, shard_topic, topic_level, topics_problem
 
 BASE = "/sapo/local/rollouts/2"
+EPOCH_S = 1000.0  # the tests' clock runs from 0 to 999 within epoch 0, unless they move it on
 
 
-def key(i: int) -> bytes:
-    return hashlib.sha256(str(i).encode()).digest()
-
-
-def keys_with_prefix(bits: str, n: int, skip: int = 0) -> list[bytes]:
-    found = (k for k in map(key, range(skip, 10**6)) if prefix(k, len(bits)) == bits)
+def peers_with_prefix(bits: str, n: int, skip: int = 0, epoch: int = 0) -> list[bytes]:
+    """Peer ids (stand-ins) whose shard key this epoch starts with `bits`."""
+    found = (p for p in (str(i).encode() for i in range(skip, 10**6)) if prefix(shard_key(p, epoch), len(bits)) == bits)
     return [next(found) for _ in range(n)]
+
+
+def keys_with_prefix(bits: str, n: int) -> list[bytes]:
+    return [shard_key(p, 0) for p in peers_with_prefix(bits, n)]
 
 
 def test_topics_name_the_key_prefix_and_publishing_names_three_levels():
@@ -39,28 +40,38 @@ def test_anything_else_is_not_a_shard_topic(topic):
 
 
 def test_an_author_may_only_name_its_own_shards_and_at_most_three():
-    k = keys_with_prefix("01", 1)[0]
-    assert topics_problem(BASE, publish_topics(BASE, k, 1), k) is None
-    assert topics_problem(BASE, [f"{BASE}/s", f"{BASE}/s01101"[:len(BASE) + 4]], k) is None
-    assert "not its author's" in topics_problem(BASE, [f"{BASE}/s", f"{BASE}/s1"], k)
-    assert "at most 3" in topics_problem(BASE, [shard_topic(BASE, k, lv) for lv in range(4)], k)
-    assert "not a rollout shard" in topics_problem(BASE, ["/sapo/local/rollouts/1"], k)
+    peer = peers_with_prefix("01", 1)[0]
+    k = shard_key(peer, 0)
+    assert topics_problem(BASE, publish_topics(BASE, k, 1), peer, [0]) is None
+    assert topics_problem(BASE, [f"{BASE}/s", f"{BASE}/s0"], peer, [0]) is None
+    assert "not all its author's" in topics_problem(BASE, [f"{BASE}/s", f"{BASE}/s1"], peer, [0])
+    assert "at most 3" in topics_problem(BASE, [shard_topic(BASE, k, lv) for lv in range(4)], peer, [0])
+    assert "not a rollout shard" in topics_problem(BASE, ["/sapo/local/rollouts/1"], peer, [0])
+
+
+def test_an_author_may_name_the_shards_of_any_accepted_epoch_but_not_a_mix():
+    peer = next(p for p in (str(i).encode() for i in range(10**6))
+                if prefix(shard_key(p, 0), 2) == "00" and prefix(shard_key(p, 1), 2) == "11")
+    old, new = (publish_topics(BASE, shard_key(peer, e), 1) for e in (0, 1))
+    assert topics_problem(BASE, old, peer, [0, 1]) is None and topics_problem(BASE, new, peer, [0, 1]) is None
+    assert "not all its author's" in topics_problem(BASE, old, peer, [1, 2])  # an epoch no longer accepted
+    assert "not all its author's" in topics_problem(BASE, [old[1], new[2]], peer, [0, 1])
 
 
 def level(**knobs):
     cfg = ShardConfig(**{"min_authors": 3, "split_authors": 6, "window_s": 10, **knobs})
-    return cfg.level_of(keys_with_prefix("00", 1)[0])
+    return cfg.level_of(peers_with_prefix("00", 1)[0], EPOCH_S, 0.0)
 
 
 def test_a_shard_splits_only_when_the_child_shard_would_hold_enough_authors():
     shard = level()
     assert not shard.update(0.0, [])
-    lopsided = keys_with_prefix("0", 1, skip=1) + keys_with_prefix("1", 6)  # my child shard "0": me + 1
+    lopsided = peers_with_prefix("0", 1, skip=1) + peers_with_prefix("1", 6)  # my child shard "0": me + 1
     for k in lopsided:
         shard.hear(k, 5.0)
     assert shard.authors(5.0, 0) == 8 and shard.authors(5.0, 1) == 2
     assert not shard.update(10.0, [])  # 8 authors >= 6, but the child shard would hold 2 < 3
-    for k in keys_with_prefix("0", 2, skip=10**4):
+    for k in peers_with_prefix("0", 2, skip=10**4):
         shard.hear(k, 11.0)
     assert shard.update(11.0, []) and shard.level == 1
 
@@ -77,7 +88,7 @@ def test_a_node_moves_up_when_its_shard_is_too_small_and_not_below_zero():
 
 def test_authors_count_only_within_the_window():
     shard = level()
-    for k in keys_with_prefix("0", 5):
+    for k in peers_with_prefix("0", 5):
         shard.hear(k, 0.0)
     assert shard.authors(5.0, 0) == 6
     assert shard.authors(10.5, 0) == 1
@@ -90,13 +101,25 @@ def test_a_newcomer_takes_the_median_level_of_its_neighbours_then_follows_what_i
     assert shard.update(1.0, [3, 4, 3, 9]) and shard.level == 3
     assert not shard.update(2.0, [3, 4, 3, 9])
     assert shard.update(5.0, [5, 5, 5]) and shard.level == 5  # still joining: follows its neighbours
-    assert not shard.update(12.0, [7, 7, 7])  # joined: now only its own hearing moves it ...
-    assert shard.update(15.0, [7, 7, 7]) and shard.level == 4  # ... and it hears nobody at level 5
+    assert not shard.update(12.0, [7, 7, 7])  # joined: a full window at level 5 before it moves again
+    assert shard.update(15.0, [7, 7, 7]) and shard.level == 7  # it heard nobody at 5: rejoins its neighbours
+    assert shard.update(25.0, [7, 7, 7]) and shard.level == 6  # nobody at 7 either: widens its shard
+
+
+def test_a_shard_splits_several_levels_at_once_when_the_heard_authors_allow():
+    shard = level()
+    shard.update(0.0, [])
+    for k in peers_with_prefix("000", 2, skip=10**4) + peers_with_prefix("001", 2, skip=10**4) \
+            + peers_with_prefix("01", 6) + peers_with_prefix("1", 12):
+        shard.hear(k, 5.0)
+    # mine is "00...": with me, 23 authors at level 0, 11 at level 1, 5 at level 2 (< 6: no further split)
+    assert [shard.authors(10.0, lv) for lv in range(3)] == [23, 11, 5]
+    assert shard.update(10.0, []) and shard.level == 2
 
 
 def test_a_pinned_level_never_moves():
     shard = level(level=0)
-    for k in keys_with_prefix("0", 20):
+    for k in peers_with_prefix("0", 20):
         shard.hear(k, 0.0)
     assert not shard.update(0.0, [5]) and not shard.update(100.0, [5]) and shard.level == 0
 
@@ -107,3 +130,23 @@ def test_shard_knobs_are_checked():
     with pytest.raises(ValidationError, match="level"):
         P2PConfig(shards={"level": MAX_LEVEL + 1})
     assert P2PConfig(shards={"level": "auto"}).shards.level == "auto"
+
+
+def test_a_new_epoch_moves_the_node_to_its_new_shard_at_the_same_level_and_starts_hearing_over():
+    shard = level()
+    shard.level = 2
+    shard.update(0.0, [])
+    for k in peers_with_prefix("00", 3, skip=10**4):
+        shard.hear(k, 990.0)
+    before = shard.key
+    assert shard.update(1001.0, []) and shard.epoch == 1 and shard.level == 2 and shard.key != before
+    assert shard.key == shard_key(shard.peer, epoch_of(1001.0, EPOCH_S)) and not shard.heard
+    assert not shard.update(1005.0, [])  # alone in its new shard, but not a full window yet: no merge
+
+
+def test_over_many_epochs_a_node_shares_its_shard_with_many_different_peers():
+    me, others = b"me", [str(i).encode() for i in range(256)]
+    mates = [{p for p in others if prefix(shard_key(p, e), 3) == prefix(shard_key(me, e), 3)} for e in range(24)]
+    per_epoch = sum(map(len, mates)) / len(mates)
+    assert 20 <= per_epoch <= 44  # 256 / 8 on average
+    assert len(set().union(*mates)) > 6 * per_epoch  # a day of 1-hour epochs: most of the swarm

@@ -11,7 +11,7 @@ from libp2p.peer.id import ID
 
 from p2p.config import Limits, P2PConfig
 from p2p.policy import MessagePolicy
-from p2p.shards import peer_key, prefix
+from p2p.shards import EPOCH_S, epoch_of, prefix, shard_key
 from p2p.wire import REASONS, VERSION, Rejected, WireGroup, WireMessage, decode, encode, pack_groups
 
 ME = "12D3KooWAuthorAuthorAuthorAuthorAuthorAuthorAuthorAu"
@@ -61,10 +61,10 @@ def test_group_key_ignores_completion_order_but_not_content():
     assert g.key() != group(index=1).key()
 
 
-def not_my_shard(author: str) -> str:
-    """The level-1 shard topic that `author`'s key does not fall in."""
-    bit = prefix(peer_key(ID.from_base58(author).to_bytes()), 1)
-    return f"{BASE}/s{1 - int(bit)}"
+def not_my_shard(author: str, now: float) -> str:
+    """A level-2 shard topic that `author`'s key falls in neither this epoch nor a neighbouring one."""
+    keys = [shard_key(ID.from_base58(author).to_bytes(), epoch_of(now, EPOCH_S) + d) for d in (-1, 0, 1)]
+    return f"{BASE}/s" + next(b for b in ("00", "01", "10", "11") if b not in {prefix(k, 2) for k in keys})
 
 
 def bad_payloads(author: str, now: float) -> dict[str, tuple[bytes, list[str]]]:
@@ -88,7 +88,7 @@ def bad_payloads(author: str, now: float) -> dict[str, tuple[bytes, list[str]]]:
                                  {**group(1).model_dump(), "completions": ["no answer", "none either"]}]),
     }
     return {**{reason: (data, TOPICS) for reason, data in cases.items()},
-            "wrong_shard": (msg(), [*TOPICS, not_my_shard(author)])}
+            "wrong_shard": (msg(), [*TOPICS, not_my_shard(author, now)])}
 
 
 CASES = bad_payloads(ME, NOW)
