@@ -23,14 +23,14 @@ from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
-from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
-from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.address_validation import expand_wildcard_address
 from multiaddr import Multiaddr
 
 from p2p.config import P2PConfig
 from p2p.policy import MessagePolicy
+from p2p.pubsub import CountingGossipSub, GuardedPubsub
 from p2p.seen import SeenKeys
 from p2p.shards import publish_topics, shard_topic, shared_bits, topic_level
 from p2p.wire import Rejected, WireMessage, decode
@@ -66,28 +66,13 @@ def check_can_listen(addrs: list[str]) -> None:
             s.bind((a.value_for_protocol(names[0]), int(a.value_for_protocol("tcp"))))
 
 
-class _CountingGossipSub(GossipSub):
-    """GossipSub whose spam limit (`p2p.max_messages_per_s` per neighbour) counts the messages it
-    refuses to forward; py-libp2p only logs them."""
-
-    def __init__(self, counts: Counter[str], **kwargs):
-        super().__init__(**kwargs)
-        self.counts = counts
-
-    def _check_spam_protection(self, peer_id: ID, msg) -> bool:
-        if super()._check_spam_protection(peer_id, msg):
-            return True
-        self.counts["dropped_rate_limit"] += 1
-        return False
-
-
 class GossipHost:
     def __init__(self, cfg: P2PConfig, key_pair: KeyPair, policy: MessagePolicy,
                  on_message: Callable[[WireMessage], None]):
         self.cfg = cfg
         self.policy = policy
         self.on_message = on_message
-        self.counts: Counter[str] = Counter()  # published, publish_failed, publish_dropped, dials, dial_failed, exchange_failed
+        self.counts: Counter[str] = Counter()  # published, publish_failed, publish_dropped, dials, dial_failed, exchange_failed, dropped_*
         self.addrs: list[str] = []
         # addresses and peers already logged as failing: each is logged once (while remembered)
         self._logged_hints, self._logged_silent, self._logged_other = (SeenKeys(math.inf, REMEMBERED) for _ in range(3))
@@ -95,6 +80,7 @@ class GossipHost:
         self.n_mesh = 0  # GossipSub mesh peers on our shard topic: who our publishes reach first
         self.n_other_protocol = 0  # connected peers on this network's rollout topics of another protocol version
         self.bootstrap_ids: set[ID] = set()  # never closed to make room
+        self._last_verdict: tuple[object, bool] = (None, False)  # (message validated last, its verdict)
         announce = [Multiaddr(a) for a in cfg.announce] or None
         self.host = new_host(
             key_pair=key_pair,
@@ -107,13 +93,13 @@ class GossipHost:
         self.base = cfg.rollout_topic_base()
         self.shard = cfg.shards.level_of(self.me.to_bytes(), cfg.profile().shard_epoch_s, time.time())
         self.topic = shard_topic(self.base, self.shard.key, self.shard.level)
-        self.gossipsub = _CountingGossipSub(
+        self.gossipsub = CountingGossipSub(
             self.counts, protocols=[PROTOCOL_ID_V11], degree=cfg.mesh_degree,
             degree_low=cfg.mesh_low(), degree_high=2 * cfg.mesh_degree,
             heartbeat_interval=cfg.heartbeat_s, adaptive_gossip_enabled=False,
             max_messages_per_topic_per_second=cfg.max_messages_per_s,
         )
-        self.pubsub = Pubsub(self.host, self.gossipsub, strict_signing=True)
+        self.pubsub = GuardedPubsub(self.host, self.gossipsub, strict_signing=True, counts=self.counts)
         self.outbox_send, self.outbox_recv = trio.open_memory_channel[bytes](64)
 
     async def serve(self, stop: trio.Event, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -192,20 +178,27 @@ class GossipHost:
 
     def shard_stats(self) -> dict[str, object]:
         now = time.time()
-        return {"shard_level": self.shard.level, "shard_authors": self.shard.authors(now, self.shard.level),
+        return {"shard_level": self.shard.level, "shard_epoch": self.shard.epoch,
+                "shard_authors": self.shard.authors(now, self.shard.level),
                 "peers_other_protocol": self.n_other_protocol}
 
     # -- gossip -------------------------------------------------------------------------------
 
     def _validate(self, forwarder: ID, msg) -> bool:
-        if msg.from_id == self.me.to_bytes():
-            return True
-        try:
-            self.policy.check(msg.data, ID(msg.from_id).to_base58(), topics=msg.topicIDs)
-        except Rejected as r:
-            log.debug("rejected message from %s via %s: %s", ID(msg.from_id), forwarder, r)
-            return False
-        return True
+        """py-libp2p runs the validator of every topic of the message that we listen on, one after the
+        other (two while we move between shards): the same message object gets the first verdict again,
+        not a `duplicate` rejection that would drop it."""
+        if msg is self._last_verdict[0]:
+            return self._last_verdict[1]
+        verdict = True
+        if msg.from_id != self.me.to_bytes():
+            try:
+                self.policy.check(msg.data, ID(msg.from_id).to_base58(), topics=msg.topicIDs)
+            except Rejected as r:
+                log.debug("rejected message from %s via %s: %s", ID(msg.from_id), forwarder, r)
+                verdict = False
+        self._last_verdict = (msg, verdict)
+        return verdict
 
     async def _read(self, subscription, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with trio.CancelScope() as scope:

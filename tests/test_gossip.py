@@ -20,16 +20,22 @@ from libp2p.crypto.x25519 import create_new_key_pair as new_x25519
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.utils import encode_varint_prefixed
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import ValidationError
 
 from node.swarm import free_port
 from p2p.config import P2PConfig
 from p2p.identity import load_or_create, peer_id
 from p2p.probe import ProbeProcess
 from p2p.service import Gossip
-from p2p.shards import epoch_of, prefix, shard_key
+from p2p.host import GossipHost
+from p2p.policy import MessagePolicy
+from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key
 from p2p.wire import REASONS
 from tests.conftest import ROOT, run_sapo
-from tests.test_wire import bad_payloads, raw_message
+from tests.test_wire import bad_payloads, pack, raw_message
 
 pytestmark = pytest.mark.slow
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -298,6 +304,42 @@ def test_a_flood_of_useless_groups_stops_at_the_first_honest_hop(spawn):
     assert neighbour.stats().get("peers") == 1  # the flood never had another way in
 
 
+def test_messages_larger_than_a_yamux_frame_cross_two_hops_whole(spawn):
+    # ~100 KB messages span several yamux frames; forwarding and heartbeat tasks write to one stream at once
+    shape = ["--groups", "8", "--completions", "8", "--chars", "1500", "--max-peers", "1"]
+    author = spawn("author", "--rate", "10", *shape)
+    middle = spawn("middle", "--bootstrap", author.addr, *shape)
+    last = spawn("last", "--bootstrap", middle.addr, *shape)
+    last.wait_for(lambda: len(last.events("received")) >= 100, 60, "100 messages two hops away")
+    published = {e["round"] for e in author.events("published")}
+    for probe in (middle, last):
+        got = {e["round"] for e in probe.events("received")}
+        assert got <= published and len(got) >= 100 and max(got) - min(got) + 1 == len(got)  # none lost on the way
+        assert probe.stats().get("dropped_bad_rpc", 0) == 0 and log_lines(probe, " ERROR ") == []
+
+
+def test_a_gossip_rpc_that_does_not_parse_costs_its_sender_the_stream_not_the_node(spawn, tmp_path):
+    node = spawn("node")
+    honest = spawn("honest", "--bootstrap", node.addr, "--rate", "2", "--groups", "1")
+    wait_heard(node, [honest], 0)
+
+    async def send_garbage() -> None:
+        kp = create_new_key_pair()
+        host = new_host(key_pair=kp, sec_opt={NOISE_PROTOCOL_ID: NoiseTransport(kp, noise_privkey=new_x25519().private_key)})
+        async with host.run(listen_addrs=[multiaddr.Multiaddr(LOOPBACK)]):
+            with trio.fail_after(20):
+                info = info_from_p2p_addr(multiaddr.Multiaddr(node.addr))
+                await host.connect(info)
+                stream = await host.new_stream(info.peer_id, [PROTOCOL_ID_V11])
+                await stream.write(encode_varint_prefixed(b"\x0a\xff\xff\xff\xff\xff\xff\xff"))  # a field cut short
+                await trio.sleep(1)
+
+    trio.run(send_garbage)
+    node.wait_for(lambda: node.stats().get("dropped_bad_rpc") == 1, 10, "the bad RPC counted")
+    wait_heard(node, [honest], time.time())  # still in the swarm
+    assert log_lines(node, "does not parse") and log_lines(node, " ERROR ") == []
+
+
 ONE_EPOCH_S = 10**9  # a network whose shards are not redrawn during a test (the current epoch began in 2001)
 
 
@@ -336,3 +378,25 @@ def test_nodes_split_into_shards_and_hear_only_their_own_shards_authors(spawn, t
         heard = {e["peer"] for e in p.events("received") if e["created"] > since}
         assert heard == mates, f"{p.name} in shard {bits} heard {len(heard)} authors"
         assert p.stats()["shard_level"] == 2 and p.stats()["rejected"] == {}
+
+
+def test_a_message_naming_two_topics_we_listen_on_is_accepted_once_and_a_replay_is_not():
+    # while a node moves between shards it listens on two topics, and py-libp2p runs each one's validator
+    cfg = P2PConfig(network="local")
+    policy = MessagePolicy(cfg.limits, cfg.rollout_topic_base())
+    host = GossipHost(cfg, create_new_key_pair(), policy, on_message=lambda msg: None)
+    author = ID.from_pubkey(create_new_key_pair().public_key)
+    topics = publish_topics(cfg.rollout_topic_base(), shard_key(author.to_bytes(), epoch_of(time.time(), EPOCH_S)), 1)
+    for topic in topics[:2]:
+        host.pubsub.set_topic_validator(topic, host._validate, False)
+    data = pack(raw_message(peer=author.to_base58(), created=time.time()))
+
+    def validate(seqno: int) -> None:
+        msg = rpc_pb2.Message(from_id=author.to_bytes(), data=data, seqno=seqno.to_bytes(8, "big"), topicIDs=topics)
+        trio.run(host.pubsub.validate_msg, author, msg)
+
+    validate(1)
+    assert policy.stats() == {"accepted": 1, "rejected": {}}
+    with pytest.raises(ValidationError):
+        validate(2)  # the same bytes under a new seqno: a replay
+    assert policy.stats() == {"accepted": 1, "rejected": {"duplicate": 1}}

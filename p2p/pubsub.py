@@ -1,0 +1,64 @@
+"""py-libp2p's Pubsub and GossipSub with what 0.8.1 gets wrong for us fixed in subclasses, each fault
+measured in this project before it was fixed here."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+from collections import Counter
+
+import trio
+from google.protobuf.message import DecodeError
+from libp2p.abc import INetStream
+from libp2p.peer.id import ID
+from libp2p.pubsub.gossipsub import GossipSub
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import Pubsub
+
+log = logging.getLogger(__name__)
+
+
+class CountingGossipSub(GossipSub):
+    """GossipSub whose spam limit (`p2p.max_messages_per_s` per neighbour) counts the messages it
+    refuses to forward; py-libp2p only logs them."""
+
+    def __init__(self, counts: Counter[str], **kwargs):
+        super().__init__(**kwargs)
+        self.counts = counts
+
+    def _check_spam_protection(self, peer_id: ID, msg) -> bool:
+        if super()._check_spam_protection(peer_id, msg):
+            return True
+        self.counts["dropped_rate_limit"] += 1
+        return False
+
+
+class GuardedPubsub(Pubsub):
+    """Pubsub that writes one RPC at a time per stream and survives a peer's garbage.
+
+    py-libp2p lets several tasks (forwarding, heartbeat control) write to a peer's stream at once, and
+    yamux sends a message larger than a frame or than the send window in several frames, so two RPCs
+    interleave and the peer reads garbage (measured: 3 of 24 nodes hit it within seconds of joining).
+    An RPC that does not parse then escaped the read loop and stopped the reader's whole host, so one
+    bad peer, careless or hostile, took a node off the swarm; it now costs that peer its stream."""
+
+    def __init__(self, *args, counts: Counter[str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.counts = counts
+        self._write_locks: weakref.WeakKeyDictionary[INetStream, trio.Lock] = weakref.WeakKeyDictionary()
+
+    async def write_msg(self, stream: INetStream, rpc_msg: rpc_pb2.RPC) -> bool:
+        async with self._write_locks.setdefault(stream, trio.Lock()):
+            return await super().write_msg(stream, rpc_msg)
+
+    async def continuously_read_stream(self, stream: INetStream) -> None:
+        try:
+            await super().continuously_read_stream(stream)
+        except DecodeError:
+            peer = stream.muxed_conn.peer_id
+            self.counts["dropped_bad_rpc"] += 1
+            log.warning("peer %s sent a gossip RPC that does not parse; its stream is closed", peer)
+            with contextlib.suppress(Exception):
+                await stream.reset()
+            self._handle_dead_peer(peer)
