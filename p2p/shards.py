@@ -82,12 +82,13 @@ class ShardLevel:
     """The level a node listens at, chosen from what it hears: deeper while its shard holds
     `split_authors` or more authors and the child shard it would move to holds at least `min_authors`
     (as soon as it hears them, several levels at once when the heard authors allow), shallower when
-    fewer than `min_authors` were heard for a full window, unless its neighbours listen at another
-    level, which it then rejoins. Authors count when heard within `window_s` (longer than the slowest
-    peer's round); the node itself counts. A node that has not yet listened a full window takes the
-    median level of its neighbours, so a newcomer to a large swarm starts where the swarm is. `pinned`
-    fixes the level (0 floods every rollout to every node, as protocol 1 did). A new epoch moves the node
-    to its new shard at the same level and starts its hearing over."""
+    fewer than `min_authors` were heard for a full window, unless its neighbours listen two or more
+    levels deeper, out of its earshot, where it then rejoins them. Authors count when heard within
+    `window_s` (longer than the slowest peer's round); the node itself counts. A node that has not yet
+    listened a full window takes the median level of its neighbours, so a newcomer to a large swarm
+    starts where the swarm is. `pinned` fixes the level (0 floods every rollout to every node, as
+    protocol 1 did). A new epoch moves the node to its new shard at the same level and starts its
+    hearing over."""
 
     peer: bytes  # this node's peer id
     epoch_s: float
@@ -140,9 +141,9 @@ class ShardLevel:
         elif self.authors(now, self.level) >= self.split_authors:
             target = self._deepest_split(now)  # at once: counts only grow within a window
         elif not joining and now - self.since >= self.window_s and self.authors(now, self.level) < self.min_authors:
-            # Starved for a full window: rejoin the neighbours if they listen elsewhere (a node that
-            # missed their move), else widen the shard by one level.
-            target = median if median is not None and median != self.level else max(0, self.level - 1)
+            # Starved for a full window: rejoin the neighbours if they listen out of its earshot, two or
+            # more levels deeper (it missed their move), else widen the shard by one level.
+            target = median if median is not None and median > self.level + 1 else max(0, self.level - 1)
         else:
             return False
         if target == self.level:

@@ -104,6 +104,7 @@ def test_a_newcomer_takes_the_median_level_of_its_neighbours_then_follows_what_i
     assert not shard.update(12.0, [7, 7, 7])  # joined: a full window at level 5 before it moves again
     assert shard.update(15.0, [7, 7, 7]) and shard.level == 7  # it heard nobody at 5: rejoins its neighbours
     assert shard.update(25.0, [7, 7, 7]) and shard.level == 6  # nobody at 7 either: widens its shard
+    assert shard.update(35.0, [7, 7, 7]) and shard.level == 5  # neighbours one level deeper hear it: no jump back
 
 
 def test_a_shard_splits_several_levels_at_once_when_the_heard_authors_allow():
