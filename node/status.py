@@ -142,6 +142,10 @@ def prometheus(s: dict) -> str:
            [({}, p2p.get("shard_level"))])
     metric("shard_authors", "gauge", "authors heard on our shard topic within the shard window, this node included",
            [({}, p2p.get("shard_authors"))])
+    metric("reachable", "gauge", "1 when peers can dial this node, 0 when it is reached through relays (behind NAT)",
+           [({}, {"public": 1, "private": 0}.get(p2p.get("reachability")))])
+    metric("relays", "gauge", "relays this node holds a reservation with (behind NAT)", [({}, p2p.get("relays"))])
+    metric("relayed_peers", "gauge", "peers connected through a relay", [({}, p2p.get("relayed_peers"))])
     metric("peers_other_protocol", "gauge", "connected peers gossiping rollouts under another protocol version",
            [({}, p2p.get("peers_other_protocol"))])
     metric("round_seconds", "gauge", "seconds the last round spent per phase",
@@ -168,10 +172,9 @@ def prometheus(s: dict) -> str:
     rejected = Counter(dict.fromkeys(WIRE_REASONS, 0)) + Counter(p2p.get("rejected") or {})
     metric("messages_rejected_total", "counter", "gossip messages rejected, by reason",
            [({"reason": r}, rejected.get(r, 0)) for r in sorted({*WIRE_REASONS, *rejected})])
-    metric("gossip_dropped_total", "counter", "gossip traffic py-libp2p dropped: messages not forwarded past the "
-           "per-neighbour rate limit, RPCs over its inbound size cap",
-           [({"reason": "rate_limit"}, p2p.get("dropped_rate_limit") or 0),
-            ({"reason": "rpc_too_large"}, p2p.get("dropped_rpc_too_large") or 0)])
+    metric("gossip_dropped_total", "counter", "gossip traffic dropped below the message checks: messages not forwarded "
+           "past the per-neighbour rate limit, RPCs over py-libp2p's inbound size cap, RPCs that do not parse",
+           [({"reason": r}, p2p.get(f"dropped_{r}") or 0) for r in ("rate_limit", "rpc_too_large", "bad_rpc")])
     metric("rollout_groups_received_total", "counter", "rollout groups received from peers", [({}, pool.get("received"))])
     metric("rollout_groups_accepted_total", "counter", "rollout groups that entered the pool", [({}, pool.get("accepted"))])
     dropped = Counter(pool.get("dropped") or {})

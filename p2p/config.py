@@ -98,6 +98,11 @@ class P2PConfig(Section):
                                 description="addresses to tell peers instead of the listen ones (a public IP or DNS name)")
     bootstrap: AddrList = Field(default_factory=list, description="full multiaddrs (with /p2p/<id>) of peers to join through")
     key_file: Path | None = Field(None, description="Ed25519 identity, created on first run (default: <run.out_dir>/node.key)")
+    reachability: Literal["auto", "public", "private"] = Field(
+        "auto", description="whether peers can dial this node: auto asks peers to dial it back; a node they "
+        "cannot dial (behind a home router) is reached through relays")
+    relays: int = Field(2, ge=1, le=8, description="relays a node that cannot be dialed keeps a reservation with")
+    relay_slots: int = Field(32, ge=0, description="peers behind NAT a dialable node relays for (0: none)")
     max_peers: int = Field(32, ge=1, description="stop dialing discovered peers beyond this many connections")
     mesh_degree: int = Field(4, ge=1, le=32, description="GossipSub D: peers each message is pushed to (low D-D/3, high 2D)")
     heartbeat_s: float = Field(1.0, gt=0, le=60, description="GossipSub heartbeat interval")

@@ -31,6 +31,7 @@ from multiaddr import Multiaddr
 from p2p.config import P2PConfig
 from p2p.policy import MessagePolicy
 from p2p.pubsub import CountingGossipSub, GuardedPubsub
+from p2p.reach import Reach, is_circuit
 from p2p.seen import SeenKeys
 from p2p.shards import publish_topics, shard_topic, shared_bits, topic_level
 from p2p.wire import Rejected, WireMessage, decode
@@ -87,8 +88,9 @@ class GossipHost:
             sec_opt={NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=new_x25519_key_pair().private_key)},
             muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
             connection_config=ConnectionConfig(max_connections_per_peer=1),  # also skips a 250 ms dial delay
-            announce_addrs=announce, addrs_factory=None if announce else advertised,
+            announce_addrs=announce, addrs_factory=None if announce else self._advertised,
         )
+        self.reach = Reach(cfg, self.host, self.counts)
         self.me = self.host.get_id()
         self.base = cfg.rollout_topic_base()
         self.shard = cfg.shards.level_of(self.me.to_bytes(), cfg.profile().shard_epoch_s, time.time())
@@ -101,6 +103,11 @@ class GossipHost:
         )
         self.pubsub = GuardedPubsub(self.host, self.gossipsub, strict_signing=True, counts=self.counts)
         self.outbox_send, self.outbox_recv = trio.open_memory_channel[bytes](64)
+
+    def _advertised(self, addrs: list[Multiaddr]) -> list[Multiaddr]:
+        """What identify tells peers to dial (py-libp2p asks before `self.reach` exists)."""
+        direct = advertised(addrs)
+        return self.reach.advertised(direct) if hasattr(self, "reach") else direct
 
     async def serve(self, stop: trio.Event, task_status=trio.TASK_STATUS_IGNORED) -> None:
         check_can_listen(self.cfg.listen)
@@ -117,6 +124,7 @@ class GossipHost:
                 nursery.start_soon(self._publish_outbox)
                 nursery.start_soon(self._keep_bootstrap_peers)
                 nursery.start_soon(self._exchange_peers)
+                nursery.start_soon(self.reach.run, self._connected, nursery)
                 task_status.started()
                 await stop.wait()
                 nursery.cancel_scope.cancel()
@@ -176,9 +184,11 @@ class GossipHost:
         self.n_other_protocol = len(other)
         return list(levels.values())
 
-    def shard_stats(self) -> dict[str, object]:
+    def stats(self) -> dict[str, object]:
         now = time.time()
-        return {"shard_level": self.shard.level, "shard_epoch": self.shard.epoch,
+        return {"reachability": self.reach.state.value, "relays": len(self.reach.reserved),
+                "relayed_peers": len(self._connected() - self.reach.direct_peers()),
+                "shard_level": self.shard.level, "shard_epoch": self.shard.epoch,
                 "shard_authors": self.shard.authors(now, self.shard.level),
                 "peers_other_protocol": self.n_other_protocol}
 
@@ -241,13 +251,18 @@ class GossipHost:
         return peers
 
     async def _dial(self, info: PeerInfo) -> bool:
+        """Directly, or through its relays when it lists any (it cannot be dialed directly then)."""
         self.counts["dials"] += 1
-        with trio.move_on_after(DIAL_TIMEOUT_S):
-            try:
-                await self.host.connect(info)
-                return True
-            except Exception as e:
-                log.debug("dial %s failed: %s", info.peer_id, e)
+        relayed = [a for a in info.addrs if is_circuit(a)]
+        attempts = [lambda a=a: self.reach.dial(a, info.peer_id) for a in relayed] if relayed else \
+            [lambda: self.host.connect(info)]
+        for attempt in attempts:
+            with trio.move_on_after(DIAL_TIMEOUT_S):
+                try:
+                    await attempt()
+                    return True
+                except Exception as e:
+                    log.debug("dial %s failed: %s", info.peer_id, e)
         self.counts["dial_failed"] += 1
         return False
 
@@ -282,9 +297,10 @@ class GossipHost:
             store = self.host.get_peerstore()
             entries = []
             near = self.shard.key_of(asker.to_bytes())  # the asker's own shard first: those are the peers it most wants
+            relayed = self.reach.relayed_entries()
             for pid in sorted((p for p in self._connected() if p != asker),
                               key=lambda p: -shared_bits(near, self.shard.key_of(p.to_bytes()))):
-                if addrs := [str(a) for a in store.addrs(pid)][:8]:
+                if addrs := [*relayed.get(pid, []), *map(str, store.addrs(pid))][:8]:
                     entries.append({"id": pid.to_base58(), "addrs": addrs})
             await stream.write(msgpack.packb(entries[:EXCHANGE_MAX_PEERS]))
         except Exception as e:
@@ -318,12 +334,13 @@ class GossipHost:
                 silent.add(responder, trio.current_time())
                 continue
             dials = 0
+            own = advertised(self.host.get_transport_addrs())
             random.shuffle(infos)  # then our own shard first: the peers whose rollouts we hear
             infos.sort(key=lambda i: -shared_bits(self.shard.key, self.shard.key_of(i.peer_id.to_bytes())))
             for info in infos:
                 if dials == HINT_DIALS_PER_ANSWER:
                     break
-                addrs = [a for a in info.addrs if _addr_key(a) not in failed]
+                addrs = [a for a in self.reach.dialable(info, own) if _addr_key(a) not in failed]
                 if info.peer_id == self.me or info.peer_id in connected or not addrs:
                     continue
                 if not await self._make_room(shared_bits(self.shard.key, self.shard.key_of(info.peer_id.to_bytes()))):
@@ -387,7 +404,9 @@ class GossipHost:
 
 
 def _addr_key(addr: Multiaddr) -> str:
-    return str(addr).split("/p2p/")[0]
+    """What a dial's backoff is kept by: the address (many fresh peer ids at one address cost one dial),
+    or, through a relay, the whole circuit (one unreachable peer does not bar its relay's others)."""
+    return str(addr) if is_circuit(addr) else str(addr).split("/p2p/")[0]
 
 
 def _parse_peer_list(data: bytes) -> list[PeerInfo]:

@@ -19,7 +19,7 @@ import string
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -174,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
 class ProbeProcess:
     """Harness side: one probe in a child process, its events read back from its JSON-lines file."""
 
-    def __init__(self, workdir: Path, name: str, *args: str, key: Path | None = None):
+    def __init__(self, workdir: Path, name: str, *args: str, key: Path | None = None, prefix: Sequence[str] = ()):
+        """`prefix` runs the probe under another command, e.g. `ip netns exec NS` (which execs, so the
+        child's PID stays the probe's)."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.events_path = workdir / f"{name}.events.jsonl"
@@ -182,7 +184,7 @@ class ProbeProcess:
         self.key = key or workdir / f"{name}.key"
         with open(self.log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "p2p.probe", "--key", str(self.key), "--events", str(self.events_path), *args],
+                [*prefix, sys.executable, "-m", "p2p.probe", "--key", str(self.key), "--events", str(self.events_path), *args],
                 stdout=subprocess.DEVNULL, stderr=log_file)
         self._ready: dict | None = None
 

@@ -78,7 +78,7 @@ class Gossip:
         host = self._host
         counts = dict(host.counts) if host else {}
         return {"peer_id": self.peer_id, "peers": host.n_peers if host else 0, "mesh_peers": host.n_mesh if host else 0,
-                **(host.shard_stats() if host else {}), **counts, **LIBP2P_DROPS, **self.policy.stats()}
+                **(host.stats() if host else {}), **counts, **LIBP2P_DROPS, **self.policy.stats()}
 
     def stop(self, timeout: float = 10.0) -> None:
         if self._token is not None and self._stop is not None and self._thread.is_alive():
@@ -134,7 +134,10 @@ class _Libp2pLogFilter(logging.Filter):
     NOISE = ("Nursery is closed to new arrivals", "Failed to read DHT message", "Stream reset",
              # a failed dial, a hint whose peer id does not match its address, a peer that does not speak
              # peer exchange: p2p.host logs each once, with what it does about it
-             "Failed to open TCP stream", "failed to upgrade security", "Failed to open stream to peer")
+             "Failed to open TCP stream", "failed to upgrade security", "Failed to open stream to peer",
+             # the relay's hop handler waits 30 s for a second message on every stream, and says so at
+             # ERROR when the reservation's or the ended circuit's stream brings none
+             "reading from hop stream")
 
     def __init__(self, level: int):
         super().__init__()

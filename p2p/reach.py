@@ -1,0 +1,242 @@
+"""Reachability behind home routers: whether peers can dial us, and circuit relay v2 when they cannot.
+
+A node learns whether it can be dialed by asking a few peers to dial it back (`/sapo/<ns>/dialback`):
+the peer opens a TCP connection to the address it sees us at, on our listen ports, and says which
+answered. py-libp2p 0.8.1's AutoNAT cannot answer this (its dial-back reuses the connection already
+open, so every node looks public: measured), hence this small protocol of our own. A node nobody can
+dial reserves a slot on `relays` public peers (circuit relay v2, py-libp2p's implementation) and is
+then reached through them at `<relay addr>/p2p/<relay>/p2p-circuit/p2p/<us>`; its outbound connections
+are direct as always. Public nodes serve as relays (`relay_slots` reservations each) and tell askers of
+their peer list how to reach the peers that reserved with them. Hole punching (DCUtR) is not used:
+on py-libp2p 0.8.1 the punched connection replaced the relayed one and GossipSub stopped on it (measured).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import random
+from collections import Counter
+from enum import Enum
+
+import msgpack
+import trio
+from libp2p.abc import IHost
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL, CircuitV2Protocol
+from libp2p.relay.circuit_v2.resources import RelayLimits
+from libp2p.relay.circuit_v2.transport import CircuitV2Transport
+from libp2p.tools.anyio_service import background_trio_service
+from multiaddr import Multiaddr
+
+from p2p.config import P2PConfig
+from p2p.seen import SeenKeys
+
+log = logging.getLogger(__name__)
+
+DIALBACK_TIMEOUT_S = 5.0
+DIALBACK_MAX_PORTS = 4
+DIALBACK_ASK = 3  # peers asked per check: public if any of them reached us
+RELAY_RETRY_S = 10.0  # a peer that refused a reservation may not have known yet that it can relay
+RECHECK_S = 600.0  # addresses change (a new lease, a new router): check again this often
+CIRCUIT = "p2p-circuit"
+
+
+class Reachability(Enum):
+    UNKNOWN = "unknown"
+    PUBLIC = "public"
+    PRIVATE = "private"
+
+
+def is_circuit(addr: Multiaddr) -> bool:
+    return CIRCUIT in str(addr)
+
+
+PRIVATE_NETS = [ipaddress.ip_network(n) for n in (
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "fc00::/7", "fe80::/10")]
+
+
+def _private_net(addr: Multiaddr) -> ipaddress.IPv4Network | ipaddress.IPv6Network | str | None:
+    """The local network a private address belongs to (its /24, or /64), 'loopback', or None for a
+    public address or a name."""
+    for proto in ("ip4", "ip6"):
+        try:
+            ip = ipaddress.ip_address(addr.value_for_protocol(proto))
+        except Exception:
+            continue
+        if ip.is_loopback:
+            return "loopback"
+        if any(ip in net for net in PRIVATE_NETS):
+            return ipaddress.ip_network(f"{ip}/{24 if ip.version == 4 else 64}", strict=False)
+    return None
+
+
+def tcp_ports(addrs: list[Multiaddr]) -> list[int]:
+    return sorted({int(a.value_for_protocol("tcp")) for a in addrs if "tcp" in [p.name for p in a.protocols()]})
+
+
+class Reach:
+    """Our reachability, our relay reservations when private, and our relay service when public."""
+
+    def __init__(self, cfg: P2PConfig, host: IHost, counts: Counter[str]):
+        self.cfg = cfg
+        self.host = host
+        self.counts = counts
+        self.state = {"auto": Reachability.UNKNOWN, "public": Reachability.PUBLIC,
+                      "private": Reachability.PRIVATE}[cfg.reachability]
+        limits = RelayLimits(duration=3600, data=1 << 30, max_circuit_conns=8, max_reservations=cfg.relay_slots)
+        self.protocol = CircuitV2Protocol(host, limits=limits, allow_hop=False)  # hop: once we know we are public
+        self.transport = CircuitV2Transport(host, self.protocol, RelayConfig(roles=RelayRole.STOP | RelayRole.CLIENT))
+        self.dialback_protocol = TProtocol(f"/sapo/{cfg.profile().namespace}/dialback/1.0.0")
+        self.reserved: dict[ID, Multiaddr] = {}  # relay -> our address through it (without /p2p/<us>)
+        self._served = SeenKeys(60.0, 4096)  # askers answered in the last minute: one dial-back each
+        self._hop = False
+
+    # -- what others should dial ---------------------------------------------------------------
+
+    def advertised(self, direct: list[Multiaddr]) -> list[Multiaddr]:
+        """Our direct addresses, or, when nobody can dial them, our addresses through our relays."""
+        return list(self.reserved.values()) if self.state is Reachability.PRIVATE else direct
+
+    def relayed_entries(self) -> dict[ID, list[str]]:
+        """As a relay: how to reach each peer that holds a reservation with us."""
+        if not self._hop:
+            return {}
+        mine = [str(a).split("/p2p/")[0] for a in self.host.get_addrs() if not is_circuit(a)]
+        return {peer: [f"{a}/p2p/{self.host.get_id()}/{CIRCUIT}" for a in mine]
+                for peer in list(self.protocol.resource_manager._reservations)
+                if self.protocol.resource_manager.has_reservation(peer)}
+
+    def dialable(self, info: PeerInfo, own: list[Multiaddr]) -> list[Multiaddr]:
+        """Which of a peer-exchange hint's addresses we should dial, given our own addresses.
+
+        A private address (a home network's, loopback) only from inside that network: another home's
+        192.168.2.2 is not that peer, and a dial to it hangs until the timeout (measured: 10 s per hint).
+        A peer that lists circuits cannot be dialed directly; we dial it through its relays only when
+        we cannot be dialed either and our peer id sorts first: a dialable node waits for the private
+        one to dial out to it, and two circuits between one pair (both dialing at once) broke both
+        nodes' connections to the relay (measured)."""
+        relayed = [a for a in info.addrs if is_circuit(a)]
+        if not relayed:
+            local = {n for n in map(_private_net, own) if n is not None}
+            return [a for a in info.addrs if _private_net(a) in local | {None}]
+        if self.state is Reachability.PRIVATE and self.host.get_id().to_bytes() < info.peer_id.to_bytes():
+            return relayed
+        return []
+
+    async def dial(self, addr: Multiaddr, peer: ID) -> None:
+        """Connect to `peer` through the relay named in `addr` (`.../p2p/<relay>/p2p-circuit`)."""
+        await self.transport.dial(Multiaddr(f"{addr}/p2p/{peer}"))
+
+    # -- background tasks ------------------------------------------------------------------------
+
+    async def run(self, connected, nursery: trio.Nursery) -> None:
+        """Keep our reachability known, and our relay reservations or relay service up to date.
+        `connected()` gives the peers we hold direct connections to."""
+        self.host.set_stream_handler(self.dialback_protocol, self._serve_dialback)
+        await nursery.start(self._run_protocol)
+        tried = SeenKeys(RELAY_RETRY_S, 4096)  # peers that refused a reservation, not asked again for a while
+        checked_at = -RECHECK_S
+        while True:
+            now = trio.current_time()
+            peers = [p for p in connected() if p in self.direct_peers()]
+            if self.cfg.reachability == "auto" and peers and now - checked_at >= RECHECK_S:
+                if (found := await self._check(peers)) is not None:
+                    checked_at = now
+                    self._set(found)
+            if self.state is Reachability.PUBLIC and self.cfg.relay_slots and not self._hop:
+                self._hop = True
+                self.host.set_stream_handler(HOP_PROTOCOL, self.protocol._handle_hop_stream)
+                log.info("reachable from outside: serving as a relay for up to %d peers behind NAT", self.cfg.relay_slots)
+            if self.state is Reachability.PRIVATE:
+                for relay in [r for r in self.reserved if r not in peers]:
+                    del self.reserved[relay]
+                    log.info("lost relay %s", relay)
+                tried.forget_expired(now)
+                for relay in [p for p in peers if p not in self.reserved and p not in tried][:self.cfg.relays - len(self.reserved)]:
+                    if not await self._reserve(relay, nursery):
+                        tried.add(relay, now)
+            await trio.sleep(2.0)
+
+    async def _run_protocol(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with background_trio_service(self.protocol):
+            task_status.started()
+            await trio.sleep_forever()
+
+    def _set(self, found: Reachability) -> None:
+        if found is not self.state:
+            log.info("reachability: %s%s", found.value, "" if found is Reachability.PUBLIC else
+                     f" (no peer could dial us back); reserving slots on {self.cfg.relays} relays")
+            self.state = found
+
+    def direct_peers(self) -> set[ID]:
+        """Peers we hold a connection to that does not go through a relay."""
+        return {peer for peer, conns in self.host.get_network().connections.items()
+                if any(not any(map(is_circuit, c.get_transport_addresses())) for c in conns)}
+
+    async def _reserve(self, relay: ID, nursery: trio.Nursery) -> bool:
+        with trio.move_on_after(DIALBACK_TIMEOUT_S * 2):
+            try:
+                stream = await self.host.new_stream(relay, [HOP_PROTOCOL])
+                if await self.transport.reserve(stream, relay, nursery):
+                    remote = stream.get_remote_address()
+                    self.reserved[relay] = Multiaddr(f"/ip4/{remote[0]}/tcp/{remote[1]}/p2p/{relay}/{CIRCUIT}")
+                    self.counts["relay_reservations"] += 1
+                    log.info("reachable through relay %s", relay)
+                    return True
+            except Exception as e:
+                log.debug("relay %s refused a reservation: %s", relay, e)
+        return False
+
+    # -- dial-back -------------------------------------------------------------------------------
+
+    async def _check(self, peers: list[ID]) -> Reachability | None:
+        """Ask up to DIALBACK_ASK peers to dial us back: public if any reached us, private if all that
+        answered did not, None if none answered."""
+        ports = tcp_ports(self.host.get_transport_addrs())[:DIALBACK_MAX_PORTS]
+        answers = []
+        for peer in random.sample(peers, min(DIALBACK_ASK, len(peers))):
+            with trio.move_on_after(DIALBACK_TIMEOUT_S * 2):
+                try:
+                    stream = await self.host.new_stream(peer, [self.dialback_protocol])
+                    await stream.write(msgpack.packb({"ports": ports}))
+                    reply = msgpack.unpackb(await stream.read(1024))
+                    await stream.close()
+                    reached = [p for p in reply.get("reached", []) if p in ports]
+                    answers.append(bool(reached))
+                    if reached:
+                        break
+                except Exception as e:
+                    log.debug("dial-back by %s failed: %s", peer, e)
+        if not answers:
+            return None
+        return Reachability.PUBLIC if any(answers) else Reachability.PRIVATE
+
+    async def _serve_dialback(self, stream) -> None:
+        """Dial the asker back at the IP its connection comes from, on at most 4 of its ports, once a
+        minute per asker: nobody can point us at a third party."""
+        try:
+            asker = stream.muxed_conn.peer_id
+            remote = stream.get_remote_address()
+            request = msgpack.unpackb(await stream.read(1024))
+            ports = [p for p in request.get("ports", []) if isinstance(p, int) and 0 < p < 65536][:DIALBACK_MAX_PORTS]
+            reached = []
+            self._served.forget_expired(trio.current_time())
+            if remote and asker not in self._served:
+                self._served.add(asker, trio.current_time())
+                for port in ports:
+                    with trio.move_on_after(DIALBACK_TIMEOUT_S):
+                        try:
+                            tcp = await trio.open_tcp_stream(remote[0], port)
+                            await tcp.aclose()
+                            reached.append(port)
+                        except OSError:
+                            pass
+            await stream.write(msgpack.packb({"reached": reached}))
+        except Exception as e:
+            log.debug("serving a dial-back failed: %s", e)
+        finally:
+            await stream.close()
