@@ -1,11 +1,13 @@
 """Gossip benchmark: N probe processes on 127.0.0.1 publishing realistic rollout messages.
 
 For each swarm size, every node publishes messages of G groups x C completions x K characters so
-that the whole swarm publishes --rate messages per second; after a warm-up the soak is measured:
-delivery ratio (each message to each other node), p50/p95 propagation latency (publisher's clock
-to the receiver's trio thread, same machine), CPU seconds per message handled per node, and RSS
-growth per node over the soak (and over its second half: caches that fill up level off, a leak
-does not). Prints a table and writes JSON.
+that the whole swarm publishes --rate messages per second (or, with --round-s, every node once per
+round, as a SAPO node does); after a warm-up the soak is measured: delivery ratio (each message to
+each node listening on a topic it names: every other node at shard level 0), p50/p95 propagation
+latency (publisher's clock to the receiver's trio thread, same machine), CPU per message handled and
+per round per node, and RSS growth per node over the soak (and over its second half: caches that fill
+up level off, a leak does not). --shards sets every node's shard knobs ({"level": 0}: one topic for
+all, protocol 1's dissemination). Prints a table and writes JSON.
 
     .venv/bin/python scripts/bench_gossip.py --nodes 2 4 8 --rate 20 --soak 60 --out docs/bench/gossip-2cpu.json
 """
@@ -13,6 +15,7 @@ does not). Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -26,8 +29,12 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from libp2p.peer.id import ID  # noqa: E402
+
 from p2p.config import P2PConfig  # noqa: E402
 from p2p.probe import ProbeProcess  # noqa: E402
+from p2p.shards import publish_topics, shard_key, shard_topic  # noqa: E402
+from tests import netlab  # noqa: E402
 
 SETTLE_S = 2.0  # messages published this close to the end may still be in flight
 
@@ -45,23 +52,41 @@ def stats_at(probe: ProbeProcess, t: float) -> dict:
 
 def run_swarm(n: int, args: argparse.Namespace, workdir: Path) -> dict:
     shape = ["--groups", str(args.groups), "--completions", str(args.completions), "--chars", str(args.chars),
-             "--mesh-degree", str(args.mesh_degree)]
-    per_node = args.rate / n
-    probes = [ProbeProcess(workdir, "n0", "--rate", str(per_node), *shape)]
-    try:
-        probes += [ProbeProcess(workdir, f"n{i}", "--rate", str(per_node), "--bootstrap", probes[0].addr, *shape)
-                   for i in range(1, n)]
+             "--mesh-degree", str(args.mesh_degree), "--max-peers", str(args.max_peers), "--shards", json.dumps(args.shards)]
+    per_node = 1 / args.round_s if args.round_s else args.rate / n
+    with contextlib.ExitStack() as stack:
+        if args.path:  # each node in a network namespace of its own, every path through the lossy middle
+            lab = stack.enter_context(netlab.Lab(workdir, delay_ms=args.path[0] / 2, loss=args.path[1]))
+            hosts = [lab.add_host() for _ in range(n)]
+            where = [(h.cmd(), f"/ip4/{h.ip}/tcp/0") for h in hosts]
+        else:
+            where = [((), "/ip4/127.0.0.1/tcp/0")] * n
+        probes: list[ProbeProcess] = []
+        stack.callback(lambda: [p.stop() for p in probes])
+        for i, (prefix, listen) in enumerate(where):
+            join = ["--bootstrap", probes[0].addr] if probes else []
+            probes.append(ProbeProcess(workdir, f"n{i}", "--rate", str(per_node), "--listen", listen, *join, *shape,
+                                       prefix=prefix))
         for p in probes:
-            p.wait_for(lambda p=p: p.stats().get("peers", 0) >= n - 1, 60, f"{n - 1} peers")
-        time.sleep(args.warmup)
+            p.wait_for(lambda p=p: p.stats().get("peers", 0) >= 1, 60, "a connection")
+        time.sleep(args.warmup)  # peer exchange meshes the rest meanwhile
         start = time.time()
+        peers_at_start = min(p.stats().get("peers", 0) for p in probes)
         time.sleep(args.soak)
         end = time.time()
-    finally:
         for p in probes:
             p.stop()
+        link = lab.link_counts() if args.path else {}
 
     ids = {p.peer_id: p for p in probes}
+
+    def topics_at(probe: ProbeProcess, t: float) -> tuple[str, list[str]]:
+        """The topic `probe` listened on at time t, and those it published under."""
+        s = stats_at(probe, t)
+        key = shard_key(ID.from_base58(probe.peer_id).to_bytes(), s["shard_epoch"])
+        return shard_topic(base, key, s["shard_level"]), publish_topics(base, key, s["shard_level"])
+
+    base = P2PConfig(network="local").rollout_topic_base()
     published = {(p.peer_id, e["round"]): e["created"] for p in probes for e in p.events("published")
                  if start <= e["created"] <= end - SETTLE_S}
     expected = delivered = 0
@@ -69,31 +94,39 @@ def run_swarm(n: int, args: argparse.Namespace, workdir: Path) -> dict:
     for p in probes:
         got = {(e["peer"], e["round"]): e["at"] for e in p.events("received")}
         for (author, rnd), created in published.items():
-            if author == p.peer_id:
+            if author == p.peer_id or topics_at(p, created + 1)[0] not in topics_at(ids[author], created)[1]:
                 continue
             expected += 1
             if (author, rnd) in got:
                 delivered += 1
                 latencies.append(got[(author, rnd)] - created)
 
-    cpu_per_msg, rss_growth, rss_growth_late, rss_end = [], [], [], []
+    cpu_per_msg, cpu_per_round, handled_per_round, rss_growth, rss_growth_late, rss_end = [], [], [], [], [], []
     for p in probes:
         a, mid, b = stats_at(p, start), stats_at(p, (start + end) / 2), stats_at(p, end)
         handled = (b["accepted"] - a["accepted"]) + (b.get("published", 0) - a.get("published", 0))
+        rounds = (b["t"] - a["t"]) * per_node
         cpu_per_msg.append((b["cpu_s"] - a["cpu_s"]) / max(1, handled))
+        cpu_per_round.append((b["cpu_s"] - a["cpu_s"]) / rounds)
+        handled_per_round.append(handled / rounds)
         rss_growth.append(100 * (b["rss_mb"] - a["rss_mb"]) / a["rss_mb"])
         rss_growth_late.append(100 * (b["rss_mb"] - mid["rss_mb"]) / mid["rss_mb"])  # a leak keeps growing here
         rss_end.append(b["rss_mb"])
     rejected = sum(sum(p.stats().get("rejected", {}).values()) for p in ids.values())
     return {
-        "nodes": n, "rate_total_msg_s": args.rate, "messages_published": len(published),
+        "nodes": n, "rate_total_msg_s": n * per_node, "messages_published": len(published),
         "message_bytes": statistics.mean(e["bytes"] for p in probes for e in p.events("published")),
         "delivery_ratio": delivered / expected if expected else float("nan"),
         "latency_p50_ms": 1000 * percentile(latencies, 0.50), "latency_p95_ms": 1000 * percentile(latencies, 0.95),
         "latency_max_ms": 1000 * max(latencies, default=float("nan")),
         "cpu_ms_per_message_per_node": 1000 * statistics.mean(cpu_per_msg),
+        "round_s": 1 / per_node, "cpu_ms_per_round_per_node": 1000 * statistics.mean(cpu_per_round),
+        "cpu_ms_per_round_per_node_max": 1000 * max(cpu_per_round),
+        "messages_handled_per_round_per_node": statistics.mean(handled_per_round),
+        "shard_levels": sorted(stats_at(p, end)["shard_level"] for p in probes),
         "rss_growth_pct_max": max(rss_growth), "rss_growth_second_half_pct_max": max(rss_growth_late),
-        "rss_mb_end_max": max(rss_end), "rejected": rejected,
+        "rss_mb_end_max": max(rss_end), "rejected": rejected, "peers_at_start_min": peers_at_start,
+        "path_link_packets": link,
     }
 
 
@@ -101,6 +134,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, nargs="+", default=[2, 4, 8])
     p.add_argument("--rate", type=float, default=20.0, help="messages per second published by the whole swarm")
+    p.add_argument("--round-s", type=float, default=0.0, help="instead of --rate: every node publishes once per round")
+    p.add_argument("--shards", type=json.loads, default={}, help='JSON of every node\'s shard knobs, e.g. {"level": 0}')
     p.add_argument("--soak", type=float, default=60.0, help="measured seconds")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds after meshing before measuring")
     p.add_argument("--groups", type=int, default=8)
@@ -108,10 +143,15 @@ def main() -> None:
     p.add_argument("--chars", type=int, default=200)
     p.add_argument("--mesh-degree", type=int, default=P2PConfig.model_fields["mesh_degree"].default,
                    help="GossipSub D of every node")
+    p.add_argument("--max-peers", type=int, default=P2PConfig.model_fields["max_peers"].default,
+                   help="every node's connection cap (below the swarm size: a sparse graph, as in a large swarm)")
+    p.add_argument("--path", type=float, nargs=2, metavar=("RTT_MS", "LOSS"),
+                   help="run each node in a network namespace of its own (root), every path with this round "
+                        "trip and packet loss (tests/netlab.py)")
     p.add_argument("--out", type=Path, default=Path("runs/bench-gossip.json"))
     args = p.parse_args()
 
-    console = Console()
+    console = Console(width=160)
     rows = []
     with tempfile.TemporaryDirectory(prefix="sapo-bench-gossip-") as tmp:
         for n in args.nodes:
@@ -119,12 +159,15 @@ def main() -> None:
             rows.append(run_swarm(n, args, Path(tmp) / f"n{n}"))
             console.log(rows[-1])
 
-    table = Table(title=f"gossip, {args.rate:g} msg/s swarm-wide, {args.groups}x{args.completions}x{args.chars} chars")
-    for col in ("nodes", "delivery", "p50 ms", "p95 ms", "CPU ms/msg/node", "RSS growth", "in 2nd half", "msg bytes"):
+    pace = f"one message per node per {args.round_s:g} s" if args.round_s else f"{args.rate:g} msg/s swarm-wide"
+    table = Table(title=f"gossip, {pace}, {args.groups}x{args.completions}x{args.chars} chars, shards {args.shards}")
+    for col in ("nodes", "delivery", "p50 ms", "p95 ms", "CPU ms/msg/node", "CPU ms/round/node", "msgs/round/node",
+                "RSS growth", "in 2nd half", "msg bytes"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(str(r["nodes"]), f"{100 * r['delivery_ratio']:.2f}%", f"{r['latency_p50_ms']:.1f}",
                       f"{r['latency_p95_ms']:.1f}", f"{r['cpu_ms_per_message_per_node']:.2f}",
+                      f"{r['cpu_ms_per_round_per_node']:.0f}", f"{r['messages_handled_per_round_per_node']:.1f}",
                       f"{r['rss_growth_pct_max']:+.1f}%", f"{r['rss_growth_second_half_pct_max']:+.1f}%",
                       f"{r['message_bytes']:.0f}")
     console.print(table)
@@ -133,6 +176,7 @@ def main() -> None:
         "command": "scripts/bench_gossip.py " + " ".join(sys.argv[1:]), "cpus": os.cpu_count(),
         "machine": platform.platform(), "python": platform.python_version(),
         "shape": {"groups": args.groups, "completions": args.completions, "chars": args.chars},
+        "shards": args.shards, "max_peers": args.max_peers, "path_rtt_ms_loss": args.path,
         "soak_s": args.soak, "results": rows}, indent=2))
     console.print(f"saved {args.out}")
 

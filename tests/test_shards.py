@@ -3,11 +3,16 @@ how shards are redrawn each epoch."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 from pydantic import ValidationError
 
 from p2p.config import P2PConfig, ShardConfig
 from p2p.shards import MAX_LEVEL, epoch_of, prefix, publish_topics, shard_key, shard_topic, topic_level, topics_problem
+from tests.conftest import ROOT
 
 BASE = "/sapo/local/rollouts/2"
 EPOCH_S = 1000.0  # the tests' clock runs from 0 to 999 within epoch 0, unless they move it on
@@ -151,3 +156,19 @@ def test_over_many_epochs_a_node_shares_its_shard_with_many_different_peers():
     per_epoch = sum(map(len, mates)) / len(mates)
     assert 20 <= per_epoch <= 44  # 256 / 8 on average
     assert len(set().union(*mates)) > 6 * per_epoch  # a day of 1-hour epochs: most of the swarm
+
+
+@pytest.mark.slow
+def test_the_simulated_swarm_keeps_a_nodes_cost_flat_with_shards_and_not_with_one_topic(tmp_path):
+    # the real ShardLevel, topic binding and pool in scripts/simulate_swarm.py, at 8 and 100 nodes
+    out = tmp_path / "sim.json"
+    r = subprocess.run([sys.executable, "scripts/simulate_swarm.py", "--nodes", "8", "100", "--measure-s", "120",
+                        "--pool-nodes", "2", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {(x["nodes"], x["scheme"]): x for x in json.loads(out.read_text())["results"]}
+    small = rows[(8, "shards")]["cpu_ms_per_round_mean"]
+    assert rows[(100, "shards")]["cpu_ms_per_round_mean"] < 2 * small
+    assert rows[(100, "one-topic")]["cpu_ms_per_round_mean"] > 5 * small
+    assert min(int(level) for level in rows[(100, "shards")]["levels"]) > 0  # the 100-node swarm split
+    for row in rows.values():
+        assert row["delivery_ratio"] == 1 and row["j_filled_ratio"] == 1
