@@ -9,6 +9,7 @@ over without blocking (TrioToken.run_sync_soon), received messages come back thr
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -131,13 +132,17 @@ class _Libp2pLogFilter(logging.Filter):
     """py-libp2p records below `level` (some of its loggers set their own, lower levels) and errors
     it logs for events that are expected (and that we report ourselves, once)."""
 
-    NOISE = ("Nursery is closed to new arrivals", "Failed to read DHT message", "Stream reset",
-             # a failed dial, a hint whose peer id does not match its address, a peer that does not speak
-             # peer exchange: p2p.host logs each once, with what it does about it
-             "Failed to open TCP stream", "failed to upgrade security", "Failed to open stream to peer",
-             # the relay's hop handler waits 30 s for a second message on every stream, and says so at
-             # ERROR when the reservation's or the ended circuit's stream brings none
-             "reading from hop stream")
+    NOISE = re.compile("|".join((
+        "Nursery is closed to new arrivals", "Failed to read DHT message", "Stream reset",
+        # a failed dial, a hint whose peer id does not match its address, a peer that does not speak
+        # peer exchange: p2p.host logs each once, with what it does about it
+        "Failed to open TCP stream", "failed to upgrade security", "Failed to open stream to peer",
+        # the relay's hop handler waits 30 s for a second message on every stream, and says so at
+        # ERROR when the reservation's or the ended circuit's stream brings none
+        "reading from hop stream",
+        # a peer that went away (killed, offline): its connection resets and streams opened on it fail;
+        # routine churn, seen in the peer count
+        r"Error in handle_incoming for peer \S+: ConnectionClosedError", "MultiselectClient handshake: (read|write) failed")))
 
     def __init__(self, level: int):
         super().__init__()
@@ -151,7 +156,7 @@ class _Libp2pLogFilter(logging.Filter):
         text = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             text += str(record.exc_info[1])
-        return not any(n in text for n in self.NOISE)
+        return not self.NOISE.search(text)
 
 
 RPC_TOO_LARGE = "Inbound pubsub RPC from peer %s exceeded size limit: %s"  # py-libp2p's record for its size cap
