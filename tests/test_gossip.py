@@ -226,6 +226,39 @@ def test_nodes_on_different_networks_never_exchange_rollouts(spawn, tmp_path):
     assert not lab.events("received")
 
 
+def test_a_peer_on_the_protocol_1_rollout_topic_is_counted_and_named_once(tmp_path, caplog):
+    """PROTOCOL.md section 7, coexistence: an old node connected to a new one exchanges no rollouts, and the new
+    one says so once, naming the peer and the topic, and counts it in its status."""
+    from libp2p.pubsub.gossipsub import GossipSub
+    from libp2p.pubsub.pubsub import Pubsub
+    from libp2p.tools.anyio_service import background_trio_service
+
+    old_topic = "/sapo/local/rollouts/1"  # where a protocol-1 node of the same network publishes
+
+    async def old_node(addr: str, node: Gossip) -> dict[str, object]:
+        kp = create_new_key_pair()
+        host = new_host(key_pair=kp, sec_opt={NOISE_PROTOCOL_ID: NoiseTransport(kp, noise_privkey=new_x25519().private_key)})
+        gossipsub = GossipSub(protocols=[PROTOCOL_ID_V11], degree=4, degree_low=2, degree_high=8, heartbeat_interval=1)
+        pubsub = Pubsub(host, gossipsub)
+        async with host.run(listen_addrs=[multiaddr.Multiaddr(LOOPBACK)]), background_trio_service(pubsub), \
+                background_trio_service(gossipsub):
+            await pubsub.wait_until_ready()
+            await pubsub.subscribe(old_topic)
+            await host.connect(info_from_p2p_addr(multiaddr.Multiaddr(addr)))
+            with trio.fail_after(20):
+                while node.stats().get("peers_other_protocol") != 1:
+                    await trio.sleep(0.2)
+            await trio.sleep(5)  # two more shard checks: still one peer, still one line
+            return node.stats()
+
+    with caplog.at_level(logging.WARNING, logger="p2p.host"), \
+            Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "new.key", on_message=lambda msg: None) as node:
+        stats = trio.run(old_node, node.addrs[0], node)
+    assert stats["peers_other_protocol"] == 1 and stats["accepted"] == 0
+    lines = [r.getMessage() for r in caplog.records if "another protocol version" in r.getMessage()]
+    assert len(lines) == 1 and old_topic in lines[0], lines
+
+
 def serve_peer_exchange(gossip: Gossip, handler) -> None:
     """Replace (handler) or remove (None) the peer-exchange answer of an in-process node."""
     host = gossip._host.host
