@@ -135,13 +135,15 @@ def _field_of(loc: tuple) -> str:
 
 def describe(e: ValidationError) -> str:
     """One line per problem: 'grpo.lr: Input should be greater than 0 (got -1)'; a value no member of a
-    union takes ('auto' or a number) is one problem: 'Input should be 'auto' or less than or equal to 0.95'."""
+    union takes ('auto' or a number) is one problem: 'Input should be 'auto' or less than or equal to 0.95'.
+    The value is not repeated where the message already names it."""
     problems: dict[str, tuple[list[str], str]] = {}
     for err in e.errors():
-        got = err.get("input")
-        shown = "" if isinstance(got, (dict, list)) or err["type"] == "missing" else f" (got {json.dumps(got, default=str)})"
+        got, msg = err.get("input"), err["msg"].removeprefix("Value error, ")  # our validators' own words
+        repeated = isinstance(got, (dict, list)) or err["type"] == "missing" or str(got) in msg
+        shown = "" if repeated else f" (got {json.dumps(got, default=str)})"
         messages, _ = problems.setdefault(_field_of(err["loc"]), ([], shown))
-        messages.append(err["msg"] if not messages else err["msg"].removeprefix("Input should be "))
+        messages.append(msg if not messages else msg.removeprefix("Input should be "))
     return "; ".join(f"{where}: {' or '.join(messages)}{shown}" for where, (messages, shown) in problems.items())
 
 

@@ -54,7 +54,9 @@ def load_network(name: str) -> NetworkProfile:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"cannot read network profile {path}: {e}") from None
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}"
+                             + ("" if isinstance(err["input"], (dict, list)) else f" (got {err['input']!r})")
+                             for err in e.errors())
         raise ValueError(f"network profile {path}: {problems}") from None
     from p2p.wire import VERSION  # p2p.wire needs p2p.config, which needs this module
 

@@ -39,6 +39,8 @@ def test_a_profile_file_adds_its_bootstrap_peers_after_the_given_ones(tmp_path):
     ('namespace = "lab"\nprotocol = 2\nbootstrap = ["/ip4/1.2.3.4/tcp/1"]\n', "has no /p2p/<peer id> part"),
     ('namespace = "lab"\nprotocol = 2\nbootstrp = []\n', "bootstrp: Extra inputs are not permitted"),
     ('namespace = "lab\n', "cannot read network profile"),
+    ('namespace = "lab"\nprotocol = 2\nshard_epoch_s = -5\n',  # the field's value, not the file's name
+     "shard_epoch_s: Input should be greater than or equal to 60 (got -5)"),
 ])
 def test_a_bad_profile_file_names_the_problem(tmp_path, text, message):
     with pytest.raises(ValueError, match="network") as e:

@@ -158,7 +158,7 @@ def test_a_lonely_node_fills_j_with_local_groups_exactly_like_a_silo_of_i_plus_j
     (["--nodes", "0"], "sapo: config error: --nodes: must be at least 1 (got 0)"),
     (["--node-args", "--grpo.lr -1"], 'sapo: config error: grpo.lr: Input should be greater than 0 (got "-1")'),
     (["--node-args", "--bogus 1"], "sapo: config error: --node-args: unrecognized arguments: --bogus 1"),
-    (["--task-mixes", "arith;nope:2"], "sapo: config error: --task-mixes: tasks.datasets.0: Value error, unknown dataset "
+    (["--task-mixes", "arith;nope:2"], "sapo: config error: --task-mixes: tasks.datasets.0: unknown dataset "
                                        "'nope' (built-in: arith, reverse, count; reasoning-gym: 'rg/<name>')"),
 ])
 def test_bad_swarm_arguments_fail_before_any_node_starts(args, message, tmp_path):
