@@ -142,6 +142,8 @@ def prometheus(s: dict) -> str:
            [({}, p2p.get("shard_level"))])
     metric("shard_authors", "gauge", "authors heard on our shard topic within the shard window, this node included",
            [({}, p2p.get("shard_authors"))])
+    metric("shard_topics", "gauge", "rollout shard topics this node reads (2 for a minute after it changed shard)",
+           [({}, p2p.get("shard_topics"))])
     metric("reachable", "gauge", "1 when peers can dial this node, 0 when it is reached through relays (behind NAT)",
            [({}, {"public": 1, "private": 0}.get(p2p.get("reachability")))])
     metric("relays", "gauge", "relays this node holds a reservation with (behind NAT)", [({}, p2p.get("relays"))])

@@ -80,6 +80,7 @@ class GossipHost:
         self.n_peers = 0
         self.n_mesh = 0  # GossipSub mesh peers on our shard topic: who our publishes reach first
         self.n_other_protocol = 0  # connected peers on this network's rollout topics of another protocol version
+        self.leaving: dict[str, tuple[float, trio.CancelScope]] = {}  # old shard topic -> (unsubscribe at, its reader)
         self.bootstrap_ids: set[ID] = set()  # never closed to make room
         self._last_verdict: tuple[object, bool] = (None, False)  # (message validated last, its verdict)
         announce = [Multiaddr(a) for a in cfg.announce] or None
@@ -137,27 +138,26 @@ class GossipHost:
         the new one and keep the old one for `leave_after_s` more: publishers name three levels, and an
         author whose clock is a little behind still publishes into its old-epoch shard."""
         reading: trio.CancelScope | None = None
-        leaving: dict[str, tuple[float, trio.CancelScope]] = {}  # topic -> (unsubscribe at, its reader)
         leave_after_s = 2 * self.cfg.limits.max_clock_skew_s + SHARD_CHECK_S
         async with trio.open_nursery() as nursery:
             while True:
                 topic = shard_topic(self.base, self.shard.key, self.shard.level)
                 if reading is None or topic != self.topic:
-                    if topic in leaving:  # back to a shard not yet left
-                        new_reading = leaving.pop(topic)[1]
+                    if topic in self.leaving:  # back to a shard not yet left
+                        new_reading = self.leaving.pop(topic)[1]
                     else:
                         self.pubsub.set_topic_validator(topic, self._validate, False)
                         new_reading = await nursery.start(self._read, await self.pubsub.subscribe(topic))
                     if reading is None:
                         task_status.started()
                     else:
-                        leaving[self.topic] = (trio.current_time() + leave_after_s, reading)
+                        self.leaving[self.topic] = (trio.current_time() + leave_after_s, reading)
                         log.info("shard %s -> %s (level %d, epoch %d)", self.topic, topic, self.shard.level,
                                  self.shard.epoch)
                     reading, self.topic = new_reading, topic
-                for old, (when, scope) in list(leaving.items()):
+                for old, (when, scope) in list(self.leaving.items()):
                     if trio.current_time() >= when:
-                        del leaving[old]
+                        del self.leaving[old]
                         scope.cancel()
                         await self.pubsub.unsubscribe(old)
                         self.pubsub.remove_topic_validator(old)
@@ -190,6 +190,7 @@ class GossipHost:
                 "relayed_peers": len(self._connected() - self.reach.direct_peers()),
                 "shard_level": self.shard.level, "shard_epoch": self.shard.epoch,
                 "shard_authors": self.shard.authors(now, self.shard.level),
+                "shard_topics": 1 + len(self.leaving),  # 2 for a while after a move: the old one is still read
                 "peers_other_protocol": self.n_other_protocol}
 
     # -- gossip -------------------------------------------------------------------------------
