@@ -68,7 +68,7 @@ def _setup_logging(level: str) -> None:
 
     handler = RichHandler(console=Console(stderr=True, soft_wrap=True), show_path=False, rich_tracebacks=False)
     logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]", handlers=[handler], force=True)
-    for noisy in ("transformers", "httpx", "urllib3", "filelock"):
+    for noisy in ("transformers", "httpx", "urllib3", "filelock", "matplotlib"):  # matplotlib: its first-run font cache line
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
