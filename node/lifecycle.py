@@ -61,3 +61,15 @@ class StopSignal:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM exits with status 143 through `finally` blocks (SystemExit), so a harness stops the processes it
+    started instead of leaving them running; a repeated SIGTERM during that cleanup is ignored (its waits are
+    bounded)."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handle)

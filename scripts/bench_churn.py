@@ -31,6 +31,8 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from node.argtypes import bounded, count, positive  # noqa: E402
+from node.lifecycle import exit_on_sigterm  # noqa: E402
 from node.swarm import free_port, wait_listening  # noqa: E402
 from p2p.config import PoolConfig  # noqa: E402
 from p2p.identity import load_or_create, peer_id  # noqa: E402
@@ -112,16 +114,17 @@ def thirds(series: list[tuple[float, float]], start: float, end: float) -> tuple
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=9)
-    p.add_argument("--period", type=float, default=60.0, help="seconds between kills")
-    p.add_argument("--duration", type=float, default=600.0, help="seconds of churn")
-    p.add_argument("--warmup", type=float, default=60.0, help="seconds before the first kill")
-    p.add_argument("--checkpoint-every", type=int, default=5)
+    p.add_argument("--period", type=positive, default=60.0, help="seconds between kills")
+    p.add_argument("--duration", type=positive, default=600.0, help="seconds of churn")
+    p.add_argument("--warmup", type=bounded(float, ge=0), default=60.0, help="seconds before the first kill")
+    p.add_argument("--checkpoint-every", type=count, default=5)
     p.add_argument("--cache-dir", type=Path, default=None, help="model cache (default: the node's)")
     p.add_argument("--workdir", type=Path, default=Path("runs/bench-churn"))
     p.add_argument("--out", type=Path, default=Path("runs/bench-churn.json"))
     args = p.parse_args()
     if args.nodes < SURVIVORS + 3:
         p.error(f"--nodes must be at least {SURVIVORS + 3}: {SURVIVORS} survivors and a third to kill")
+    exit_on_sigterm()
     console = Console(width=160)
 
     ports = [free_port() for _ in range(args.nodes)]

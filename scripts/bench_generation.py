@@ -27,6 +27,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from node.argtypes import bounded, count
 from trainer.batch import sequence_logprobs
 from trainer.config import GenerationConfig, ModelConfig, VLLMConfig, default_cache_dir
 from trainer.generation import SamplingParams, make_generator, vllm_available
@@ -114,12 +115,12 @@ def main() -> None:
     parser.add_argument("--model", default="tiny-a", help=f"a tiny preset, a model folder or hub id, or {SHAPED}")
     parser.add_argument("--backends", nargs="+", default=None, help="default: every backend installed")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--n", type=int, default=8, help="completions per prompt")
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--syncs", type=int, default=5)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument("--prompts", type=count, default=32)
+    parser.add_argument("--n", type=count, default=8, help="completions per prompt")
+    parser.add_argument("--new-tokens", type=count, default=64)
+    parser.add_argument("--repeats", type=count, default=3)
+    parser.add_argument("--syncs", type=count, default=5)
+    parser.add_argument("--gpu-memory-utilization", type=bounded(float, gt=0, le=1), default=0.3)
     parser.add_argument("--out", type=Path, default=Path("runs/bench-generation.json"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

@@ -31,7 +31,9 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from libp2p.peer.id import ID  # noqa: E402
 
-from p2p.config import P2PConfig  # noqa: E402
+from node.argtypes import bounded, count, json_of, positive  # noqa: E402
+from node.lifecycle import exit_on_sigterm  # noqa: E402
+from p2p.config import P2PConfig, ShardConfig  # noqa: E402
 from p2p.probe import ProbeProcess  # noqa: E402
 from p2p.shards import publish_topics, shard_key, shard_topic  # noqa: E402
 from tests import netlab  # noqa: E402
@@ -132,24 +134,29 @@ def run_swarm(n: int, args: argparse.Namespace, workdir: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, nargs="+", default=[2, 4, 8])
-    p.add_argument("--rate", type=float, default=20.0, help="messages per second published by the whole swarm")
-    p.add_argument("--round-s", type=float, default=0.0, help="instead of --rate: every node publishes once per round")
-    p.add_argument("--shards", type=json.loads, default={}, help='JSON of every node\'s shard knobs, e.g. {"level": 0}')
-    p.add_argument("--soak", type=float, default=60.0, help="measured seconds")
-    p.add_argument("--warmup", type=float, default=5.0, help="seconds after meshing before measuring")
-    p.add_argument("--groups", type=int, default=8)
-    p.add_argument("--completions", type=int, default=8)
-    p.add_argument("--chars", type=int, default=200)
-    p.add_argument("--mesh-degree", type=int, default=P2PConfig.model_fields["mesh_degree"].default,
+    p.add_argument("--nodes", type=bounded(int, ge=2), nargs="+", default=[2, 4, 8])
+    p.add_argument("--rate", type=positive, default=20.0, help="messages per second published by the whole swarm")
+    p.add_argument("--round-s", type=bounded(float, ge=0), default=0.0,
+                   help="instead of --rate: every node publishes once per round")
+    p.add_argument("--shards", type=json_of(ShardConfig), default={},
+                   help='JSON of every node\'s shard knobs, e.g. {"level": 0}')
+    p.add_argument("--soak", type=positive, default=60.0, help="measured seconds")
+    p.add_argument("--warmup", type=bounded(float, ge=0), default=5.0, help="seconds after meshing before measuring")
+    p.add_argument("--groups", type=count, default=8)
+    p.add_argument("--completions", type=count, default=8)
+    p.add_argument("--chars", type=count, default=200)
+    p.add_argument("--mesh-degree", type=count, default=P2PConfig.model_fields["mesh_degree"].default,
                    help="GossipSub D of every node")
-    p.add_argument("--max-peers", type=int, default=P2PConfig.model_fields["max_peers"].default,
+    p.add_argument("--max-peers", type=count, default=P2PConfig.model_fields["max_peers"].default,
                    help="every node's connection cap (below the swarm size: a sparse graph, as in a large swarm)")
-    p.add_argument("--path", type=float, nargs=2, metavar=("RTT_MS", "LOSS"),
+    p.add_argument("--path", type=bounded(float, ge=0), nargs=2, metavar=("RTT_MS", "LOSS"),
                    help="run each node in a network namespace of its own (root), every path with this round "
                         "trip and packet loss (tests/netlab.py)")
     p.add_argument("--out", type=Path, default=Path("runs/bench-gossip.json"))
     args = p.parse_args()
+    if args.path and args.path[1] >= 1:
+        p.error(f"argument --path: LOSS must be < 1 (got {args.path[1]:g})")
+    exit_on_sigterm()
 
     console = Console(width=160)
     rows = []

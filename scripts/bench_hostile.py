@@ -41,6 +41,8 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from node.argtypes import bounded, count, positive  # noqa: E402
+from node.lifecycle import exit_on_sigterm  # noqa: E402
 from node.swarm import free_port  # noqa: E402
 from trainer.config import default_cache_dir  # noqa: E402
 
@@ -145,9 +147,9 @@ def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: P
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hostile", type=int, nargs="+", default=[0, 1, 6], help="hostile identities per arm (0: baseline)")
-    p.add_argument("--window", type=float, default=60.0, help="seconds measured per run, after the warm-up")
-    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--hostile", type=bounded(int, ge=0), nargs="+", default=[0, 1, 6], help="hostile identities per arm (0: baseline)")
+    p.add_argument("--window", type=positive, default=60.0, help="seconds measured per run, after the warm-up")
+    p.add_argument("--seeds", type=count, default=2)
     p.add_argument("--flood", choices=("junk", "answers"), default="junk",
                    help="what the hostile probes send: text without answers, or different wrong answers")
     p.add_argument("--topology", choices=("one-hop", "direct"), default="one-hop",
@@ -156,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=default_cache_dir(), help="model cache (tiny-a is built there)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    exit_on_sigterm()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.code, capture_output=True,
                             text=True).stdout.strip()
     runs = []

@@ -31,6 +31,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from node.argtypes import bounded, count
 from node.config import load_config
 from rewards import TaskSource
 from trainer.config import GRPOConfig, LoraConfig
@@ -59,15 +60,15 @@ def peak_rss_gb() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--tasks", type=int, default=8)
-    parser.add_argument("--completions", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--tasks", type=count, default=8)
+    parser.add_argument("--completions", type=count, default=8)
+    parser.add_argument("--max-new-tokens", type=count, default=128)
     parser.add_argument("--variants", nargs="+", default=["full:8"],
                         help="training variants, full:MICRO or lora:MICRO (MICRO 0: the whole batch in one pass)")
-    parser.add_argument("--temperature", type=float, help="default: the model's recipe")
-    parser.add_argument("--top-p", type=float, help="default: the model's recipe")
+    parser.add_argument("--temperature", type=bounded(float, ge=0), help="default: the model's recipe")
+    parser.add_argument("--top-p", type=bounded(float, gt=0, le=1), help="default: the model's recipe")
     parser.add_argument("--no-example", action="store_true", help="no worked exchange in the prompt")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=bounded(int, ge=0), default=0)
     parser.add_argument("--out", type=Path, help="save the JSON here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

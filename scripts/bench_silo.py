@@ -21,6 +21,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from node.argtypes import bounded, count, positive
 from node.config import load_config
 from node.lifecycle import StopSignal
 from node.loop import Node
@@ -30,10 +31,10 @@ from trainer.policy import resolve_model_path
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-a")
-    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--minutes", type=positive, default=10.0)
     parser.add_argument("--out", type=Path, default=Path("runs/bench-silo"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--seed", type=bounded(int, ge=0), default=0)
+    parser.add_argument("--eval-every", type=count, default=50)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 

@@ -22,6 +22,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from node.argtypes import bounded, count
 from rewards import TaskSource
 from rewards.scoring import CLOSE
 from rewards.source import DatasetMix
@@ -71,13 +72,13 @@ def measure(generator: TransformersGenerator, policy, mix: DatasetMix, sampling:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--tasks", type=int, default=16, help="tasks per dataset (T)")
-    parser.add_argument("--completions", type=int, default=8, help="completions per task (G)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--tasks", type=count, default=16, help="tasks per dataset (T)")
+    parser.add_argument("--completions", type=count, default=8, help="completions per task (G)")
+    parser.add_argument("--max-new-tokens", type=count, default=64)
     parser.add_argument("--sampling", nargs="+", default=["1.0:1.0", "0.7:0.9"], help="temperature:top_p settings")
     parser.add_argument("--only", nargs="*", default=[], help="dataset names to keep (default: every candidate)")
     parser.add_argument("--no-example", action="store_true", help="send the task alone (model.chat_example = null)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=bounded(int, ge=0), default=0)
     parser.add_argument("--out", type=Path, help="save the JSON here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

@@ -42,6 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from node.argtypes import count  # noqa: E402
 from node.swarm import SwarmSpec, run  # noqa: E402
 from node.recipes import RECIPES  # noqa: E402
 from trainer.config import default_cache_dir  # noqa: E402
@@ -349,10 +350,10 @@ def figure(results_json: Path, path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=300)
-    p.add_argument("--eval-every", type=int, default=50)
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--nodes", type=count, default=4)
+    p.add_argument("--rounds", type=count, default=300)
+    p.add_argument("--eval-every", type=count, default=50)
+    p.add_argument("--seeds", type=count, default=3)
     p.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES)
     p.add_argument("--only", nargs="+", metavar="CONFIG", help="run only these configurations (names as in the table)")
     p.add_argument("--report", action="store_true", help="merge the finished runs under --out; run nothing")

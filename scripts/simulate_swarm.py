@@ -55,6 +55,7 @@ from libp2p.peer.id import ID  # noqa: E402
 from libp2p.pubsub.pb import rpc_pb2  # noqa: E402
 from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX, signature_validator  # noqa: E402
 
+from node.argtypes import bounded, count, fraction, positive  # noqa: E402
 from node.selection import fair_order  # noqa: E402
 from p2p.config import Limits, P2PConfig, PoolConfig, ShardConfig  # noqa: E402
 from p2p.policy import MessagePolicy  # noqa: E402
@@ -346,20 +347,20 @@ def summarize(swarm: Swarm, scheme: str, costs: dict[str, float]) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, nargs="+", default=[8, 100, 1000, 10000])
+    p.add_argument("--nodes", type=bounded(int, ge=2), nargs="+", default=[8, 100, 1000, 10000])
     p.add_argument("--schemes", nargs="+", choices=["shards", "one-topic"], default=["shards", "one-topic"])
-    p.add_argument("--round-s", type=float, default=30.0, help="mean round time")
-    p.add_argument("--growth-s", type=float, default=60.0, help="the swarm doubles every this many seconds until N")
-    p.add_argument("--settle-s", type=float, default=120.0, help="measuring starts this long after the first window "
-                   "of the last node to join")
-    p.add_argument("--measure-s", type=float, default=300.0, help="simulated seconds measured")
-    p.add_argument("--groups", type=int, default=4, help="groups per message (I)")
-    p.add_argument("--completions", type=int, default=8, help="completions per group (G)")
-    p.add_argument("--chars", type=int, default=300, help="characters per completion")
-    p.add_argument("--external-groups", type=int, default=4, help="J")
-    p.add_argument("--max-inspect", type=int, default=64)
-    p.add_argument("--signal-rate", type=float, default=0.4, help="chance that an inspected group carries signal")
-    p.add_argument("--pool-nodes", type=int, default=8, help="nodes that keep a real pool and select from it")
+    p.add_argument("--round-s", type=positive, default=30.0, help="mean round time")
+    p.add_argument("--growth-s", type=positive, default=60.0, help="the swarm doubles every this many seconds until N")
+    p.add_argument("--settle-s", type=bounded(float, ge=0), default=120.0,
+                   help="measuring starts this long after the first window of the last node to join")
+    p.add_argument("--measure-s", type=positive, default=300.0, help="simulated seconds measured")
+    p.add_argument("--groups", type=count, default=4, help="groups per message (I)")
+    p.add_argument("--completions", type=count, default=8, help="completions per group (G)")
+    p.add_argument("--chars", type=count, default=300, help="characters per completion")
+    p.add_argument("--external-groups", type=count, default=4, help="J")
+    p.add_argument("--max-inspect", type=count, default=64)
+    p.add_argument("--signal-rate", type=fraction, default=0.4, help="chance that an inspected group carries signal")
+    p.add_argument("--pool-nodes", type=count, default=8, help="nodes that keep a real pool and select from it")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/simulate-swarm.json"))
     args = p.parse_args()

@@ -1,0 +1,91 @@
+"""The scripts' flags: a bad value is argparse's one-line error naming the flag, before anything starts, and a
+harness stopped with SIGTERM stops the processes it started."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from node.argtypes import bounded, count, fraction, json_of, positive
+from p2p.config import ShardConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bounded_numbers_pass_through_and_out_of_range_ones_name_the_bound():
+    assert count("3") == 3 and positive("0.5") == 0.5 and fraction("1") == 1.0
+    assert bounded(float, gt=0, le=1)("1") == 1.0
+    for parse, text, words in [(count, "0", "must be >= 1 (got 0)"), (positive, "0", "must be > 0 (got 0)"),
+                               (fraction, "1.5", "must be <= 1 (got 1.5)"), (positive, "inf", "must be finite"),
+                               (positive, "nan", "must be finite"), (count, "2.5", "not an integer: '2.5'"),
+                               (positive, "x", "not a number: 'x'"), (bounded(float, lt=1), "1", "must be < 1")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            parse(text)
+
+
+def test_json_of_a_model_returns_the_object_and_names_a_bad_knob():
+    shards = json_of(ShardConfig)
+    assert shards('{"level": 0}') == {"level": 0}
+    for text, words in [("{bad", "not JSON"), ('{"level": 99}', "level: "), ('{"lvl": 1}', "lvl: Extra inputs")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=words):
+            shards(text)
+
+
+@pytest.mark.parametrize("script, flag, value", [
+    ("simulate_swarm.py", "--nodes", "0"), ("simulate_swarm.py", "--signal-rate", "2"),
+    ("bench_gossip.py", "--shards", '{"level": 99}'), ("bench_gossip.py", "--soak", "-1"),
+    ("bench_churn.py", "--period", "0"), ("bench_hostile.py", "--hostile", "-1"),
+    ("sapo_experiment.py", "--seeds", "0"), ("bench_round.py", "--top-p", "0"),
+    ("bench_generation.py", "--n", "x"), ("pass_rates.py", "--tasks", "0"), ("bench_silo.py", "--minutes", "-1"),
+])
+def test_a_bad_flag_value_is_one_line_naming_the_flag(script, flag, value):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / script), flag, value], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert last.startswith(f"{script}: error: argument {flag}"), last
+
+
+def children(pid: int) -> set[int]:
+    try:
+        return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except OSError:
+        return set()
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie (a child that died before its parent reaped it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_to_a_benchmark_stops_the_processes_it_started(tmp_path):
+    bench = subprocess.Popen([sys.executable, "scripts/bench_gossip.py", "--nodes", "2", "--soak", "600",
+                              "--out", str(tmp_path / "out.json")], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    probes: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while len(probes := children(bench.pid)) < 2 and time.monotonic() < deadline and bench.poll() is None:
+            time.sleep(0.2)
+        assert len(probes) == 2, f"the benchmark did not start its 2 probes: {bench.poll()}"
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(60) == 128 + signal.SIGTERM
+        assert "Traceback" not in bench.stderr.read()
+        assert not [p for p in probes if alive(p)], "probes left running after the benchmark stopped"
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+        for p in probes:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
