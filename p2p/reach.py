@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 DIALBACK_TIMEOUT_S = 5.0
 DIALBACK_MAX_PORTS = 4
 DIALBACK_ASK = 3  # peers asked per check: public if any of them reached us
-RELAY_RETRY_S = 10.0  # a peer that refused a reservation may not have known yet that it can relay
+RELAY_RETRY_S = 4.0  # a refusal is mostly a peer that has not yet learned it is public (a second after us, seen)
 RECHECK_S = 600.0  # addresses change (a new lease, a new router): check again this often
 CIRCUIT = "p2p-circuit"
 

@@ -3,6 +3,7 @@ through a middle namespace that delays and drops packets, and a node behind a ma
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -100,25 +101,42 @@ def test_two_nodes_behind_nat_find_that_out_and_connect_through_a_bootstrap_only
         assert [line for line in p.log_path.read_text().splitlines() if " ERROR " in line] == []
 
 
+def written_rows(out) -> list[dict]:
+    """The metrics lines a running node has finished writing."""
+    path = out / "metrics.jsonl"
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+
+
 def test_a_node_behind_nat_trains_on_the_swarms_groups_and_the_swarm_on_its(lab, tiny_a, cache_dir, tmp_path):
     public, home = lab.add_host(), lab.add_host(nat=True)
     common = ["--model.cache_dir", str(cache_dir), "--local", "2", "--external", "2", "--tasks", "arith,reverse",
               "--generation.completions_per_group", "4", "--tasks.eval_size", "10", "--run.eval_every", "1000"]
 
-    def node(host: netlab.LabHost, name: str, rounds: int, *extra: str) -> subprocess.Popen:
+    def node(host: netlab.LabHost, name: str, *extra: str) -> subprocess.Popen:  # runs until stopped
         return subprocess.Popen(host.cmd(sys.executable, "-m", "node.cli", "run", "--out", str(tmp_path / name),
-                                         "--rounds", str(rounds), "--listen", f"/ip4/{host.ip}/tcp/4001", *common, *extra),
+                                         "--rounds", "100000", "--listen", f"/ip4/{host.ip}/tcp/4001", *common, *extra),
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{name}.log", "wb"))
 
     key = tmp_path / "public.key"
     addr = f"/ip4/{public.ip}/tcp/4001/p2p/{peer_id(load_or_create(key))}"
-    first = node(public, "public", 100_000, "--p2p.key_file", str(key))  # runs until the home node is done
+
+    def trained_on_each_other() -> bool:
+        rows = {name: written_rows(tmp_path / name) for name in ("public", "home")}
+        return (all(sum(m["n_external_used"] for m in rows[name]) > 0 for name in rows)
+                and bool(rows["home"]) and (rows["home"][-1].get("p2p") or {}).get("relays") == 1)
+
+    nodes = [node(public, "public", "--p2p.key_file", str(key)),
+             node(home, "home", "--bootstrap", addr)]  # redials until the public node listens
     try:
-        home_node = node(home, "home", 40, "--bootstrap", addr)  # redials until the public node listens
-        assert home_node.wait(300) == 0, (tmp_path / "home.log").read_text()[-3000:]
+        deadline = time.monotonic() + 300
+        while not trained_on_each_other() and time.monotonic() < deadline and all(n.poll() is None for n in nodes):
+            time.sleep(1.0)
     finally:
-        first.send_signal(signal.SIGINT)
-        first.wait(60)
+        for n in reversed(nodes):  # home first: its last row is taken while its relay is up
+            n.send_signal(signal.SIGINT)
+            n.wait(60)
+    assert [n.returncode for n in nodes] == [0, 0], (tmp_path / "home.log").read_text()[-3000:]
     rows = {name: metrics(tmp_path / name) for name in ("public", "home")}
     for name, other in (("home", "public"), ("public", "home")):
         used = sum(m["n_external_used"] for m in rows[name])
