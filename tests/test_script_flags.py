@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,8 +16,7 @@ import pytest
 
 from node.argtypes import bounded, count, fraction, json_of, positive
 from p2p.config import ShardConfig
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
 
 
 def test_bounded_numbers_pass_through_and_out_of_range_ones_name_the_bound():
@@ -26,7 +26,7 @@ def test_bounded_numbers_pass_through_and_out_of_range_ones_name_the_bound():
                                (fraction, "1.5", "must be <= 1 (got 1.5)"), (positive, "inf", "must be finite"),
                                (positive, "nan", "must be finite"), (count, "2.5", "not an integer: '2.5'"),
                                (positive, "x", "not a number: 'x'"), (bounded(float, lt=1), "1", "must be < 1")]:
-        with pytest.raises(argparse.ArgumentTypeError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(words)):
             parse(text)
 
 
