@@ -11,7 +11,7 @@ from typing import Callable
 
 from pydantic import BaseModel, ValidationError
 
-from node.config import describe
+from p2p.config_errors import describe
 
 
 def bounded(kind: type, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,

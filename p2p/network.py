@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from p2p.config_errors import describe
 from p2p.shards import EPOCH_S
 
 
@@ -54,10 +55,7 @@ def load_network(name: str) -> NetworkProfile:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"cannot read network profile {path}: {e}") from None
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}"
-                             + ("" if isinstance(err["input"], (dict, list)) else f" (got {err['input']!r})")
-                             for err in e.errors())
-        raise ValueError(f"network profile {path}: {problems}") from None
+        raise ValueError(f"network profile {path}: {describe(e)}") from None
     from p2p.wire import VERSION  # p2p.wire needs p2p.config, which needs this module
 
     if profile.protocol != VERSION:

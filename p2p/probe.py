@@ -26,6 +26,7 @@ from typing import IO
 from pydantic import ValidationError
 
 from p2p.config import P2PConfig
+from p2p.config_errors import describe
 from p2p.identity import IdentityError
 from p2p.service import Gossip, P2PError
 from p2p.wire import WireGroup, WireMessage, pack_groups
@@ -152,8 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = P2PConfig(network=args.network, listen=[args.listen], bootstrap=args.bootstrap, mesh_degree=args.mesh_degree,
                         max_peers=args.max_peers, shards=args.shards)
     except ValidationError as e:
-        err = e.errors()[0]
-        print(f"probe: {'.'.join(map(str, err['loc']))}: {err['msg']}", file=sys.stderr)
+        print(f"probe: {describe(e)}", file=sys.stderr)
         return 2
     out = open(args.events, "a") if args.events else sys.stdout
     try:
