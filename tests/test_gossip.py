@@ -130,12 +130,17 @@ def test_a_lost_bootstrap_peer_is_redialed_with_backoff(spawn, tmp_path):
     node.wait_for(lambda: node.stats().get("dials", 0) >= 3, 10, "3 dials counted")
 
 
+def raw_host(plaintext: bool = False):
+    """A bare py-libp2p host with a fresh key, outside our Gossip: an old node, a garbage sender, a dialer."""
+    kp = create_new_key_pair()
+    sec = ({PLAINTEXT_PROTOCOL_ID: InsecureTransport(kp)} if plaintext
+           else {NOISE_PROTOCOL_ID: NoiseTransport(kp, noise_privkey=new_x25519().private_key)})
+    return new_host(key_pair=kp, sec_opt=sec)
+
+
 def _dial(addr: str, plaintext: bool) -> None:
     async def main() -> None:
-        kp = create_new_key_pair()
-        sec = ({PLAINTEXT_PROTOCOL_ID: InsecureTransport(kp)} if plaintext
-               else {NOISE_PROTOCOL_ID: NoiseTransport(kp, noise_privkey=new_x25519().private_key)})
-        host = new_host(key_pair=kp, sec_opt=sec)
+        host = raw_host(plaintext)
         async with host.run(listen_addrs=[multiaddr.Multiaddr(LOOPBACK)]):
             with trio.fail_after(20):
                 await host.connect(info_from_p2p_addr(multiaddr.Multiaddr(addr)))
@@ -236,8 +241,7 @@ def test_a_peer_on_the_protocol_1_rollout_topic_is_counted_and_named_once(tmp_pa
     old_topic = "/sapo/local/rollouts/1"  # where a protocol-1 node of the same network publishes
 
     async def old_node(addr: str, node: Gossip) -> dict[str, object]:
-        kp = create_new_key_pair()
-        host = new_host(key_pair=kp, sec_opt={NOISE_PROTOCOL_ID: NoiseTransport(kp, noise_privkey=new_x25519().private_key)})
+        host = raw_host()
         gossipsub = GossipSub(protocols=[PROTOCOL_ID_V11], degree=4, degree_low=2, degree_high=8, heartbeat_interval=1)
         pubsub = Pubsub(host, gossipsub)
         async with host.run(listen_addrs=[multiaddr.Multiaddr(LOOPBACK)]), background_trio_service(pubsub), \
@@ -357,8 +361,7 @@ def test_a_gossip_rpc_that_does_not_parse_costs_its_sender_the_stream_not_the_no
     wait_heard(node, [honest], 0)
 
     async def send_garbage() -> None:
-        kp = create_new_key_pair()
-        host = new_host(key_pair=kp, sec_opt={NOISE_PROTOCOL_ID: NoiseTransport(kp, noise_privkey=new_x25519().private_key)})
+        host = raw_host()
         async with host.run(listen_addrs=[multiaddr.Multiaddr(LOOPBACK)]):
             with trio.fail_after(20):
                 info = info_from_p2p_addr(multiaddr.Multiaddr(node.addr))
