@@ -179,8 +179,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     if not presets:
         raise ConfigError("--presets: name at least one model")
     extra = shlex.split(args.node_args)
-    node_flags = _parse_node_args(extra)
-    load_config(node_flags.config, _overrides(node_flags))  # a bad knob fails here, not in N children
+    config_from_flags(extra)  # a bad knob fails here, not in N children
     task_mixes = [m.strip() for m in args.task_mixes.split(";") if m.strip()]
     for mix in task_mixes:
         try:
@@ -209,12 +208,22 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     for n, a in zip(summary["per_node"], alone):
         print(f"{n['name']} alone ({summary['baseline']['local']} local groups, no peers): "
               f"cumulative reward {a['cumulative_reward']:.2f}, eval {a['eval_first']} -> {a['eval_last']}, exit {a['exit_code']}")
+    if summary["stopped"]:
+        print(f"sapo: stopped before the end: no comparison; every node wrote a checkpoint, the run is saved marked as "
+              f"incomplete in {args.out / 'summary.json'}", file=sys.stderr)
+        return 130
+    if summary["failed"]:
+        for why in summary["failed"]:
+            print(f"sapo: failed: {why}", file=sys.stderr)
+        print(f"sapo: no comparison: {len(summary['failed'])} node(s) did not finish; the run is saved marked as failed "
+              f"in {args.out / 'summary.json'}", file=sys.stderr)
+        return 1
     if alone:
         print(f"in the swarm the nodes earned {100 * summary['vs_baseline']:+.1f}% cumulative reward against the same nodes "
               f"alone ({summary['cumulative_reward_mean']:.2f} vs {summary['baseline']['cumulative_reward_mean']:.2f}, "
               f"mean of {len(alone)} nodes, {args.rounds} rounds)")
     print(f"summary: {args.out / 'summary.json'}, {args.out / 'summary.png'}; per-node metrics in {args.out}/node*/")
-    return 0 if all(n["exit_code"] == 0 for n in summary["per_node"] + alone) else 1
+    return 0
 
 
 class _NodeArgsParser(argparse.ArgumentParser):
@@ -222,10 +231,12 @@ class _NodeArgsParser(argparse.ArgumentParser):
         raise ConfigError(f"--node-args: {message}")
 
 
-def _parse_node_args(argv: list[str]) -> argparse.Namespace:
+def config_from_flags(argv: list[str]) -> NodeConfig:
+    """The config a `sapo run` with these flags would run (`ConfigError` on a bad one)."""
     parser = _NodeArgsParser(prog="sapo swarm --node-args", add_help=False)
     _add_config_flags(parser)
-    return parser.parse_args(argv)
+    flags = parser.parse_args(argv)
+    return load_config(flags.config, _overrides(flags))
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:

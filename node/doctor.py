@@ -28,11 +28,12 @@ def _version(package: str) -> str | None:
 def machine() -> list[tuple[str, str]]:
     import torch
 
-    from trainer.memory import available_bytes
+    from trainer.memory import host_budget, total_bytes
 
     rows = [("python", platform.python_version()), ("torch", f"{torch.__version__} ({torch.get_num_threads()} threads, "
                                                             f"{os.cpu_count()} cores)"),
-            ("host memory", f"{available_bytes() / GB:.1f} GB available")]
+            ("host memory", f"{total_bytes() / GB:.1f} GB; a node with no run.memory_gb plans in {host_budget() / GB:.1f} GB "
+                            "(what is available now, less a margin for the rest of the machine)")]
     if torch.cuda.is_available():
         for k in range(torch.cuda.device_count()):
             free, total = torch.cuda.mem_get_info(k)

@@ -16,6 +16,7 @@ from node.config import NodeConfig
 from node.lifecycle import StopSignal
 from node import planner
 from node.metrics import MetricsLog, RoundMetrics
+from node.pressure import MemoryWatch, round_peak_reader
 from node.progress import Progress
 from node.selection import Selector, informative
 from node.share import publish_round, self_messages
@@ -28,6 +29,7 @@ from trainer import checkpoint
 from trainer.generation import SamplingParams, make_generator
 from trainer.batch import RolloutGroup
 from trainer.grpo import GRPOTrainer, StepStats
+from trainer.memory import GB
 from trainer.policy import export_weights, load_policy
 from trainer.rollout import accuracy, accuracy_by_dataset, evaluate, rollout
 
@@ -72,6 +74,7 @@ class Node:
         planner.log_plan(fitted.plan)
         self.cfg = cfg = fitted.cfg
         self.plan = fitted.plan
+        self.memory = MemoryWatch(self.plan.peak_bytes, round_peak_reader(self.plan.device.kind))
         self.policy = load_policy(cfg.model, weights_from=resumed.model_dir if resumed else None, tokenizer=fitted.tokenizer)
         self.generator = make_generator(cfg.generation, self.policy)
         self.tasks = TaskSource(cfg.tasks.mix(), seed=cfg.run.seed)
@@ -203,6 +206,9 @@ class Node:
         seconds_train = time.perf_counter() - t0
 
         self.round = r
+        micro_batch = self.trainer.cfg.micro_batch
+        memory_peak, lower = self.memory.after_round(micro_batch)
+        self.trainer.cfg = self.trainer.cfg.model_copy(update={"micro_batch": lower})
         eval_acc, eval_by_dataset = self._evaluate(stop) if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else (None, None)
         seconds_other = time.perf_counter() - started - seconds_generate - seconds_train
         rewards = [x for g in groups for x in g.rewards]
@@ -221,7 +227,8 @@ class Node:
             n_external_used=stats.external_groups_used, external_masked=stats.external_masked,
             external_reward_mean=_mean([x for g in pick.groups for x in g.rewards]),
             external_peers=len({g.source for g in pick.groups}), external_dropped=dict(pick.dropped),
-            groups_published=published, **self._swarm_metrics(),
+            groups_published=published, micro_batch=micro_batch,
+            memory_peak_gb=None if memory_peak is None else memory_peak / GB, **self._swarm_metrics(),
         ))
         return True
 

@@ -45,6 +45,8 @@ class RoundMetrics:
     groups_published: int = 0  # local groups shared with the swarm this round
     n_external_received: int = 0  # groups other peers shared that entered the pool this round
     p2p: dict | None = None  # cumulative gossip and pool counters, drops by reason included
+    micro_batch: int = 0  # sequences per forward and backward pass this round
+    memory_peak_gb: float | None = None  # this round's peak: resident size on a host, reserved on a CUDA card
 
 
 class MetricsLog:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from node.config import NodeConfig
 from rewards import TaskSource
 from trainer import memory
+from trainer.memory import GB, MemoryPlanError
 from trainer.plan import Device, Plan, Wants, plan, probe
 from trainer.policy import ModelLoadError, format_prompt, load_tokenizer, resolve_model_path, uses_chat_template
 
@@ -47,8 +49,19 @@ def round_shape(cfg: NodeConfig, prompt_tokens: int) -> memory.RoundShape:
         prompt_tokens=prompt_tokens, completion_tokens=cfg.generation.max_new_tokens)
 
 
-def fit(cfg: NodeConfig, device: Device | None = None) -> Fitted:
-    """The plan for `cfg` on `device` (default: the device this machine would run it on)."""
+@dataclass
+class Inputs:
+    """What the planner reads of a node's config and model, once."""
+    model_config: dict
+    tokenizer: object
+    source: str
+    round: memory.RoundShape
+    wants: Wants
+
+
+def inputs(cfg: NodeConfig) -> Inputs:
+    """The model's config.json and tokenizer (never its weights) and the round's shape, its longest held-out
+    prompt measured with a quarter more for the longest training prompt."""
     from transformers import AutoConfig
 
     source = resolve_model_path(cfg.model)
@@ -62,9 +75,74 @@ def fit(cfg: NodeConfig, device: Device | None = None) -> Fitted:
     prompts = [format_prompt(tokenizer, t.prompt, template, cfg.model.chat_example)
                for t in TaskSource(cfg.tasks.mix(), seed=cfg.tasks.eval_seed).draw(min(cfg.tasks.eval_size, PROMPTS_MEASURED))]
     longest = max(len(ids) for ids in tokenizer(prompts, add_special_tokens=not template)["input_ids"])
+    return Inputs(model_config, tokenizer, source, round_shape(cfg, longest + longest // 4), wants_of(cfg))
+
+
+def fit(cfg: NodeConfig, device: Device | None = None) -> Fitted:
+    """The plan for `cfg` on `device` (default: the device this machine would run it on, within the node's
+    share of it where `run.memory_gb` gives one)."""
+    got = inputs(cfg)
     device = device or probe(cfg.model.device, cfg.run.memory_gb)
-    chosen = plan(device, model_config, round_shape(cfg, longest + longest // 4), wants_of(cfg))
-    return Fitted(chosen, applied(cfg, chosen), tokenizer, source)
+    chosen = plan(device, got.model_config, got.round, got.wants)
+    return Fitted(chosen, applied(cfg, chosen), got.tokenizer, got.source)
+
+
+@dataclass
+class Shared:
+    machine: Device  # what the machine can give now
+    share_gb: float  # each node's share, where it has none of its own
+    plans: dict[str, Plan]
+
+    def lines(self) -> list[str]:
+        """Each node's plan, and what they add up to."""
+        together = sum(p.peak_bytes for p in self.plans.values())
+        return [f"{name}: {p.summary()}" for name, p in self.plans.items()] + [
+            f"memory: {len(self.plans)} nodes plan {together / GB:.1f} GB together; each may use {self.share_gb:.2f} GB "
+            f"of the {self.machine.free_bytes / GB:.1f} GB this {_where(self.machine)} can give now "
+            f"({self.machine.total_bytes / GB:.1f} GB in all)"]
+
+
+def fit_together(nodes: dict[str, NodeConfig]) -> Shared:
+    """Plans for nodes that will share this machine: what it can give now, in equal shares (GB) to the nodes
+    that have none of their own (`run.memory_gb`). Refused as a whole, before anything starts, when the shares
+    do not add up or a node's plan cannot fit its share; the refusal names the node, its planner's smallest
+    change, and how many such nodes would fit."""
+    cfgs = list(nodes.values())
+    machine = probe(cfgs[0].model.device)
+    own = sum(c.run.memory_gb * GB for c in cfgs if c.run.memory_gb)
+    shared = sum(1 for c in cfgs if not c.run.memory_gb)
+    share = math.floor(100 * (machine.free_bytes - own) / max(1, shared) / GB) / 100
+    if own > machine.free_bytes or (shared and share <= 0):
+        raise MemoryPlanError(f"{len(cfgs)} nodes cannot share the {machine.free_bytes / GB:.1f} GB this {_where(machine)} "
+                              f"can give now: their run.memory_gb adds up to {own / GB:.1f} GB")
+    plans, read = {}, {}
+    for name, cfg in nodes.items():
+        key = cfg.model_dump_json(exclude={"run": {"seed", "rounds", "out_dir"}})  # nodes alike but for seed plan alike
+        got = read[key] = read.get(key) or inputs(cfg)
+        gb = cfg.run.memory_gb or share
+        try:
+            plans[name] = plan(replace(machine, free_bytes=gb * GB), got.model_config, got.round, got.wants)
+        except MemoryPlanError as e:
+            hint = ""
+            if not cfg.run.memory_gb:  # its share is the machine's divided: fewer nodes get more of it
+                fewer = next((k for k in range(len(cfgs) - 1, 0, -1)
+                              if _fits(replace(machine, free_bytes=machine.free_bytes / k), got)), 0)
+                hint = f"; at most {fewer} such node{'s' if fewer > 1 else ''} would fit" if fewer else "; not even one fits here"
+            raise MemoryPlanError(f"{len(cfgs)} nodes cannot share {machine.free_bytes / GB:.1f} GB: {name} in its "
+                                  f"{gb:.2f} GB: {e}{hint}") from None
+    return Shared(machine, share, plans)
+
+
+def _where(device: Device) -> str:
+    return "card" if device.kind == "cuda" else "machine"
+
+
+def _fits(device: Device, got: Inputs) -> bool:
+    try:
+        plan(device, got.model_config, got.round, got.wants)
+    except MemoryPlanError:
+        return False
+    return True
 
 
 def applied(cfg: NodeConfig, p: Plan) -> NodeConfig:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from node.selection import DROP_REASONS as SELECTION_DROPS
 from p2p.pool import DROP_REASONS as POOL_DROPS
 from p2p.wire import REASONS as WIRE_REASONS
+from trainer.memory import GB
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 HISTORY_FIELDS = ("round", "time", "reward_mean", "accuracy_train", "eval_accuracy", "peers", "n_local", "n_external",
                   "n_external_used", "n_external_received", "groups_published", "weight_version",
                   "local_informative", "external_inspected", "external_informative",
-                  "seconds_generate", "seconds_train", "seconds_other")
+                  "seconds_generate", "seconds_train", "seconds_other", "memory_peak_gb", "micro_batch")
 PHASES = ("generate", "train", "other")
 
 
@@ -136,6 +137,11 @@ def prometheus(s: dict) -> str:
     metric("accuracy_train", "gauge", "share of correct local completions in the last round", [({}, last.get("accuracy_train"))])
     metric("eval_accuracy", "gauge", "greedy accuracy on the held-out set at the last evaluation", [({}, s["last_eval_accuracy"])])
     metric("weight_version", "gauge", "optimizer steps pushed into the generator", [({}, last.get("weight_version"))])
+    peak = last.get("memory_peak_gb")
+    metric("memory_peak_bytes", "gauge", "the last round's peak memory (resident size on a host, reserved on a CUDA card)",
+           [({}, None if peak is None else peak * GB)])
+    metric("micro_batch", "gauge", "sequences per forward and backward pass in the last round (halved after a round "
+           "past the memory plan)", [({}, last.get("micro_batch"))])
     metric("peers", "gauge", "connected peers", [({}, p2p.get("peers"))])
     metric("mesh_peers", "gauge", "peers in the gossip mesh of our rollout shard topic", [({}, p2p.get("mesh_peers"))])
     metric("shard_level", "gauge", "rollout shard level this node listens at (0: the whole swarm)",

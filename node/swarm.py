@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -54,12 +54,18 @@ class SwarmSpec:
     companions: list[bool] = field(default_factory=list)
     network: bool = True  # False: N unconnected silos (no p2p at all), for baselines
     baseline: bool = False  # also run each node alone (I + J local groups, no network) beside the swarm
+    memory_gb: float | None = None  # each node's share of the machine's memory (`share_memory` sets it)
 
     def silo(self) -> "SwarmSpec":
         """The same nodes alone: same models, seeds, task mixes and rounds, all I + J groups local."""
         return SwarmSpec(nodes=self.nodes, rounds=self.rounds, local=self.local + self.external, external=0,
                          presets=self.presets, out=self.out / "silo", seed=self.seed, extra=self.extra,
-                         task_mixes=self.task_mixes, companions=self.companions, network=False)
+                         task_mixes=self.task_mixes, companions=self.companions, network=False,
+                         memory_gb=self.memory_gb)
+
+    def arms(self) -> list["SwarmSpec"]:
+        """Every group of processes the run starts: the swarm, and its silo with `baseline`."""
+        return [self, self.silo()] if self.baseline else [self]
 
     def preset(self, k: int) -> str:
         return self.presets[k % len(self.presets)]
@@ -74,6 +80,19 @@ class SwarmSpec:
 
     def node_rounds(self, k: int) -> int:
         return COMPANION_ROUNDS if self.companion(k) else self.rounds
+
+    def run_flags(self, k: int, processes: int, cache_dir: Path | None) -> list[str]:
+        """Node k's `sapo run` flags but its folder, ports and bootstrap peer; the user's own flags come last
+        and win. `processes`: how many nodes share the machine's cores."""
+        flags = [*self.node_args(k), "--local", str(self.local), "--external", str(self.external),
+                 "--p2p.enabled", str(self.network).lower(), "--run.wait_for_peers", str(self.nodes - 1),
+                 # one machine, N nodes: without a share each, torch's thread pools spin against each other
+                 "--run.torch_threads", str(max(1, (os.cpu_count() or 1) // processes))]
+        if self.memory_gb:
+            flags += ["--run.memory_gb", f"{self.memory_gb:g}"]
+        if cache_dir is not None:
+            flags += ["--model.cache_dir", str(cache_dir)]
+        return [*flags, *self.extra]
 
 
 @dataclass
@@ -116,8 +135,31 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout: float) -> bool:
     return False
 
 
-def start(spec: SwarmSpec, cache_dir: Path | None, processes: int | None = None, prefix: str = "node") -> list[Child]:
-    """Start the swarm's nodes, the bootstrap node first; `processes` is how many share the cores."""
+def share_memory(spec: SwarmSpec, cache_dir: Path | None) -> SwarmSpec:
+    """`spec` with each node's share of the machine's memory, every node of every arm planned in its share
+    before any starts (the plans are logged, with what they add up to); `SwarmError` when they cannot fit."""
+    from node.cli import config_from_flags
+    from node.planner import fit_together
+    from trainer.memory import MemoryPlanError
+    from trainer.policy import ModelLoadError
+
+    arms = spec.arms()
+    processes = sum(a.nodes for a in arms)
+    nodes = {f"{prefix}{k} ({arm.preset(k)})": config_from_flags(arm.run_flags(k, processes, cache_dir))
+             for arm, prefix in zip(arms, ("node", "silo")) for k in range(arm.nodes)}
+    try:
+        shared = fit_together(nodes)
+    except MemoryPlanError as e:
+        raise SwarmError(str(e)) from None
+    except ModelLoadError as e:
+        raise SwarmError(f"model.name: {e}") from None
+    for line in shared.lines():
+        log.info("%s", line)
+    return replace(spec, memory_gb=shared.share_gb)
+
+
+def start(spec: SwarmSpec, cache_dir: Path | None, processes: int, prefix: str = "node") -> list[Child]:
+    """Start the swarm's nodes, the bootstrap node first; `processes` is how many share the machine."""
     spec.out.mkdir(parents=True, exist_ok=True)
     children: list[Child] = []
     bootstrap = ""
@@ -128,29 +170,26 @@ def start(spec: SwarmSpec, cache_dir: Path | None, processes: int | None = None,
         out = spec.out / f"node{k}"
         out.mkdir(parents=True, exist_ok=True)
         port, status_port = free_port(), free_port()
-        args = [sys.executable, "-m", "node.cli", "run", "--out", str(out), *spec.node_args(k),
-                "--local", str(spec.local), "--external", str(spec.external),
-                "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--p2p.enabled", str(spec.network).lower(),
-                "--status.listen", f"127.0.0.1:{status_port}",
-                "--run.wait_for_peers", str(spec.nodes - 1),
-                # one machine, N nodes: without a share each, torch's thread pools spin against each other
-                "--run.torch_threads", str(max(1, (os.cpu_count() or 1) // (processes or spec.nodes)))]
-        if cache_dir is not None:
-            args += ["--model.cache_dir", str(cache_dir)]
-        if bootstrap:
-            args += ["--bootstrap", bootstrap]
+        args = [sys.executable, "-m", "node.cli", "run", "--out", str(out),
+                "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--status.listen", f"127.0.0.1:{status_port}",
+                *(["--bootstrap", bootstrap] if bootstrap else []), *spec.run_flags(k, processes, cache_dir)]
         with open(out / "node.log", "ab") as logf:
-            proc = subprocess.Popen([*args, *spec.extra], stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
         children.append(Child(f"{prefix}{k}", spec.preset(k), out, proc, f"http://127.0.0.1:{status_port}/",
                               spec.companion(k)))
         if k == 0 and spec.network:
             bootstrap = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id(load_or_create(out / 'node.key'))}"
             if not wait_listening(port, proc, timeout=300):
                 stop(children)
-                lines = (out / "node.log").read_text(errors="replace").strip().splitlines()
-                raise SwarmError(f"the bootstrap node did not start ({lines[-1] if lines else 'no output'}); "
-                                 f"see {out / 'node.log'}")
+                raise SwarmError(f"the bootstrap node did not start ({last_line(out)}); see {out / 'node.log'}")
     return children
+
+
+def last_line(out: Path) -> str:
+    """The last thing a node wrote to its log, on one line."""
+    path = out / "node.log"
+    lines = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
+    return " ".join(lines[-1].split()) if lines else "no output"
 
 
 def stop(children: list[Child], grace: float = STOP_GRACE_S) -> None:
@@ -202,13 +241,14 @@ def table(children: list[Child], rounds: int) -> Table:
     return t
 
 
-def node_summary(c: Child) -> dict:
+def node_summary(c: Child, rounds: int) -> dict:
     c.refresh()
     trained = [r for r in c.rows if r["round"] > 0]
     evals = [(r["round"], r["eval_accuracy"]) for r in c.rows if r.get("eval_accuracy") is not None]
     cumulative = sum(r["reward_mean"] for r in trained)
     return {
         "name": c.name, "model": c.preset, "companion": c.companion, "exit_code": c.proc.returncode, "rounds": len(trained),
+        "failure": failure(c, rounds),
         "cumulative_reward": cumulative, "mean_reward": cumulative / len(trained) if trained else None,
         "eval_first": evals[0][1] if evals else None, "eval_last": evals[-1][1] if evals else None,
         **{name: total(trained, key) for name, key in (
@@ -220,40 +260,70 @@ def node_summary(c: Child) -> dict:
     }
 
 
-def summarize(spec: SwarmSpec, children: list[Child], silos: list[Child] = ()) -> dict:
-    nodes = [node_summary(c) for c in children]
+def failure(c: Child, rounds: int) -> str | None:
+    """Why a node's run cannot count, or None: it exited non-zero, was killed, or ended short of its rounds
+    (a companion has no rounds of its own: the runner stops it)."""
+    code, reached = c.proc.returncode, max((r["round"] for r in c.rows), default=0)
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name if -code in {s.value for s in signal.Signals} else f"signal {-code}"
+        how = f"killed by {name}" + (" (as the kernel's out-of-memory killer does)" if code == -signal.SIGKILL else "")
+    elif code:
+        how = f"exit {code}"
+    elif not c.companion and reached < rounds:
+        how = f"ended at round {reached} of {rounds}"
+    else:
+        return None
+    return f"{c.name} ({c.preset}) {how}; its last log line: {last_line(c.out)}"
+
+
+def summarize(spec: SwarmSpec, children: list[Child], silos: list[Child] = (), stopped: bool = False) -> dict:
+    """summary.json, and the figure when the run is whole: a run that was stopped, or lost a node, compares
+    nothing."""
+    nodes = [node_summary(c, spec.rounds) for c in children]
+    alone = [node_summary(c, spec.rounds) for c in silos]
+    failed = [n["failure"] for n in nodes + alone if n["failure"]]
     summary = {"nodes": spec.nodes, "rounds": spec.rounds, "local": spec.local, "external": spec.external,
-               "presets": spec.presets, "seed": spec.seed, "per_node": nodes,
+               "presets": spec.presets, "seed": spec.seed, "memory_gb": spec.memory_gb,
+               "complete": not failed and not stopped, "stopped": stopped, "failed": failed, "per_node": nodes,
                "cumulative_reward_mean": sum(n["cumulative_reward"] for n in nodes) / max(1, len(nodes))}
     if silos:
-        alone = [node_summary(c) for c in silos]
         summary["baseline"] = {"local": spec.local + spec.external, "per_node": alone,
                                "cumulative_reward_mean": sum(n["cumulative_reward"] for n in alone) / len(alone)}
-        summary["vs_baseline"] = summary["cumulative_reward_mean"] / max(1e-9, summary["baseline"]["cumulative_reward_mean"]) - 1
+        if summary["complete"]:
+            summary["vs_baseline"] = summary["cumulative_reward_mean"] / max(1e-9, summary["baseline"]["cumulative_reward_mean"]) - 1
     (spec.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot([*children, *silos], spec.out / "summary.png", f"{spec.nodes} nodes, I={spec.local} local + J={spec.external} external"
-         + (f" (silo: each node alone, {spec.local + spec.external} local)" if silos else ""))
+    figure = spec.out / "summary.png"
+    if not summary["complete"]:
+        figure.unlink(missing_ok=True)  # an earlier run's figure would stand for this one
+    else:
+        plot({"swarm": children, "alone": silos}, figure, f"{spec.nodes} nodes, I={spec.local} local + J={spec.external} external"
+             + (f" (alone: each node by itself, {spec.local + spec.external} local)" if silos else ""))
     return summary
 
 
-def plot(children: list[Child], path: Path, title: str) -> None:
+def plot(arms: dict[str, list[Child]], path: Path, title: str) -> None:
+    """Each arm's mean over its nodes (one model's nodes apart from another's) with a band from its lowest to
+    its highest node: readable at any number of nodes. Companions are left out: they run for a length of their own."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax_r, ax_e) = plt.subplots(1, 2, figsize=(11, 4))
-    for c in children:
-        trained = [r for r in c.rows if r["round"] > 0]
-        if trained:
-            window = max(1, len(trained) // 20)
-            smooth = [sum(r["reward_mean"] for r in trained[max(0, i - window + 1): i + 1]) / min(window, i + 1)
-                      for i in range(len(trained))]
-            ax_r.plot([r["round"] for r in trained], smooth, label=f"{c.name} ({c.preset})")
-        evals = [(r["round"], r["eval_accuracy"]) for r in c.rows if r.get("eval_accuracy") is not None]
-        if evals:
-            ax_e.plot(*zip(*evals), marker=".", label=f"{c.name} ({c.preset})")
-    ax_r.set(title="training reward (moving mean)", xlabel="round", ylabel="reward")
+    colors = {"swarm": "tab:blue", "alone": "tab:gray"}
+    styles = ["-", "--", ":", "-."]
+    models = list(dict.fromkeys(c.preset for nodes in arms.values() for c in nodes if not c.companion))
+    for arm, nodes in arms.items():
+        for model in models:
+            group = [c for c in nodes if c.preset == model and not c.companion]
+            if not group:
+                continue
+            label = f"{arm}: {len(group)} {model} node{'s' if len(group) > 1 else ''}"
+            style = {"color": colors[arm], "linestyle": styles[models.index(model) % len(styles)]}
+            _band(ax_r, [_smoothed(c.rows) for c in group], label, style)
+            _band(ax_e, [{r["round"]: r["eval_accuracy"] for r in c.rows if r.get("eval_accuracy") is not None}
+                         for c in group], label, {**style, "marker": "."})
+    ax_r.set(title="training reward (moving mean; band: lowest to highest node)", xlabel="round", ylabel="reward")
     ax_e.set(title="held-out accuracy (greedy)", xlabel="round", ylabel="accuracy")
     for ax in (ax_r, ax_e):
         ax.grid(alpha=0.3)
@@ -262,6 +332,25 @@ def plot(children: list[Child], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _smoothed(rows: list[dict]) -> dict[int, float]:
+    """Reward per round, as a moving mean over a twentieth of the run."""
+    trained = [r for r in rows if r["round"] > 0]
+    window = max(1, len(trained) // 20)
+    return {r["round"]: sum(x["reward_mean"] for x in trained[max(0, i - window + 1): i + 1]) / min(window, i + 1)
+            for i, r in enumerate(trained)}
+
+
+def _band(ax, curves: list[dict[int, float]], label: str, style: dict) -> None:
+    """The mean of `curves` (round -> value) over the rounds they all have, between their lowest and highest."""
+    rounds = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    if not rounds:
+        return
+    values = [[c[r] for c in curves] for r in rounds]
+    ax.plot(rounds, [sum(v) / len(v) for v in values], label=label, **style)
+    ax.fill_between(rounds, [min(v) for v in values], [max(v) for v in values], color=style["color"], alpha=0.15,
+                    linewidth=0)
 
 
 def progress_lines(children: list[Child], rounds: int, elapsed: float) -> list[str]:
@@ -307,7 +396,8 @@ def watch(children: list[Child], rounds: int, console: Console, live: bool, stop
 
 
 def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None = None, live: bool = True) -> dict:
-    """Start the swarm, show it until every node is done or a stop signal arrives, then summarise."""
+    """Plan every node's memory, start the swarm, show it until every node is done or a stop signal arrives,
+    then summarise. `SwarmError` when it cannot start."""
     console = console or Console(stderr=True)
     stopping = False
 
@@ -317,12 +407,13 @@ def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None 
             raise KeyboardInterrupt
         stopping = True
 
+    spec = share_memory(spec, cache_dir)
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     nodes: list[Child] = []
     silos: list[Child] = []
     children = nodes  # everything to show and stop
     try:
-        processes = spec.nodes * (2 if spec.baseline else 1)
+        processes = sum(arm.nodes for arm in spec.arms())
         children = nodes = start(spec, cache_dir, processes)
         if spec.baseline:
             silos = start(spec.silo(), cache_dir, processes, prefix="silo")
@@ -332,4 +423,4 @@ def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None 
         stop(children)
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return summarize(spec, nodes, silos)
+    return summarize(spec, nodes, silos, stopping)

@@ -39,11 +39,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from node.argtypes import count  # noqa: E402
-from node.swarm import SwarmSpec, run  # noqa: E402
+from node.swarm import SwarmError, SwarmSpec, run  # noqa: E402
 from node.recipes import RECIPES  # noqa: E402
 from trainer.config import default_cache_dir  # noqa: E402
 from trainer.presets import ensure  # noqa: E402
@@ -157,25 +158,32 @@ def node_record(node_dir: Path, summary: dict) -> dict:
     }
 
 
-def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) -> dict | None:
+def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) -> dict:
+    """One configuration at one seed, saved to `result.json`; a run that lost a node is saved marked as failed
+    (and run again by the next invocation), a finished one is kept and skipped next time."""
     out = args.out / slug(cfg.name) / f"seed{seed}"
     done = out / "result.json"
-    if done.exists():
+    if done.exists() and not json.loads(done.read_text()).get("failed"):
         return json.loads(done.read_text())
     bed = TESTBEDS[cfg.testbed]
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=cfg.local, external=cfg.external, presets=bed["presets"],
                      out=out, seed=100 * seed, extra=cfg.node_args(args.rounds, args.eval_every) + bed.get("extra", []),
                      task_mixes=bed["task_mixes"], companions=bed.get("companions", []), network=cfg.network)
     t0 = time.time()
-    summary = run(spec, cache_dir=default_cache_dir(), console=console, live=False)
-    if any(n["exit_code"] == 130 and not n["companion"] for n in summary["per_node"]):  # a companion is stopped as planned
+    try:
+        summary = run(spec, cache_dir=default_cache_dir(), console=console, live=False)
+    except SwarmError as e:
+        raise SystemExit(f"sapo_experiment: {cfg.name} seed {seed}: {e}") from None
+    if summary["stopped"]:
         raise SystemExit(f"sapo_experiment: stopped during {cfg.name} seed {seed}; finished runs are kept under {args.out}")
-    if any(n["exit_code"] not in ((0, 130) if n["companion"] else (0,)) for n in summary["per_node"]):
-        console.print(f"[red]{cfg.name} seed {seed}: a node failed; not saved (see {out})[/]")
-        return None
-    nodes = [node_record(out / n["name"], n) for n in summary["per_node"]]
     result = {"config": cfg.name, **asdict(cfg), "seed": seed, "nodes_n": args.nodes, "rounds": args.rounds, **bed,
-              "wall_seconds": time.time() - t0, "cpus": os.cpu_count(), "nodes": nodes}
+              "wall_seconds": time.time() - t0, "cpus": os.cpu_count(), "failed": summary["failed"]}
+    if summary["failed"]:
+        for why in summary["failed"]:
+            console.print(f"[red]{cfg.name} seed {seed}: failed: {escape(why)}[/]", soft_wrap=True)
+    else:
+        result["nodes"] = [node_record(out / n["name"], n) for n in summary["per_node"]]
+    out.mkdir(parents=True, exist_ok=True)
     done.write_text(json.dumps(result))
     return result
 
@@ -236,7 +244,16 @@ def picked(run: dict, model: str | None) -> list[dict]:
 
 
 def report(out: Path, console: Console) -> None:
-    results = [json.loads(p.read_text()) for p in sorted(out.glob("*/seed*/result.json"))]
+    """Tables and the figure from the finished runs under `out`; runs saved as failed are left out of all of
+    them, and named."""
+    saved = [json.loads(p.read_text()) for p in sorted(out.glob("*/seed*/result.json"))]
+    results = [r for r in saved if not r.get("failed")]
+    left_out = [r for r in saved if r.get("failed")]
+    if left_out:
+        console.print(f"left out {len(left_out)} failed run{'s' if len(left_out) > 1 else ''} (a node failed; "
+                      "run the experiment again to redo them):", soft_wrap=True)
+        for r in left_out:
+            console.print(f"  {r['config']} seed {r['seed']}: {'; '.join(r['failed'])}", soft_wrap=True, markup=False)
     if not results:
         raise SystemExit(f"sapo_experiment: no finished runs under {out}")
     rows = summarize(results)
@@ -256,7 +273,8 @@ def report(out: Path, console: Console) -> None:
                       f"{r['local_informative_share']:.2f} / {ext}", f"{r['external_used_per_round']:.2f}",
                       f"{r['tokens_per_node']:,.0f}", f"{r['reward_per_1k_tokens']:.2f}", str(len(r["seeds"])))
     console.print(table)
-    (out / "results.json").write_text(json.dumps({"subtitle": subtitle, "configs": rows, "runs": results}))
+    (out / "results.json").write_text(json.dumps({"subtitle": subtitle, "configs": rows, "runs": results,
+                                                  "failed_runs_left_out": len(left_out)}))
     (out / "results.md").write_text(markdown(rows))
     figure(out / "results.json", out / "results.png")
     console.print(f"saved {out / 'results.json'}, {out / 'results.md'} (the table for the README) and {out / 'results.png'}")
@@ -375,15 +393,19 @@ def main() -> None:
             configs = [c for c in configs if c.name in args.only]
         for preset in dict.fromkeys(p for c in configs for p in TESTBEDS[c.testbed]["presets"]):
             ensure(preset, default_cache_dir())
-        started = time.time()
+        started, failed = time.time(), []
         for seed in range(args.seeds):
             for cfg in configs:
                 result = run_one(cfg, seed, args, console)
-                if result:
+                if result["failed"]:
+                    failed.append(f"{cfg.name} seed {seed}")
+                else:
                     console.log(f"{cfg.name} seed {seed}: cumulative reward "
                                 f"{mean([n['cumulative_reward'] for n in picked(result, None)]):.2f} "
                                 f"({result['wall_seconds']:.0f} s; {time.time() - started:.0f} s so far)")
     report(args.out, console)
+    if not args.report and failed:
+        raise SystemExit(f"sapo_experiment: {len(failed)} run(s) failed and are left out of the report: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -133,22 +133,51 @@ def test_a_companion_node_is_left_out_of_the_rows():
     assert rows["smollm2+tiny 2/2 signal"]["vs_silo_per_seed"] == pytest.approx([0.1])
 
 
-@pytest.mark.parametrize("codes, companion_code, outcome", [((130, 0), 130, "stopped"), ((0, 0), 1, "failed"),
-                                                           ((1, 0), 130, "failed")])
-def test_a_stopped_or_failed_run_is_not_saved(tmp_path, monkeypatch, codes, companion_code, outcome):
+KILLED = "node1 (tiny-a) killed by SIGKILL (as the kernel's out-of-memory killer does); its last log line: [12:00:00] round 2"
+
+
+@pytest.mark.parametrize("stopped, failed", [(True, []), (False, [KILLED])])
+def test_a_stopped_run_is_not_saved_and_a_failed_one_is_saved_marked_as_failed_with_no_result(
+        tmp_path, monkeypatch, stopped, failed):
     from argparse import Namespace
 
     from rich.console import Console
 
-    per_node = [{"name": f"node{k}", "companion": False, "exit_code": c} for k, c in enumerate(codes)]
-    per_node.append({"name": "node2", "companion": True, "exit_code": companion_code})
-    monkeypatch.setattr(experiment, "run", lambda *a, **k: {"per_node": per_node})
-    args = Namespace(out=tmp_path, nodes=3, rounds=2, eval_every=1)
-    cfg = Config("smollm2+tiny", 2, 2, "signal")
-    if outcome == "stopped":
-        with pytest.raises(SystemExit, match="stopped during smollm2\\+tiny 2/2 signal seed 0; finished runs are kept"):
-            experiment.run_one(cfg, 0, args, Console(file=open(tmp_path / "log.txt", "w")))
-    else:
-        assert experiment.run_one(cfg, 0, args, Console(file=open(tmp_path / "log.txt", "w"))) is None
-        assert "a node failed; not saved" in (tmp_path / "log.txt").read_text()
-    assert not list(tmp_path.glob("*/seed0/result.json"))
+    per_node = [{"name": f"node{k}", "companion": False, "exit_code": 0} for k in range(2)]
+    monkeypatch.setattr(experiment, "run", lambda *a, **k: {"per_node": per_node, "stopped": stopped, "failed": failed})
+    args = Namespace(out=tmp_path, nodes=2, rounds=2, eval_every=1)
+    cfg = Config("homogeneous", 4, 4, "signal")
+    log = tmp_path / "log.txt"
+    if stopped:
+        with pytest.raises(SystemExit, match="stopped during homogeneous 4/4 signal seed 0; finished runs are kept"):
+            experiment.run_one(cfg, 0, args, Console(file=open(log, "w")))
+        assert not list(tmp_path.glob("*/seed0/result.json"))
+        return
+    result = experiment.run_one(cfg, 0, args, Console(file=open(log, "w"), width=300))
+    saved = json.loads((tmp_path / "homogeneous-4-4-signal" / "seed0" / "result.json").read_text())
+    assert result == saved and saved["failed"] == [KILLED] and "nodes" not in saved
+    assert f"homogeneous 4/4 signal seed 0: failed: {KILLED}" in log.read_text()
+    rerun = []  # a failed run is run again, a finished one is not
+    monkeypatch.setattr(experiment, "run", lambda *a, **k: rerun.append(1) or {"per_node": [], "stopped": True, "failed": []})
+    with pytest.raises(SystemExit, match="stopped during"):
+        experiment.run_one(cfg, 0, args, Console(file=open(log, "w")))
+    assert rerun == [1]
+
+
+def test_the_report_leaves_failed_runs_out_of_every_table_and_figure_and_says_how_many(tmp_path):
+    from rich.console import Console
+
+    silo, swarm = Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "signal")
+    runs = [fake_run(silo, 0, [10.0, 10.0]), fake_run(swarm, 0, [12.0, 12.0]),
+            {**fake_run(swarm, 1, [1.0, 1.0]), "failed": [KILLED]}]
+    for r in runs:
+        folder = tmp_path / experiment.slug(r["config"]) / f"seed{r['seed']}"
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text(json.dumps(r))
+    experiment.report(tmp_path, Console(file=open(tmp_path / "table.txt", "w"), width=300))
+    merged = json.loads((tmp_path / "results.json").read_text())
+    assert merged["failed_runs_left_out"] == 1 and [r["seed"] for r in merged["runs"]] == [0, 0]
+    row = next(r for r in merged["configs"] if r["config"] == "homogeneous 4/4 signal")
+    assert row["seeds"] == [0] and row["vs_silo"] == pytest.approx(0.2)
+    text = (tmp_path / "table.txt").read_text()
+    assert "left out 1 failed run" in text and f"homogeneous 4/4 signal seed 1: {KILLED}" in text

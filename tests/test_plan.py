@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from trainer.memory import GB, MemoryPlanError, ModelShape, RoundShape, shape_from_config
-from trainer.plan import Device, Wants, estimate, peak, plan
+from trainer.plan import FASTEST_MICRO, Device, Wants, estimate, peak, plan
 
 # Qwen2.5 Instruct configs as the hub publishes them (only the fields the planner reads)
 QWEN = {
@@ -110,12 +110,18 @@ def test_bfloat16_full_fine_tuning_is_allowed_when_asked_with_the_reason_it_is_n
     assert p.dtype == "bfloat16" and any("loses AdamW updates" in w for w in p.why)
 
 
-def test_a_cpu_node_takes_the_whole_step_when_it_fits_and_the_largest_share_otherwise():
+def test_a_cpu_node_runs_the_fastest_micro_batch_that_fits_not_the_largest_and_a_card_the_largest():
     m = ModelShape(parameters=134_515_008, trainable=134_515_008, layers=30, hidden=576, mlp=1536, vocab=49152, kv_width=192)
-    assert plan(cpu(200), SMOLLM2, BENCH_ROUND, Wants()).micro_batch == 64
-    p = plan(cpu(8), SMOLLM2, BENCH_ROUND, Wants(lora=False, checkpointing=False))
-    assert 1 <= p.micro_batch < 64 and p.backend == "transformers" and p.dtype == "float32"
-    assert peak(estimate(cpu(8), m, BENCH_ROUND, "transformers", p.micro_batch + 1, None, False)) > 8 * GB
+    roomy = plan(cpu(200), SMOLLM2, BENCH_ROUND, Wants())
+    assert roomy.micro_batch == FASTEST_MICRO["cpu"] == 8  # measured fastest; 64 would fit but leaves others nothing
+    assert roomy.peak_bytes < plan(cpu(200), SMOLLM2, BENCH_ROUND, Wants(micro_batch=64)).peak_bytes
+    p = plan(cpu(5), SMOLLM2, BENCH_ROUND, Wants(lora=False, checkpointing=False))
+    assert 1 <= p.micro_batch < 8 and p.backend == "transformers" and p.dtype == "float32"
+    assert peak(estimate(cpu(5), m, BENCH_ROUND, "transformers", p.micro_batch + 1, None, False)) > 5 * GB
+    card = plan(Device.card(80), QWEN["0.5B"], PAPER_ROUND, Wants())
+    assert card.micro_batch > 8
+    assert peak(estimate(Device.card(80), replace(shape_from_config(QWEN["0.5B"]), checkpointing=card.checkpointing),
+                         PAPER_ROUND, card.backend, card.micro_batch + 1, None, False)) > card.budget_bytes
 
 
 def test_gradient_checkpointing_and_lora_lower_the_estimate():

@@ -4,8 +4,10 @@ forged into reward, and J = 0 is the silo loop."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
+from pathlib import Path
 
 import pytest
 
@@ -193,8 +195,9 @@ def test_ctrl_c_stops_every_node_of_a_swarm_with_a_checkpoint_and_leaves_no_proc
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err[-2000:]
-    assert "exit 0" in out and "Traceback" not in err
+    assert proc.returncode == 130, err[-2000:]
+    assert "exit 0" in out and "Traceback" not in err and "sapo: stopped before the end: no comparison" in err
+    assert "cumulative reward against the same nodes" not in out
     for k in range(2):
         assert checkpoint.load_latest(tmp_path / f"node{k}" / "checkpoints") is not None
     def cmdline(pid_dir: Path) -> str:
@@ -204,17 +207,28 @@ def test_ctrl_c_stops_every_node_of_a_swarm_with_a_checkpoint_and_leaves_no_proc
             return ""
 
     assert [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and str(tmp_path) in cmdline(p)] == []
-    assert json.loads((tmp_path / "summary.json").read_text())["nodes"] == 2
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["nodes"] == 2 and summary["stopped"] and not summary["complete"]
 
 
-def test_a_swarm_whose_bootstrap_node_cannot_start_says_why_in_one_line(tmp_path):
+def test_a_swarm_whose_model_cannot_be_read_says_why_in_one_line_and_starts_nothing(tmp_path):
     broken = tmp_path / "broken-model"
     broken.mkdir()
     (broken / "config.json").write_text("{}")  # looks like a model folder until it is read
     r = run_sapo("swarm", "--nodes", "2", "--rounds", "1", "--presets", str(broken), "--out", str(tmp_path / "s"))
     assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1].startswith(f"sapo: model.name: cannot read model '{broken}': ")
+    assert "Traceback" not in r.stderr and not (tmp_path / "s").exists()
+
+
+def test_a_swarm_whose_bootstrap_node_cannot_start_says_why_in_one_line(tmp_path):
+    bad_key = tmp_path / "bad.key"
+    bad_key.write_text("garbage")  # read by the node at its start, after the swarm planned it
+    r = run_sapo("swarm", "--nodes", "2", "--rounds", "1", "--presets", "tiny-a", "--out", str(tmp_path / "s"),
+                 "--node-args", f"--p2p.key_file {bad_key}")
+    assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1].startswith(
-        "sapo: the bootstrap node did not start (sapo: config error: model.name:")
+        f"sapo: the bootstrap node did not start (sapo: config error: p2p.key_file: key file {bad_key} is not a libp2p")
     assert "Traceback" not in r.stderr and not (tmp_path / "s" / "node1").exists()
 
 
@@ -272,3 +286,50 @@ def test_a_companion_runs_until_the_others_finish_in_the_swarm_and_in_its_silo(t
         rounds = [int(args[args.index("--rounds") + 1]) for args in map(s.node_args, range(3))]
         assert rounds == [20, COMPANION_ROUNDS, 20] and [s.preset(k) for k in range(3)] == ["smollm2-135m", "tiny-a", "smollm2-135m"]
     assert spec.silo().local == 4 and spec.silo().external == 0
+
+
+def test_a_swarm_whose_plans_cannot_fit_is_refused_before_any_node_starts(tiny_a, cache_dir, tmp_path):
+    r = run_sapo("swarm", "--nodes", "2", "--rounds", "1", "--baseline", "--out", str(tmp_path / "s"), "--cache-dir",
+                 str(cache_dir), "--node-args", "--generation.batch_size 100000 --generation.max_new_tokens 100000")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("sapo: 4 nodes cannot share ") and ": node0 (tiny-a) in its " in line
+    assert "set generation.batch_size to" in line and line.endswith("; not even one fits here")
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.slow
+def test_a_swarm_that_loses_a_node_prints_no_gain_names_the_node_and_exits_non_zero(tiny_a, cache_dir, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    proc = subprocess.Popen([sys.executable, "-m", "node.cli", "swarm", "--nodes", "2", "--rounds", "150", "--baseline",
+                             "--presets", "tiny-a", "--local", "2", "--external", "2", "--out", str(tmp_path),
+                             "--cache-dir", str(cache_dir),
+                             "--node-args", "--tasks.eval_size 10 --generation.completions_per_group 4"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "node1" / "metrics.jsonl"
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) > 3):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.2)
+        victim = next(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                      and f"{tmp_path / 'node1'}\0" in (p / "cmdline").read_bytes().decode(errors="replace"))
+        os.kill(victim, signal.SIGKILL)  # as the out-of-memory killer would
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-2000:]
+    assert "cumulative reward against the same nodes alone" not in out and "Traceback" not in err
+    failed = next(line for line in err.splitlines() if line.startswith("sapo: failed: "))
+    assert failed.startswith("sapo: failed: node1 (tiny-a) killed by SIGKILL (as the kernel's out-of-memory killer does); "
+                             "its last log line: ")
+    assert "sapo: no comparison: 1 node(s) did not finish" in err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert not summary["complete"] and "vs_baseline" not in summary and len(summary["failed"]) == 1
+    assert not (tmp_path / "summary.png").exists()

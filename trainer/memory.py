@@ -103,12 +103,53 @@ def kv_cache_bytes(m: ModelShape, r: RoundShape, rows: int | None = None) -> flo
     return rows * (r.tokens * m.layers * 2 * m.kv_width * m.weight_bytes + 2 * m.vocab * FLOAT32)
 
 
-def available_bytes() -> float:
-    """What this process may use: the cgroup's limit where one is set, else the memory available now."""
-    limit = Path("/sys/fs/cgroup/memory.max")
-    text = limit.read_text().strip() if limit.exists() else "max"
-    cgroup = float("inf") if text == "max" else float(text)
+HOST_MARGIN = 0.15  # of the machine's memory, kept for the rest of it by a node given no share (at least 1 GB)
+UNLIMITED = 2**62  # cgroup v1 spells "no limit" as a page-rounded 2**63 - 1
+
+
+def _meminfo() -> dict[str, float]:
     meminfo = Path("/proc/meminfo")
     lines = dict(line.split(":", 1) for line in meminfo.read_text().splitlines()) if meminfo.exists() else {}
-    free = float(lines["MemAvailable"].split()[0]) * 1024 if "MemAvailable" in lines else float("inf")
-    return min(cgroup, free)
+    return {k: float(v.split()[0]) * 1024 for k, v in lines.items() if v.strip().endswith("kB")}
+
+
+def cgroup_limit() -> float:
+    """The memory limit of this process's container (cgroup v2 or v1), or infinity."""
+    for path in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        if path.exists():
+            text = path.read_text().strip()
+            return float("inf") if text == "max" or int(text) >= UNLIMITED else float(text)
+    return float("inf")
+
+
+def total_bytes() -> float:
+    """The memory this process's machine (or container) has in all."""
+    return min(cgroup_limit(), _meminfo().get("MemTotal", float("inf")))
+
+
+def host_budget() -> float:
+    """What a node with no share may plan on the host: the container's limit where one is set (a share given
+    by whoever set it), else the memory available now less a margin for the rest of the machine, so that
+    a node started beside others does not plan for the whole machine."""
+    limit, info = cgroup_limit(), _meminfo()
+    available = info.get("MemAvailable", float("inf"))
+    margin = max(1 * GB, HOST_MARGIN * info.get("MemTotal", 0.0))
+    return min(limit, available - margin)
+
+
+def peak_rss_bytes(reset: bool = True) -> float | None:
+    """This process's peak resident size since the last reset (Linux; None elsewhere); `reset` starts a new
+    window, so that each round is measured on its own."""
+    status = Path("/proc/self/status")
+    if not status.exists():
+        return None
+    fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+    if "VmHWM" not in fields:
+        return None
+    peak = float(fields["VmHWM"].split()[0]) * 1024
+    if reset:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident size
+        except OSError:
+            pass  # then the window is the process's whole life: still an upper bound
+    return peak

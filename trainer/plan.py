@@ -3,8 +3,9 @@ checkpointing, micro-batch and vLLM's share of the card, chosen from the device'
 model's shape before any weights are loaded (`trainer.memory` holds the estimates).
 
 Every choice the user made stands; the planner fills in the rest, preferring what learns and runs
-fastest: full fine-tuning over LoRA, no recomputation over gradient checkpointing, then the largest
-micro-batch. A plan that cannot fit is refused with the smallest change that would. Pure code: it is
+fastest: full fine-tuning over LoRA, no recomputation over gradient checkpointing, then the fastest
+micro-batch that fits (not the largest: the memory it would take is left to the rest of the machine).
+A plan that cannot fit is refused with the smallest change that would. Pure code: it is
 tested on described cards; only `probe` touches the hardware.
 """
 
@@ -21,6 +22,10 @@ DeviceKind = Literal["cuda", "mps", "cpu"]
 CUDA_RESERVE = 1.0e9  # CUDA context, cuBLAS workspaces and allocator fragmentation, beyond the estimate
 VLLM_OVERHEAD = 1.5e9  # vLLM's activations, sampler and CUDA graphs inside its share
 GOOD_MICRO = 8  # a plan with at least this micro-batch (or the whole step) beats one that saves memory below it
+# The micro-batch that runs a step fastest, where measured: SmolLM2-135M's step on 2 CPU cores took 55.5 / 27.8 /
+# 34.2 s at 4 / 8 / 16 (docs/bench/round-smollm2-135m-2cpu.json): past 8 the activations outgrow the caches. Elsewhere
+# (a GPU) the largest that fits, which keeps the device busiest (not measured here).
+FASTEST_MICRO = {"cpu": 8}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -162,7 +167,7 @@ def shape(config: dict, lora: bool, ckpt: bool, dtype: str, wants: Wants) -> Mod
 
 def _fit(device: Device, config: dict, r: RoundShape, wants: Wants, backend: str, lora: bool,
          ckpt: bool) -> tuple[Plan, int]:
-    """This candidate at the micro-batch it would run (the user's, else the largest that fits), and the
+    """This candidate at the micro-batch it would run (the user's, else the fastest that fits), and the
     largest that fits (0: not even one sequence)."""
     dtype, why = choose_dtype(device, lora, wants)
     m = shape(config, lora, ckpt, dtype, wants)
@@ -178,7 +183,7 @@ def _fit(device: Device, config: dict, r: RoundShape, wants: Wants, backend: str
                      if peak(estimate(device, m, r, backend, b, share, sleep)) <= budget), 0)
         if best:
             break
-    micro = wants.micro_batch or min(best, r.rows) or 1
+    micro = wants.micro_batch or min(best, r.rows, FASTEST_MICRO.get(device.kind, r.rows)) or 1
     parts = estimate(device, m, r, backend, micro, share, sleep)
     reasons = [why] if why else []
     if on_vllm_gpu and wants.vllm_share is None:
@@ -215,13 +220,18 @@ def _smallest_change(device: Device, config: dict, r: RoundShape, wants: Wants, 
     params = memory.shape_from_config(config).parameters
     smaller = params * last.budget_bytes / last.peak_bytes
     return (f"{head}: use a device with {_smallest_device(device, config, r, wants, last.peak_bytes)} GB free "
-            f"or a model of at most about {smaller / 1e9:.1f}B parameters (this one has {params / 1e9:.1f}B)")
+            f"or a model of at most about {_count(smaller)} parameters (this one has {_count(params)})")
+
+
+def _count(parameters: float) -> str:
+    return f"{parameters / 1e9:.1f}B" if parameters >= 1e9 else f"{parameters / 1e6:.0f}M" if parameters >= 1e6 \
+        else f"{parameters / 1e6:.2f}M"
 
 
 def _smallest_device(device: Device, config: dict, r: RoundShape, wants: Wants, peak_bytes: float) -> int:
     """The fewest whole GB free (of the same kind of device) with which a plan fits, searched upwards
     from the estimate (plans are not exactly linear in the device's size: vLLM's share is a fraction)."""
-    start = math.ceil((peak_bytes + CUDA_RESERVE) / 0.95 / GB)
+    start = math.ceil(peak_bytes / GB)
     for gb in range(start, 2 * start + 8):
         bigger = replace(device, free_bytes=gb * GB, total_bytes=max(device.total_bytes, gb * GB))
         if isinstance(_first_fit(bigger, config, r, wants), Plan):
@@ -238,17 +248,28 @@ def _halvings(start: int, floor: int = 1) -> list[int]:
 
 
 def probe(kind: str = "auto", memory_gb: float | None = None) -> Device:
-    """The device a node would run on, with its free memory now (`memory_gb` caps a CPU node's)."""
+    """The device a node would run on, and what it may use there: its share (`memory_gb`) where one is
+    given, else what is free now (on a host, less a margin for the rest of the machine)."""
     import torch
 
     from trainer.policy import pick_device
 
     device = pick_device(kind)
-    cap = memory_gb * GB if memory_gb else float("inf")
+    share = memory_gb * GB if memory_gb else None
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        return Device("cuda", torch.cuda.get_device_name(device), min(free, cap), total, torch.cuda.is_bf16_supported())
-    host = min(memory.available_bytes(), cap)
-    if device.type == "mps":  # unified memory: what Metal recommends, within what the host has free
-        return Device("mps", "Apple GPU", min(host, torch.mps.recommended_max_memory()), torch.mps.recommended_max_memory())
-    return Device("cpu", f"{torch.get_num_threads()} threads", host, host)
+        name = torch.cuda.get_device_name(device)
+        _check_share(share, total, name)
+        return Device("cuda", name, share or free, total, torch.cuda.is_bf16_supported())
+    total = memory.total_bytes()
+    _check_share(share, total, "this machine")
+    host = share or memory.host_budget()
+    if device.type == "mps":  # unified memory: what Metal recommends, within what the host allows
+        metal = torch.mps.recommended_max_memory()
+        return Device("mps", "Apple GPU", min(host, metal), metal)
+    return Device("cpu", f"{torch.get_num_threads()} threads", host, total)
+
+
+def _check_share(share: float | None, total: float, where: str) -> None:
+    if share and share > total:
+        raise MemoryPlanError(f"run.memory_gb {share / GB:g} is more than the {total / GB:.1f} GB {where} has")

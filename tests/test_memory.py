@@ -1,0 +1,133 @@
+"""Nodes that share a machine share its memory: the budget a node plans in (its share, or what is free less
+a margin), shares handed out by a launcher and refused as a whole when they cannot fit, and a node that
+halves its micro-batch after a round past its plan."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from node.cli import config_from_flags, main
+from node.pressure import MemoryWatch
+from trainer import memory
+from trainer.memory import GB, MemoryPlanError
+from trainer.plan import Device, probe
+
+
+def test_a_node_with_no_share_plans_in_what_is_available_less_a_margin_and_a_container_limit_is_a_share(monkeypatch):
+    monkeypatch.setattr(memory, "_meminfo", lambda: {"MemTotal": 16 * GB, "MemAvailable": 12 * GB})
+    monkeypatch.setattr(memory, "cgroup_limit", lambda: float("inf"))
+    assert memory.host_budget() == pytest.approx(12 * GB - 0.15 * 16 * GB)
+    assert memory.total_bytes() == 16 * GB
+    monkeypatch.setattr(memory, "_meminfo", lambda: {"MemTotal": 4 * GB, "MemAvailable": 3 * GB})
+    assert memory.host_budget() == pytest.approx(2 * GB)  # the margin is at least 1 GB
+    monkeypatch.setattr(memory, "cgroup_limit", lambda: 1.5 * GB)
+    assert memory.host_budget() == 1.5 * GB and memory.total_bytes() == 1.5 * GB
+
+
+def test_a_cgroup_limit_is_read_from_v2_and_v1_and_no_limit_is_none(tmp_path, monkeypatch):
+    import pathlib
+
+    real = pathlib.Path
+    files = {"/sys/fs/cgroup/memory.max": None, "/sys/fs/cgroup/memory/memory.limit_in_bytes": None}
+
+    def fake_path(p, *rest):
+        return real(tmp_path / p.strip("/").replace("/", "_")) if p in files else real(p, *rest)
+
+    monkeypatch.setattr(memory, "Path", fake_path)
+    assert memory.cgroup_limit() == float("inf")  # neither file
+    (tmp_path / "sys_fs_cgroup_memory_memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert memory.cgroup_limit() == float("inf")  # cgroup v1's "no limit"
+    (tmp_path / "sys_fs_cgroup_memory_memory.limit_in_bytes").write_text("6442450944\n")
+    assert memory.cgroup_limit() == 6442450944
+    (tmp_path / "sys_fs_cgroup_memory.max").write_text("max\n")
+    assert memory.cgroup_limit() == float("inf")  # v2 first
+    (tmp_path / "sys_fs_cgroup_memory.max").write_text("4294967296\n")
+    assert memory.cgroup_limit() == 4294967296
+
+
+def test_the_peak_resident_size_is_measured_per_window():
+    first = memory.peak_rss_bytes()
+    if first is None:
+        pytest.skip("no /proc/self/status on this system")
+    block = bytearray(300_000_000)
+    block[::4096] = b"x" * len(block[::4096])  # touch every page
+    grown = memory.peak_rss_bytes()
+    del block
+    memory.peak_rss_bytes()  # this window still saw the block
+    after = memory.peak_rss_bytes()
+    assert grown >= first + 250e6 and after < grown - 250e6  # each read started a new window
+
+
+def test_a_share_is_the_budget_and_a_share_larger_than_the_machine_is_refused():
+    device = probe("cpu", 2.5)
+    assert device.kind == "cpu" and device.free_bytes == 2.5 * GB and device.total_bytes == memory.total_bytes()
+    assert probe("cpu").free_bytes == pytest.approx(memory.host_budget(), rel=0.05)
+    with pytest.raises(MemoryPlanError, match=r"run.memory_gb 100000 is more than the [\d.]+ GB this machine has"):
+        probe("cpu", 100_000)
+
+
+def test_a_round_past_the_plan_halves_the_micro_batch_down_to_one(caplog):
+    peaks = iter([0.9 * GB, 1.5 * GB, 1.5 * GB, 1.5 * GB, None])
+    watch = MemoryWatch(planned_bytes=1 * GB, read=lambda: next(peaks))
+    with caplog.at_level(logging.WARNING):
+        assert watch.after_round(4) == (0.9 * GB, 4)
+        assert not caplog.records
+        assert watch.after_round(4) == (1.5 * GB, 2)
+        assert "peaked at 1.50 GB, past the plan's 1.00 GB; the next rounds train in micro-batches of 2 (was 4)" in caplog.text
+        assert watch.after_round(2) == (1.5 * GB, 1)
+        assert watch.after_round(1) == (1.5 * GB, 1)
+        assert "at micro-batch 1 already: give the node more memory (run.memory_gb)" in caplog.text
+        assert watch.after_round(1) == (None, 1)  # nothing to read (not Linux): nothing changes
+
+
+@pytest.mark.slow
+def test_a_node_past_its_plan_lowers_its_micro_batch_round_by_round_and_records_it(
+        tiny_a, cache_dir, tmp_path, monkeypatch, capsys):
+    from node import pressure
+
+    monkeypatch.setattr(pressure, "peak_rss_bytes", lambda: 40 * GB)  # every round far past any plan
+    assert main(["run", "--model.cache_dir", str(cache_dir), "--out", str(tmp_path), "--rounds", "4", "--local", "2",
+                 "--generation.completions_per_group", "4", "--tasks.eval_size", "10", "--p2p.enabled", "false",
+                 "--status.enabled", "false"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][1:]
+    planned = json.loads((tmp_path / "config.json").read_text())["grpo"]["micro_batch"]
+    assert planned == 8
+    assert [r["micro_batch"] for r in rows] == [8, 4, 2, 1] and {r["memory_peak_gb"] for r in rows} == {40.0}
+    assert "past the plan's" in capsys.readouterr().err
+
+
+def tiny(seed: int, *flags: str):
+    return config_from_flags(["--model", "tiny-a", "--seed", str(seed), "--tasks.eval_size", "10", *flags])
+
+
+def test_nodes_on_one_machine_get_equal_shares_whose_plans_add_up_to_less_than_it(tiny_a, monkeypatch):
+    from node import planner
+
+    machine = Device("cpu", "a described CPU", 4 * GB, 8 * GB)
+    monkeypatch.setattr(planner, "probe", lambda kind="auto", memory_gb=None: machine)
+    shared = planner.fit_together({f"node{k}": tiny(k) for k in range(3)})
+    assert shared.share_gb == 1.33 and list(shared.plans) == ["node0", "node1", "node2"]
+    assert all(p.peak_bytes <= p.budget_bytes == 1.33 * GB for p in shared.plans.values())
+    assert sum(p.peak_bytes for p in shared.plans.values()) <= machine.free_bytes
+    assert shared.lines()[-1].startswith("memory: 3 nodes plan ") and \
+        "each may use 1.33 GB of the 4.0 GB this machine can give now (8.0 GB in all)" in shared.lines()[-1]
+    own = planner.fit_together({"node0": tiny(0, "--run.memory_gb", "1.5"), "node1": tiny(1), "node2": tiny(2)})
+    assert own.share_gb == 1.25 and own.plans["node0"].budget_bytes == 1.5 * GB  # a node's own share stands
+
+
+def test_nodes_that_cannot_share_the_machine_are_refused_as_a_whole_naming_what_would_fit(tiny_a, monkeypatch):
+    from node import planner
+
+    machine = Device("cpu", "a described CPU", 4 * GB, 8 * GB)
+    monkeypatch.setattr(planner, "probe", lambda kind="auto", memory_gb=None: machine)
+    with pytest.raises(MemoryPlanError) as refused:
+        planner.fit_together({f"node{k}": tiny(k) for k in range(8)})
+    message = str(refused.value)
+    assert message.startswith("8 nodes cannot share 4.0 GB: node0 in its 0.50 GB: ")
+    assert "usable on cpu" in message and message.endswith("; at most 3 such nodes would fit")
+    with pytest.raises(MemoryPlanError, match="^2 nodes cannot share the 4.0 GB this machine can give now: their "
+                                              "run.memory_gb adds up to 6.0 GB$"):
+        planner.fit_together({f"node{k}": tiny(k, "--run.memory_gb", "3") for k in range(2)})
