@@ -35,9 +35,11 @@ class RunConfig(BaseModel):
     torch_threads: int | None = Field(None, ge=1, description="CPU threads torch may use (null: torch's default, all cores); "
                                       "set it when several nodes share a machine, or they thrash")
     seed: int = Field(0, description="seeds task draws and sampling")
-    memory_gb: float | None = Field(None, gt=0, description="memory (GB) the node plans its rounds in, on its device (GPU "
-                                    "or host): a config that cannot fit is refused at start (null: the device's free "
-                                    "memory; on a CPU the cgroup limit or the memory available)")
+    memory_gb: float | None = Field(None, gt=0, description="the node's share (GB) of its device's memory (GPU or host), "
+                                    "which it plans its rounds in: a config that cannot fit is refused at start; `sapo "
+                                    "swarm` and the compose file give each node its share (null: a card's free memory; on "
+                                    "a host a container's limit, else the memory available less 15% of the machine, at "
+                                    "least 1 GB, for the rest of it)")
     eval_every: int = Field(25, ge=1, description="greedy evaluation on the held-out set every K rounds")
     checkpoint_every: int = Field(100, ge=1, description="checkpoint every K rounds, and always on stop")
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K checkpoints")

@@ -67,6 +67,10 @@ class SwarmSpec:
         """Every group of processes the run starts: the swarm, and its silo with `baseline`."""
         return [self, self.silo()] if self.baseline else [self]
 
+    def processes(self) -> int:
+        """How many nodes share the machine: every arm's."""
+        return sum(arm.nodes for arm in self.arms())
+
     def preset(self, k: int) -> str:
         return self.presets[k % len(self.presets)]
 
@@ -143,10 +147,8 @@ def share_memory(spec: SwarmSpec, cache_dir: Path | None) -> SwarmSpec:
     from trainer.memory import MemoryPlanError
     from trainer.policy import ModelLoadError
 
-    arms = spec.arms()
-    processes = sum(a.nodes for a in arms)
-    nodes = {f"{prefix}{k} ({arm.preset(k)})": config_from_flags(arm.run_flags(k, processes, cache_dir))
-             for arm, prefix in zip(arms, ("node", "silo")) for k in range(arm.nodes)}
+    nodes = {f"{prefix}{k} ({arm.preset(k)})": config_from_flags(arm.run_flags(k, spec.processes(), cache_dir))
+             for arm, prefix in zip(spec.arms(), ("node", "silo")) for k in range(arm.nodes)}
     try:
         shared = fit_together(nodes)
     except MemoryPlanError as e:
@@ -413,10 +415,9 @@ def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None 
     silos: list[Child] = []
     children = nodes  # everything to show and stop
     try:
-        processes = sum(arm.nodes for arm in spec.arms())
-        children = nodes = start(spec, cache_dir, processes)
+        children = nodes = start(spec, cache_dir, spec.processes())
         if spec.baseline:
-            silos = start(spec.silo(), cache_dir, processes, prefix="silo")
+            silos = start(spec.silo(), cache_dir, spec.processes(), prefix="silo")
             children = nodes + silos
         watch(children, spec.rounds, console, live, lambda: stopping)
     finally:

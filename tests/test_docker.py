@@ -110,6 +110,9 @@ def test_compose_services_volumes_and_conventions(spec):
         assert env["SAPO_P2P__NETWORK"] == "${SAPO_NETWORK:-local}"
         assert env["SAPO_RUN__ROUNDS"].startswith("${SAPO_ROUNDS:-")
     assert mounts(services["node"])["/data"] == "nodes"
+    # replicas share the host's memory: each plans in its share, and its container is held to it
+    assert services["node"]["mem_limit"] == "${SAPO_NODE_MEMORY_GB:-2}g"
+    assert env_of(services["node"])["SAPO_RUN__MEMORY_GB"] == "${SAPO_NODE_MEMORY_GB:-2}"
     assert env_of(services["node"])["SAPO_MODEL__NAME"] == "${SAPO_MODEL:-tiny-a}"
     assert "profiles" not in services["node"] and "profiles" not in boot
 
@@ -189,6 +192,7 @@ def test_compose_config_validates_with_defaults(tmp_path):
     assert node["SAPO_P2P__NETWORK"] == "local"
     assert int(node["SAPO_RUN__ROUNDS"]) > 0
     assert env_of(services["node-gpu"])["SAPO_GENERATION__BACKEND"] == "vllm"
+    assert node["SAPO_RUN__MEMORY_GB"] == "2" and int(services["node"]["mem_limit"]) == 2 * 1024**3
     assert "8080:8080" in json.dumps(services["bootstrap"]["ports"]) or \
         services["bootstrap"]["ports"][0].get("published") in ("8080", 8080)
     assert services["node"]["depends_on"]["bootstrap"]["condition"] == "service_healthy"
@@ -197,9 +201,10 @@ def test_compose_config_validates_with_defaults(tmp_path):
 
 def test_compose_settings_come_from_the_shell_and_the_env_file(tmp_path):
     cfg = compose_config(tmp_path, env={"SAPO_MODEL": "tiny-b", "SAPO_TORCH_THREADS": "2", "SAPO_DASHBOARD_PORT": "9090"},
-                         env_file="SAPO_ROUNDS=50\nSAPO_NETWORK=testnet\nSAPO_GPU_MODEL=/models/qwen\n")
+                         env_file="SAPO_ROUNDS=50\nSAPO_NETWORK=testnet\nSAPO_GPU_MODEL=/models/qwen\nSAPO_NODE_MEMORY_GB=5\n")
     services = cfg["services"]
     node, gpu = env_of(services["node"]), env_of(services["node-gpu"])
+    assert node["SAPO_RUN__MEMORY_GB"] == "5" and int(services["node"]["mem_limit"]) == 5 * 1024**3
     assert (node["SAPO_MODEL__NAME"], node["SAPO_RUN__TORCH_THREADS"], node["SAPO_RUN__ROUNDS"]) == ("tiny-b", "2", "50")
     assert node["SAPO_P2P__NETWORK"] == env_of(services["bootstrap"])["SAPO_P2P__NETWORK"] == "testnet"
     assert gpu["SAPO_MODEL__NAME"] == "/models/qwen"

@@ -333,3 +333,28 @@ def test_a_swarm_that_loses_a_node_prints_no_gain_names_the_node_and_exits_non_z
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert not summary["complete"] and "vs_baseline" not in summary and len(summary["failed"]) == 1
     assert not (tmp_path / "summary.png").exists()
+
+
+def test_the_summary_figure_draws_each_arm_and_model_as_one_mean_with_a_band_at_any_number_of_nodes(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from node import swarm
+
+    def node(name: str, preset: str, level: float, companion: bool = False) -> SimpleNamespace:
+        rows = [{"round": r, "reward_mean": None if r == 0 else level, "eval_accuracy": level if r % 5 == 0 else None}
+                for r in range(11)]
+        return SimpleNamespace(name=name, preset=preset, rows=rows, companion=companion)
+
+    arms = {"swarm": [node(f"node{k}", ("tiny-a", "tiny-b")[k % 2], 0.5 + k / 100) for k in range(8)],
+            "alone": [node(f"silo{k}", ("tiny-a", "tiny-b")[k % 2], 0.2 + k / 100) for k in range(8)]}
+    arms["swarm"].append(node("node8", "tiny-a", 9.0, companion=True))  # ran a length of its own: left out
+    drawn = []
+    real = swarm._band
+    monkeypatch.setattr(swarm, "_band", lambda ax, curves, label, style: drawn.append((label, curves)) or
+                        real(ax, curves, label, style))
+    swarm.plot(arms, tmp_path / "summary.png", "16 nodes")
+    assert [label for label, _ in drawn[::2]] == ["swarm: 4 tiny-a nodes", "swarm: 4 tiny-b nodes",
+                                                  "alone: 4 tiny-a nodes", "alone: 4 tiny-b nodes"]
+    rewards = drawn[0][1]
+    assert len(rewards) == 4 and sorted(c[10] for c in rewards) == pytest.approx([0.5, 0.52, 0.54, 0.56])
+    assert (tmp_path / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

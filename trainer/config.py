@@ -84,8 +84,9 @@ class GRPOConfig(Section):
     epochs: int = Field(1, ge=1, description="optimisation passes over each round's batch")
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
     micro_batch: int = Field(0, ge=0, description="sequences per forward and backward pass, gradients accumulated over "
-                             "the minibatch; bounds training memory (0: the largest that fits in the device's memory; "
-                             "a size that cannot fit is refused at start)")
+                             "the minibatch; bounds training memory (0: the fastest that fits in the node's memory, 8 on a "
+                             "CPU, the largest on a GPU; a size that cannot fit is refused at start; a round past the "
+                             "memory plan halves it for the next)")
     max_grad_norm: float = Field(1.0, gt=0, description="clip the global gradient norm")
     external_negatives: bool = Field(False, description="also push down external completions that scored below their "
                                      "group's mean; off by default: a peer's mistakes are text this policy did not "
