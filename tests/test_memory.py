@@ -83,6 +83,29 @@ def test_a_round_past_the_plan_halves_the_micro_batch_down_to_one(caplog):
         assert watch.after_round(1) == (None, 1)  # nothing to read (not Linux): nothing changes
 
 
+def test_the_watch_reads_the_resident_peak_on_a_host_and_apple_and_the_reserved_peak_on_a_card():
+    from node import pressure
+
+    assert pressure.round_peak_reader("cpu") is pressure.round_peak_reader("mps") is memory.peak_rss_bytes
+    assert pressure.round_peak_reader("cuda") is not memory.peak_rss_bytes
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="CUDA-only: reads torch.cuda.max_memory_reserved")
+def test_the_cuda_reader_measures_each_round_on_its_own():
+    import torch
+
+    from node.pressure import round_peak_reader
+
+    read = round_peak_reader("cuda")
+    read()
+    block = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    assert read() >= 256 * 2**20
+    del block
+    torch.cuda.empty_cache()
+    read()  # this window began with the block reserved
+    assert read() < 256 * 2**20
+
+
 @pytest.mark.slow
 def test_a_node_past_its_plan_lowers_its_micro_batch_round_by_round_and_records_it(
         tiny_a, cache_dir, tmp_path, monkeypatch, capsys):
