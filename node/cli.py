@@ -201,13 +201,16 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     except SwarmError as e:
         print(f"sapo: {e}", file=sys.stderr)
         return 1
+    peak = lambda n: "" if n["memory_peak_gb"] is None else f", peak {n['memory_peak_gb']:.1f} GB"  # noqa: E731
     for n in summary["per_node"]:
         print(f"{n['name']} ({n['model']}): {n['rounds']} rounds, cumulative reward {n['cumulative_reward']:.2f}, "
-              f"eval {n['eval_first']} -> {n['eval_last']}, external groups used {n['external_used']}, exit {n['exit_code']}")
+              f"eval {n['eval_first']} -> {n['eval_last']}, external groups used {n['external_used']}{peak(n)}, "
+              f"exit {n['exit_code']}")
     alone = summary.get("baseline", {}).get("per_node", [])
     for n, a in zip(summary["per_node"], alone):
         print(f"{n['name']} alone ({summary['baseline']['local']} local groups, no peers): "
-              f"cumulative reward {a['cumulative_reward']:.2f}, eval {a['eval_first']} -> {a['eval_last']}, exit {a['exit_code']}")
+              f"cumulative reward {a['cumulative_reward']:.2f}, eval {a['eval_first']} -> {a['eval_last']}{peak(a)}, "
+              f"exit {a['exit_code']}")
     if summary["stopped"]:
         print(f"sapo: stopped before the end: no comparison; every node wrote a checkpoint, the run is saved marked as "
               f"incomplete in {args.out / 'summary.json'}", file=sys.stderr)

@@ -259,6 +259,7 @@ def node_summary(c: Child, rounds: int) -> dict:
             ("local_groups", "n_local"), ("local_informative", "local_informative"),
             ("tokens_generated", "tokens_generated"))},
         "seconds": sum(r["seconds_generate"] + r["seconds_train"] + r["seconds_other"] for r in trained),
+        "memory_peak_gb": max((r["memory_peak_gb"] for r in trained if r.get("memory_peak_gb")), default=None),
     }
 
 
