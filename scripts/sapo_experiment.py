@@ -397,7 +397,7 @@ def main() -> None:
         for seed in range(args.seeds):
             for cfg in configs:
                 result = run_one(cfg, seed, args, console)
-                if result["failed"]:
+                if result.get("failed"):
                     failed.append(f"{cfg.name} seed {seed}")
                 else:
                     console.log(f"{cfg.name} seed {seed}: cumulative reward "
