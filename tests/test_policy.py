@@ -62,6 +62,7 @@ def test_apple_mps_is_planned_in_float32_within_what_metal_recommends(monkeypatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 12 * 2**30)
+    monkeypatch.setattr(plan.memory, "total_bytes", lambda: 128e9)  # a Mac with 128 GB: a 64 GB share is allowed
     assert pick_dtype("auto", pick_device("auto")) == torch.float32  # bf16 autocast on MPS is not relied on
     device = plan.probe("auto", memory_gb=64)
     assert device.kind == "mps" and device.total_bytes == 12 * 2**30
