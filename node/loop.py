@@ -91,6 +91,7 @@ class Node:
         if resumed:
             self._restore(resumed)
         (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+        self.memory.start()
 
     def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
         self.round = ckpt.round

@@ -34,6 +34,10 @@ class MemoryWatch:
     planned_bytes: float  # the plan's expected peak
     read: Callable[[], float | None]
 
+    def start(self) -> None:
+        """Begin the first window once the model is loaded: loading is not part of a round's plan."""
+        self.read()
+
     def after_round(self, micro_batch: int) -> tuple[float | None, int]:
         """The round's measured peak, and the micro-batch for the next round: half of this one when the
         peak went past the plan."""
