@@ -107,10 +107,15 @@ HOST_MARGIN = 0.15  # of the machine's memory, kept for the rest of it by a node
 UNLIMITED = 2**62  # cgroup v1 spells "no limit" as a page-rounded 2**63 - 1
 
 
+def _kb_fields(path: str) -> dict[str, float]:
+    """The `Key:  N kB` lines of a /proc file, in bytes (empty where the file is not there)."""
+    file = Path(path)
+    lines = [line.split(":", 1) for line in file.read_text().splitlines() if ":" in line] if file.exists() else []
+    return {k: float(v.split()[0]) * 1024 for k, v in lines if v.strip().endswith("kB")}
+
+
 def _meminfo() -> dict[str, float]:
-    meminfo = Path("/proc/meminfo")
-    lines = dict(line.split(":", 1) for line in meminfo.read_text().splitlines()) if meminfo.exists() else {}
-    return {k: float(v.split()[0]) * 1024 for k, v in lines.items() if v.strip().endswith("kB")}
+    return _kb_fields("/proc/meminfo")
 
 
 def cgroup_limit() -> float:
@@ -137,19 +142,14 @@ def host_budget() -> float:
     return min(limit, available - margin)
 
 
-def peak_rss_bytes(reset: bool = True) -> float | None:
-    """This process's peak resident size since the last reset (Linux; None elsewhere); `reset` starts a new
-    window, so that each round is measured on its own."""
-    status = Path("/proc/self/status")
-    if not status.exists():
+def peak_rss_bytes() -> float | None:
+    """This process's peak resident size since the last call (Linux; None elsewhere): each call starts a
+    new window, so that each round is measured on its own."""
+    peak = _kb_fields("/proc/self/status").get("VmHWM")
+    if peak is None:
         return None
-    fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
-    if "VmHWM" not in fields:
-        return None
-    peak = float(fields["VmHWM"].split()[0]) * 1024
-    if reset:
-        try:
-            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident size
-        except OSError:
-            pass  # then the window is the process's whole life: still an upper bound
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident size
+    except OSError:
+        pass  # then the window is the process's whole life: still an upper bound
     return peak
