@@ -163,8 +163,9 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
     (and run again by the next invocation), a finished one is kept and skipped next time."""
     out = args.out / slug(cfg.name) / f"seed{seed}"
     done = out / "result.json"
-    if done.exists() and not json.loads(done.read_text()).get("failed"):
-        return json.loads(done.read_text())
+    saved = json.loads(done.read_text()) if done.exists() else {"failed": True}
+    if not saved.get("failed"):
+        return saved
     bed = TESTBEDS[cfg.testbed]
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=cfg.local, external=cfg.external, presets=bed["presets"],
                      out=out, seed=100 * seed, extra=cfg.node_args(args.rounds, args.eval_every) + bed.get("extra", []),
@@ -383,6 +384,7 @@ def main() -> None:
     console = Console(width=max(170, Console().width))  # the table is wide; logs and pipes get it whole
     if args.quick:
         args.nodes, args.rounds, args.seeds, args.eval_every = 2, 20, 1, 10
+    failed = []
     if not args.report:
         configs = grid(args.rules, args.quick, args.real)
         if args.only:
@@ -393,7 +395,7 @@ def main() -> None:
             configs = [c for c in configs if c.name in args.only]
         for preset in dict.fromkeys(p for c in configs for p in TESTBEDS[c.testbed]["presets"]):
             ensure(preset, default_cache_dir())
-        started, failed = time.time(), []
+        started = time.time()
         for seed in range(args.seeds):
             for cfg in configs:
                 result = run_one(cfg, seed, args, console)
@@ -404,7 +406,7 @@ def main() -> None:
                                 f"{mean([n['cumulative_reward'] for n in picked(result, None)]):.2f} "
                                 f"({result['wall_seconds']:.0f} s; {time.time() - started:.0f} s so far)")
     report(args.out, console)
-    if not args.report and failed:
+    if failed:
         raise SystemExit(f"sapo_experiment: {len(failed)} run(s) failed and are left out of the report: {', '.join(failed)}")
 
 
