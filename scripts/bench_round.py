@@ -9,7 +9,9 @@ per minute, and the physical budget: the round's model FLOPs against the GFLOP/s
 reaches in a large float32 matrix product. FLOPs count what the round must compute: each distinct
 prompt once and each completion token, at 2 x parameters per token forward and 3x that for a
 training token (2x with LoRA, where frozen weights take no gradient); one forward per training token
-more when the step needs a separate old-policy pass (epochs or minibatches above 1).
+more when the step needs a separate old-policy pass (epochs or minibatches above 1). `train_positions`
+counts what the step's forwards actually run (prompts once per micro-batch, completions padded to the
+longest of theirs), against those tokens: the padding it pays.
 
     .venv/bin/python scripts/bench_round.py --variants full:8 full:16 lora:16 --out docs/bench/round-smollm2-135m-2cpu.json
 """
@@ -34,6 +36,7 @@ from rich.table import Table
 from node.argtypes import bounded, count
 from node.config import load_config
 from rewards import TaskSource
+from trainer.batch import RolloutGroup
 from trainer.config import GRPOConfig, LoraConfig
 from trainer.generation import SamplingParams
 from trainer.generation.hf import TransformersGenerator
@@ -62,7 +65,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--tasks", type=count, default=8)
     parser.add_argument("--completions", type=count, default=8)
-    parser.add_argument("--max-new-tokens", type=count, default=128)
+    parser.add_argument("--max-new-tokens", type=count, help="default: the model's recipe")
     parser.add_argument("--variants", nargs="+", default=["full:8"],
                         help="training variants, full:MICRO or lora:MICRO (MICRO 0: the whole batch in one pass)")
     parser.add_argument("--temperature", type=bounded(float, ge=0), help="default: the model's recipe")
@@ -77,13 +80,14 @@ def main() -> None:
     node = load_config(overrides={"model": {"name": args.model, **({"chat_example": None} if args.no_example else {})}})
     temperature = node.generation.temperature if args.temperature is None else args.temperature
     top_p = node.generation.top_p if args.top_p is None else args.top_p
+    args.max_new_tokens = args.max_new_tokens or node.generation.max_new_tokens
     torch.manual_seed(args.seed)
     policy = load_policy(node.model)
     params = sum(p.numel() for p in policy.model.parameters())
     generator = TransformersGenerator(policy)
     tasks = TaskSource(node.tasks.mix(), seed=args.seed).draw(args.tasks)
     sampling = SamplingParams(n=args.completions, temperature=temperature, top_p=top_p,
-                              max_new_tokens=args.max_new_tokens, stop=("</answer>",), seed=args.seed)
+                              max_new_tokens=args.max_new_tokens, stop=tuple(node.generation.stop), seed=args.seed)
     started = time.perf_counter()
     groups = rollout(generator, policy, tasks, sampling)
     generate_s = time.perf_counter() - started
@@ -107,12 +111,23 @@ def main() -> None:
         started = time.perf_counter()
         trainer.step(groups)
         train_s = time.perf_counter() - started
+        batch = trainer._tensors(groups)[0]
+        rows_run = trainer._micro(torch.arange(len(batch.input_ids)), batch)
+        positions = sum(trainer._tokens(part, batch) for part in rows_run)  # what the step's forwards run, padding included
         flops = 2 * params * tokens + (4 if lora else 6) * params * tokens
         rows.append({"variant": kind, "micro_batch": int(micro or 0), "generate_s": round(generate_s, 1),
                      "train_s": round(train_s, 1), "round_s": round(generate_s + train_s, 1),
                      "rounds_per_minute": round(60 / (generate_s + train_s), 3), "peak_rss_gb": round(peak_rss_gb(), 2),
-                     "round_gflop": round(flops / 1e9, 1),
+                     "round_gflop": round(flops / 1e9, 1), "train_positions": positions,
+                     "train_padding": round(positions / tokens - 1, 3),
                      "share_of_matmul_peak": round(flops / 1e9 / gflops / (generate_s + train_s), 3)})
+
+    # the guarded rule's support gate: this node's log-probs of J = 4 external groups (as text, re-tokenized)
+    external = [RolloutGroup(g.task, g.completions, g.rewards, g.truncated, source="peer") for g in groups[:4]]
+    gate = GRPOTrainer(policy, GRPOConfig(), args.max_new_tokens, total_rounds=1, stop=tuple(node.generation.stop))
+    started = time.perf_counter()
+    gate.sequence_logprobs(external)
+    gate_s = time.perf_counter() - started
 
     table = Table(title=f"one round on {args.model}: {args.tasks} tasks x {args.completions} completions x "
                         f"<= {args.max_new_tokens} new tokens ({completion_tokens} generated)")
@@ -122,7 +137,8 @@ def main() -> None:
         table.add_row(*map(str, r.values()))
     console.print(table)
     console.print(f"{params / 1e6:.1f}M parameters; float32 matrix product: {gflops:.0f} GFLOP/s on "
-                  f"{torch.get_num_threads()} threads (peak RSS is the process's, cumulative over the rows)")
+                  f"{torch.get_num_threads()} threads (peak RSS is the process's, cumulative over the rows); "
+                  f"the support gate over {len(external)} external groups: {gate_s:.2f} s")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
@@ -131,6 +147,7 @@ def main() -> None:
             "max_new_tokens": args.max_new_tokens, "temperature": temperature, "top_p": top_p,
             "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "matmul_gflops": round(gflops, 1),
             "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "machine": platform.machine(), "rows": rows,
+            "support_gate_s": round(gate_s, 2), "support_gate_groups": len(external),
         }, indent=2))
         console.print(f"saved {args.out}")
 

@@ -275,3 +275,23 @@ def test_vllm_without_sleep_mode_never_sleeps(policy):
     gen.release()
     gen.load_weights({"w": torch.zeros(1)})
     assert [c[0] for c in gen.llm.calls] == ["collective_rpc", "reset_prefix_cache"]
+
+
+@pytest.mark.parametrize("spread, top_p", [(6.0, 0.9), (0.01, 0.95)])  # a sharp model; a flat one (nucleus > NUCLEUS_K)
+def test_the_transformers_nucleus_draws_from_exactly_the_top_p_tokens_in_proportion(spread, top_p):
+    """The nucleus looked for among the most likely tokens first is the one sorting the whole vocabulary gives."""
+    from trainer.generation.hf import NUCLEUS_K, TransformersGenerator
+
+    torch.manual_seed(0)
+    vocab = 1000
+    logits = torch.randn(vocab) * spread
+    probs = logits.softmax(-1)
+    ranked, order = probs.sort(descending=True)
+    keep = order[ranked.cumsum(-1) - ranked <= top_p]  # the reference nucleus
+    expected = torch.zeros(vocab)
+    expected[keep] = probs[keep] / probs[keep].sum()
+    assert (len(keep) > NUCLEUS_K) == (spread < 1)
+    draws = TransformersGenerator._choose(logits.expand(40_000, vocab), SamplingParams(n=1, temperature=1.0, top_p=top_p))
+    seen = torch.bincount(draws, minlength=vocab).float() / len(draws)
+    assert set(draws.unique().tolist()) <= set(keep.tolist())
+    assert (seen - expected).abs().max() < 0.01

@@ -131,10 +131,10 @@ def test_text_from_elsewhere_is_retokenized_and_local_ids_are_reused(policy):
 def test_external_text_longer_than_max_new_tokens_is_cut_and_counts_as_truncated(policy):
     trainer = GRPOTrainer(policy, GRPOConfig(), max_new_tokens=4, total_rounds=10)
     long_text = "<answer>" + "9" * 30 + "</answer>"
-    batch, _, _, truncated, external = trainer._tensors([group([1, 0], texts=[GOOD, long_text], source="peer")])
+    batch, _, _, truncated, external, _ = trainer._tensors([group([1, 0], texts=[GOOD, long_text], source="peer")])
     assert batch.completion_mask.shape[1] == 4
     assert truncated.tolist() == [len(policy.tokenizer(GOOD, add_special_tokens=False)["input_ids"]) >= 4, True]
-    _, _, _, truncated, _ = GRPOTrainer(policy, GRPOConfig(), max_new_tokens=64, total_rounds=10)._tensors(
+    _, _, _, truncated, _, _ = GRPOTrainer(policy, GRPOConfig(), max_new_tokens=64, total_rounds=10)._tensors(
         [group([1, 0], texts=[GOOD, long_text], source="peer")])
     assert truncated.tolist() == [False, False]
     assert external.tolist() == [True, True]
@@ -168,6 +168,30 @@ def test_external_completions_below_their_group_mean_leave_the_loss_only_when_ex
     kept = mask.sum(-1) > 0
     assert (advantages < 0).sum() == 6 and kept[advantages > 0].all()
     assert int(kept[advantages < 0].sum()) == (6 if negatives else 3)  # off: the local group's three stay
+
+
+def test_rows_a_selection_rule_left_out_take_no_part_in_the_loss(policy):
+    """`used` (the guarded rule's support gate) masks rows; the group's advantages still count every reward."""
+    cfg = GRPOConfig(external_min_logprob=None, weight_decay=0.0, lr=1e-3)
+    before = params(policy.model)
+    masked = group([1, 0, 1, 0], source="12D3KooWpeer")
+    masked.used = [False, True, False, True]  # the right rows gated, the wrong ones masked as external negatives
+    stats = GRPOTrainer(policy, cfg, 16, 10).step([masked])
+    assert stats.optimizer_steps == 1 and unchanged(before, policy.model)
+    half = group([1, 0, 1, 0], source="12D3KooWpeer")
+    half.used = [True, True, False, True]
+    good = seq_logprob(policy, GOOD)
+    GRPOTrainer(policy, cfg, 16, 10).step([half])
+    assert seq_logprob(policy, GOOD) > good
+
+
+def test_a_step_reports_its_local_rows_log_probs_as_the_selector_computes_them(policy):
+    trainer = GRPOTrainer(policy, GRPOConfig(lr=1e-12, weight_decay=0.0), 16, 10)
+    local, peer = group([1, 0, 0, 1]), group([1, 0, 1, 0], source="12D3KooWpeer")
+    expected, of_peer = trainer.sequence_logprobs([local, peer])
+    assert len(expected) == len(of_peer) == 4 and all(-20 < lp < 0 for lp in expected + of_peer)
+    stats = trainer.step([peer, local])
+    assert sorted(stats.local_logprobs) == pytest.approx(sorted(expected), abs=1e-5)  # only the local group's four
 
 
 def test_in_support_external_groups_train_like_local_ones_with_own_logprobs_as_old_policy(policy, loss_calls):
@@ -341,17 +365,24 @@ def test_shared_prompts_give_the_same_log_probs_and_gradients_as_one_forward_per
     assert_same_gradients(plain_grads, shared_grads)
 
 
-def test_micro_batches_follow_the_order_that_runs_fewer_tokens(policy):
-    """Long prompts, even completions: one prompt per micro-batch. Short prompts, ragged completions
-    (each group has one long row): rows of similar length together."""
+def test_micro_batches_are_cut_where_they_run_the_fewest_positions(policy):
+    """Long prompts, even completions: one prompt per micro-batch. Short prompts, ragged completions (each
+    group has one long row): rows of similar length together. A long prompt and one long row: that row
+    runs alone rather than padding its group's short ones."""
     from trainer.batch import collate
 
     trainer = GRPOTrainer(policy, GRPOConfig(micro_batch=4), 16, 10)
 
-    def micro_prompts(prompt_len, completion_lens):
-        prompts = [[1 + g] * prompt_len for g in range(2) for _ in range(4)]
-        batch = collate(prompts, [[5] * n for n in completion_lens], 0, policy.device)
-        return [sorted(set(batch.prompt_index[part].tolist())) for part in trainer._micro(torch.arange(8), batch)]
+    def micro(prompt_len, completion_lens, prompts_of=lambda i: i // 4):
+        batch = collate([[1 + prompts_of(i)] * prompt_len for i in range(8)], [[5] * n for n in completion_lens], 0,
+                        policy.device)
+        parts = trainer._micro(torch.arange(8), batch)
+        assert sorted(torch.cat(parts).tolist()) == list(range(8)) and all(len(p) <= 4 for p in parts)
+        return ([(sorted(set(batch.prompt_index[p].tolist())), sorted(completion_lens[i] for i in p.tolist())) for p in parts],
+                sum(trainer._tokens(p, batch) for p in parts))
 
-    assert micro_prompts(50, [3, 4, 3, 4, 4, 3, 4, 3]) == [[0], [1]]
-    assert micro_prompts(2, [1, 1, 1, 40, 1, 1, 1, 40]) == [[0, 1], [0, 1]]
+    assert micro(50, [3, 4, 3, 4, 4, 3, 4, 3]) == ([([0], [3, 3, 4, 4]), ([1], [3, 3, 4, 4])], 132)
+    assert micro(2, [1, 40, 1, 40, 1, 40, 1, 40], prompts_of=lambda i: i % 2) == (
+        [([0], [1, 1, 1, 1]), ([1], [40, 40, 40, 40])], 2 + 4 + 2 + 160)
+    # split by 4 in prompt order this costs 50 + 4 x 40 + 50 + 4 x 4 = 276
+    assert micro(50, [3, 4, 3, 40, 4, 3, 4, 3]) == ([([0], [3, 3, 4]), ([0], [40]), ([1], [3, 3, 4, 4])], 218)

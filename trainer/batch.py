@@ -26,6 +26,8 @@ class RolloutGroup:
     completion_ids: list[list[int]] | None = None
     source: str = "local"
     correct: list[bool] = field(default_factory=list)
+    # Rows a selection rule left out of the loss (node/selection.py, `guarded`); None: every row.
+    used: list[bool] | None = None
 
 
 @dataclass

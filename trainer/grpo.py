@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -41,6 +41,7 @@ class StepStats:
     lr: float = 0.0
     external_groups_used: int = 0
     external_masked: int = 0  # external completions masked as off-support
+    local_logprobs: list[float] = field(default_factory=list)  # mean token log-prob of each local row, pre-update
 
 
 def make_scheduler(opt: torch.optim.Optimizer, cfg: GRPOConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -84,9 +85,9 @@ class GRPOTrainer:
         if not kept:
             return stats
 
-        batch, rewards, group_ids, truncated, external = self._tensors(kept)
+        batch, rewards, group_ids, truncated, external, used = self._tensors(kept)
         advantages = group_advantages(rewards, group_ids, cfg.advantage_scale)
-        loss_mask = batch.completion_mask * (~truncated if cfg.mask_truncated else torch.ones_like(truncated))[:, None]
+        loss_mask = batch.completion_mask * (used & ~truncated if cfg.mask_truncated else used)[:, None]
         if not cfg.external_negatives:  # learn from peers' successes only
             loss_mask = loss_mask * ~(external & (advantages < 0))[:, None]
         # The "old" policy of every epoch is the model before this round's update. With one pass over
@@ -96,6 +97,7 @@ class GRPOTrainer:
             old_logps = None if one_pass else self._logprobs(model, batch)
             ref_logps = self._logprobs(self.reference, batch) if self.reference is not None else None
         off_support = torch.zeros_like(external)
+        sequence_logps = torch.zeros_like(rewards)
 
         model.train()
         n = len(rewards)
@@ -107,7 +109,8 @@ class GRPOTrainer:
                 for part in self._micro(rows, batch):  # gradients accumulate; memory is one micro-batch's
                     logps = token_logprobs(model, batch.select(part), self.share_prompts)
                     old = logps.detach() if old_logps is None else old_logps[part]
-                    off_support[part] = external[part] & self._off_support(old, batch.completion_mask[part])
+                    sequence_logps[part] = mean_logprobs(old, batch.completion_mask[part])
+                    off_support[part] = external[part] & self._off_support(sequence_logps[part])
                     loss_mask[part] *= (~off_support[part])[:, None]
                     loss, part_info = grpo_loss(logps, old, advantages[part], loss_mask[part], cfg, self.max_tokens,
                                                 None if ref_logps is None else ref_logps[part], count=1)
@@ -126,27 +129,59 @@ class GRPOTrainer:
                 history.append(info)
         model.eval()
         stats.external_masked = int(off_support.sum())
+        stats.local_logprobs = sequence_logps[~external].tolist()
 
         stats.sequences, stats.optimizer_steps = n, len(history)
         for key in ("loss", "ratio_mean", "clip_frac", "kl", "grad_norm", "lr"):
             setattr(stats, key, sum(h[key] for h in history) / len(history))
         return stats
 
-    def _off_support(self, old_logps: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    def _off_support(self, sequence_logps: torch.Tensor) -> torch.Tensor:
         """Rows whose mean token log-prob under the pre-update policy is below `external_min_logprob`."""
         if self.cfg.external_min_logprob is None:
-            return torch.zeros(len(old_logps), dtype=torch.bool, device=old_logps.device)
-        mean = (old_logps * completion_mask).sum(-1) / completion_mask.sum(-1).clamp(min=1)
-        return mean < self.cfg.external_min_logprob
+            return torch.zeros(len(sequence_logps), dtype=torch.bool, device=sequence_logps.device)
+        return sequence_logps < self.cfg.external_min_logprob
+
+    @torch.no_grad()
+    def sequence_logprobs(self, groups: list[RolloutGroup]) -> list[list[float]]:
+        """Each group's completions' mean token log-probs under the current policy, tokenized as a step would."""
+        batch = self._tensors(groups)[0]
+        flat = iter(mean_logprobs(self._logprobs(self.policy.model, batch), batch.completion_mask).tolist())
+        return [[next(flat) for _ in g.completions] for g in groups]
 
     def _micro(self, rows: torch.Tensor, batch: Batch) -> list[torch.Tensor]:
-        """`rows` in micro-batches, in whichever order runs fewer tokens: by prompt then completion length
-        (each prompt runs once per micro-batch) or by completion length alone (the least padding)."""
-        lengths = batch.completion_mask[rows].sum(-1).long()
+        """`rows` in micro-batches of at most `micro_batch` rows that run the fewest positions.
+
+        A micro-batch runs each of its distinct prompts once (when shared) and every row padded to its
+        longest completion, so one long completion pads its group's short ones. The rows are put in two
+        orders, by prompt then completion length (prompts run once per micro-batch) and by completion
+        length alone (the least padding), and each order is cut where it costs least (a dynamic program
+        over cut points: a long row ends up in a micro-batch of its own or with other long ones)."""
         size = self.cfg.micro_batch or len(rows)
+        lengths = batch.completion_mask[rows].sum(-1).long()
         orders = [rows[(batch.prompt_index[rows] * (batch.completion_mask.shape[1] + 1) + lengths).argsort(stable=True)],
                   rows[lengths.argsort(stable=True)]]
-        return min((list(order.split(size)) for order in orders), key=lambda parts: sum(self._tokens(p, batch) for p in parts))
+        return min((self._cut(order, batch, size) for order in orders), key=lambda parts: sum(self._tokens(p, batch) for p in parts))
+
+    def _cut(self, order: torch.Tensor, batch: Batch, size: int) -> list[torch.Tensor]:
+        """`order` cut into consecutive parts of at most `size` rows, running the fewest positions in all."""
+        prompt_lens = batch.attention_mask[order, : batch.prompt_len].sum(-1).tolist()
+        completion_lens = batch.completion_mask[order].sum(-1).long().tolist()
+        prompts = batch.prompt_index[order].tolist()
+        n = len(prompt_lens)
+        best, cut = [0] + [math.inf] * n, [0] * (n + 1)  # best[i]: least cost of the first i rows; cut[i]: where its last part starts
+        for i in range(1, n + 1):
+            for j in range(max(0, i - size), i):
+                longest_prompt, longest_completion = max(prompt_lens[j:i]), max(completion_lens[j:i])
+                runs = len(set(prompts[j:i])) if self.share_prompts else i - j
+                cost = best[j] + runs * longest_prompt + (i - j) * longest_completion
+                if cost < best[i]:
+                    best[i], cut[i] = cost, j
+        bounds, i = [], n
+        while i > 0:
+            bounds.append((cut[i], i))
+            i = cut[i]
+        return [order[j:i] for j, i in reversed(bounds)]
 
     def _tokens(self, part: torch.Tensor, batch: Batch) -> int:
         """Positions a micro-batch's forward runs: its prompts (once each when shared) and its padded completions."""
@@ -162,24 +197,23 @@ class GRPOTrainer:
             logps[part] = token_logprobs(model, batch.select(part), share_prompts=True)  # no_grad: nothing checkpointed
         return logps
 
-    def _tensors(self, groups: list[RolloutGroup]) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Tokenize with this node's own tokenizer: text from peers is re-tokenized, local ids are reused."""
+    def _tensors(self, groups: list[RolloutGroup]) -> tuple[Batch, torch.Tensor, ...]:
+        """Tokenize with this node's own tokenizer: text from peers is re-tokenized, local ids are reused.
+        Returns the batch and per row: reward, group index, truncated, external, used."""
         device = self.policy.device
         prompt_ids = encode_prompts(self.policy, [g.task.prompt for g in groups])
-        prompts, completions, rewards, group_ids, truncated, external = [], [], [], [], [], []
+        prompts, completions, rows = [], [], []
         for gi, g in enumerate(groups):
             ids, cut = (g.completion_ids, g.truncated) if g.completion_ids is not None else self._external_ids(g.completions)
-            for c_ids, r, t in zip(ids, g.rewards, map(operator.or_, g.truncated, cut)):
+            for c_ids, r, t, u in zip(ids, g.rewards, map(operator.or_, g.truncated, cut), g.used or [True] * len(ids)):
                 prompts.append(prompt_ids[gi])
                 completions.append(c_ids)
-                rewards.append(r)
-                group_ids.append(gi)
-                truncated.append(t)
-                external.append(g.source != "local")
+                rows.append((r, gi, t, g.source != "local", u))
         batch = collate(prompts, completions, self.policy.tokenizer.pad_token_id, device)
+        rewards, group_ids, truncated, external, used = zip(*rows)
         return (batch, torch.tensor(rewards, dtype=torch.float32, device=device),
                 torch.tensor(group_ids, dtype=torch.long, device=device),
-                torch.tensor(truncated, dtype=torch.bool, device=device), torch.tensor(external, dtype=torch.bool, device=device))
+                *(torch.tensor(flags, dtype=torch.bool, device=device) for flags in (truncated, external, used)))
 
     def _external_ids(self, texts: list[str]) -> tuple[list[list[int]], list[bool]]:
         """Token ids of text that came from elsewhere, as this node's generator would have kept them.
@@ -195,3 +229,8 @@ class GRPOTrainer:
             out.append(full[: self.max_tokens])
             truncated.append(len(full) > self.max_tokens)
         return out, truncated
+
+
+def mean_logprobs(token_logps: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """Each row's mean token log-prob over its completion: how likely this policy finds the text, per token."""
+    return (token_logps * completion_mask).sum(-1) / completion_mask.sum(-1).clamp(min=1)

@@ -15,6 +15,7 @@ from trainer.generation import Completion, SamplingParams, isolated_rng, to_comp
 from trainer.policy import Policy, plain_copy
 
 COMPACT_SHARE = 0.25  # drop finished rows from the batch once they are this share of it (a copy of the cache)
+NUCLEUS_K = 64  # top-p looks at this many most likely tokens first; a row whose nucleus is wider sorts the vocabulary
 
 
 class TransformersGenerator:
@@ -61,7 +62,7 @@ class TransformersGenerator:
         window = max((len(s) for s in params.stop), default=0)  # tokens that can hold a stop string
         for step in range(params.max_new_tokens):
             chosen = self._choose(logits, params)
-            chosen_logps = logits.float().log_softmax(-1).gather(-1, chosen[:, None])[:, 0]
+            chosen_logps = logits.gather(-1, chosen[:, None])[:, 0] - logits.logsumexp(-1)
             for i, (row, tok, lp) in enumerate(zip(rows, chosen.tolist(), chosen_logps.tolist())):
                 if finished[i]:
                     continue
@@ -89,12 +90,26 @@ class TransformersGenerator:
 
     @staticmethod
     def _choose(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-        """The next token of each row: argmax at temperature 0, else a draw from the tempered nucleus."""
+        """The next token of each row: argmax at temperature 0, else a draw from the tempered nucleus (the
+        most likely tokens until their mass covers top_p). The nucleus of a sharpened model is a handful of
+        tokens: it is looked for among the NUCLEUS_K most likely first, and the whole vocabulary is sorted
+        (and sampled) only for rows whose nucleus is wider."""
         if params.temperature == 0:
             return logits.argmax(-1)
-        probs = (logits.float() / params.temperature).softmax(-1)
-        if params.top_p < 1:
-            ranked, order = probs.sort(-1, descending=True)
-            ranked[ranked.cumsum(-1) - ranked > params.top_p] = 0  # the mass before them already covers top_p
-            probs = torch.zeros_like(probs).scatter_(-1, order, ranked)
-        return torch.multinomial(probs, 1)[:, 0]
+        scaled = logits.float() / params.temperature
+        if params.top_p >= 1:
+            return torch.multinomial(scaled.softmax(-1), 1)[:, 0]
+        top, order = scaled.topk(min(NUCLEUS_K, scaled.shape[-1]), dim=-1)
+        ranked = (top - scaled.logsumexp(-1, keepdim=True)).exp()  # the true probabilities of the top tokens
+        chosen = order.gather(-1, _nucleus_draw(ranked, params.top_p))[:, 0]
+        wide = ranked.sum(-1) <= params.top_p  # the nucleus reaches past the top tokens: sort them all
+        if wide.any():
+            full, full_order = scaled[wide].softmax(-1).sort(-1, descending=True)
+            chosen[wide] = full_order.gather(-1, _nucleus_draw(full, params.top_p))[:, 0]
+        return chosen
+
+
+def _nucleus_draw(ranked: torch.Tensor, top_p: float) -> torch.Tensor:
+    """One position per row of `ranked` (probabilities in descending order), drawn within the nucleus."""
+    ranked = ranked.masked_fill(ranked.cumsum(-1) - ranked > top_p, 0)  # the mass before them already covers top_p
+    return torch.multinomial(ranked, 1)
