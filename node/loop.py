@@ -8,6 +8,7 @@ import logging
 import random
 import socket
 import time
+from collections import Counter
 from dataclasses import asdict
 
 import torch
@@ -81,7 +82,7 @@ class Node:
         self.eval_tasks = TaskSource(cfg.tasks.mix(), seed=cfg.tasks.eval_seed).draw(cfg.tasks.eval_size)
         self.trainer = GRPOTrainer(self.policy, cfg.grpo, cfg.generation.max_new_tokens, cfg.run.rounds, cfg.generation.stop)
         self.round = 0
-        self.selector = Selector(cfg.selection, cfg.tasks)
+        self.selector = Selector(cfg.selection, cfg.tasks, logprobs=self.trainer.sequence_logprobs)
         self.pool = RolloutPool(cfg.p2p.pool, proven=self.selector.proven)
         self.gossip: Gossip | None = None
         self._pool_accepted = 0
@@ -205,6 +206,7 @@ class Node:
         local = self.selector.local(groups, slots)
         stats = self._train(r, local + pick.groups)
         seconds_train = time.perf_counter() - t0
+        self.selector.observe_own(stats.local_logprobs)
 
         self.round = r
         micro_batch = self.trainer.cfg.micro_batch
@@ -226,8 +228,10 @@ class Node:
             clip_frac=stats.clip_frac if trained else None, grad_norm=stats.grad_norm if trained else None,
             lr=stats.lr if trained else None, weight_version=self.generator.weight_version,
             n_external_used=stats.external_groups_used, external_masked=stats.external_masked,
+            external_gated=pick.gated, seconds_gate=pick.gate_s, support_cutoff=self.selector.support.cutoff(),
             external_reward_mean=_mean([x for g in pick.groups for x in g.rewards]),
             external_peers=len({g.source for g in pick.groups}), external_dropped=dict(pick.dropped),
+            external_sources=dict(Counter(g.source for g in pick.groups)),
             groups_published=published, micro_batch=micro_batch,
             memory_peak_gb=None if memory_peak is None else memory_peak / GB, **self._swarm_metrics(),
         ))

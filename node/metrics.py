@@ -38,8 +38,12 @@ class RoundMetrics:
     weight_version: int = 0
     n_external_used: int = 0  # external groups that carried signal into the loss
     external_masked: int = 0  # external completions masked as off this policy's support
+    external_gated: int = 0  # external completions to push up that the support gate left out (rule `guarded`)
+    seconds_gate: float = 0.0  # of the round, seconds computing this node's log-probs of external completions
+    support_cutoff: float | None = None  # the support gate's cut-off after the round (mean token log-prob)
     external_reward_mean: float | None = None  # this node's scores of the external completions
     external_peers: int = 0  # distinct peers the round's external groups came from
+    external_sources: dict[str, int] | None = None  # groups taken this round, by the peer that shared them
     external_dropped: dict[str, int] | None = None  # pool groups this node could not use, by reason
     peers: int = 0
     groups_published: int = 0  # local groups shared with the swarm this round

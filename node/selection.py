@@ -13,6 +13,20 @@ against the answer the sender put in the payload. Here:
 - `uniform`: the first J usable groups in the pool's fair order (one per peer, newest first).
 - `signal`: the same order, but a group whose re-scored rewards are all equal is dropped and the
   next one inspected, until J informative groups, the pool's end or `max_inspect` re-scorings.
+- `guarded`: `signal`, where a group counts as signal only by the rows this node would
+  push up and that survive its *support gate*: a completion that scored above its group's mean is used
+  only if this node's policy finds it at least as likely, in mean token log-prob, as the `support_quantile`
+  of the node's own recent completions (its own writing, remembered over `support_window` rows; no
+  external group is taken before that reference exists). Why: SmolLM2-135M beside a tiny-a node lost
+  held-out accuracy mid-run (0.28 against 0.47 alone). Its own completions work the sum out on one line
+  and then answer (`90 + 86 = 176.\n<answer>176</answer>`, mean log-prob -0.1 to -0.4 per token, 0% bare);
+  tiny-a's right answers are a bare `<answer>4</answer>` (-1.3 per token under SmolLM2 on arith, -2.8 on
+  reverse, a family SmolLM2 does not have), far above the trainer's fixed -5 cut-off, so they were pushed
+  up as if on-policy and taught SmolLM2 to answer without working (docs/bench/diagnose-smollm2-tiny-a-2cpu.json).
+  The same gate stops text wrapped around a right answer (a prefix, an advertisement, an instruction) and
+  groups whose right rows nobody would write: they are dropped (`off_support`) before taking a slot, and
+  never prove their sender. The cut-off is learned from the node's own samples, so it follows the node as
+  it sharpens, and differs by model without a hand-set number.
 - `adaptive`: `signal`, inspecting first the groups most likely to carry signal: peers share the
   inspections in proportion to a Thompson draw from the decayed share of their groups that did,
   with a floor of uniformly random picks so that no peer is written off. A first version also put
@@ -40,7 +54,7 @@ import logging
 import math
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal
 
@@ -59,8 +73,9 @@ from trainer.rollout import scored_group
 log = logging.getLogger(__name__)
 
 # every reason a pool group taken by the round goes unused (metrics.jsonl external_dropped, /metrics)
-DROP_REASONS = ("not_accepted", "uniform_rewards", *untrusted.DROP_REASONS)
+DROP_REASONS = ("not_accepted", "uniform_rewards", "off_support", *untrusted.DROP_REASONS)
 
+MIN_OWN_ROWS = 16  # own completions the support gate needs before it lets external text in
 PROVEN_HITS = 0.25  # one informative group, decayed by 0.98 a round, keeps a peer proven for ~68 rounds
 
 
@@ -68,9 +83,10 @@ class SelectionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     external_groups: int = Field(4, ge=0, description="J: groups other peers shared, taken from the pool each round (0: silo)")
-    rule: Literal["uniform", "signal", "adaptive"] = Field(
+    rule: Literal["uniform", "signal", "guarded", "adaptive"] = Field(
         "signal", description="how external groups are chosen: uniform (any usable group), signal (only groups whose "
-        "re-scored rewards differ), adaptive (signal, inspecting first the peers whose groups carried signal before)")
+        "re-scored rewards differ), guarded (signal, counting only the rows this node would push up that pass its "
+        "support gate), adaptive (signal, inspecting first the peers whose groups carried signal before)")
     when_short: Literal["fill_local", "fewer"] = Field(
         "fill_local", description="when the pool yields fewer than J groups: draw local tasks for the rest, or train on fewer")
     accept: Literal["own", "any"] = Field(
@@ -90,6 +106,10 @@ class SelectionConfig(BaseModel):
                            "groups have not carried signal here yet) while proven peers have groups; adaptive: also "
                            "the share given to a uniformly random group")
     max_tracked: int = Field(4096, ge=1, description="adaptive: most peers it keeps statistics for")
+    support_quantile: float = Field(0.05, gt=0, lt=1, description="guarded: an external completion is pushed up only if "
+                                    "its mean token log-prob under this node is at least this quantile of the node's own "
+                                    "recent completions'")
+    support_window: int = Field(512, ge=8, description="guarded: own completions remembered for the support gate's cut-off")
     self_external: bool = Field(False, description="control experiment: fill the J slots with this node's own extra groups "
                                 "of the previous round, sent through the external path (text, re-tokenized, re-scored)")
 
@@ -101,8 +121,40 @@ class SelectionConfig(BaseModel):
 
 
 def informative(group: RolloutGroup) -> bool:
-    """Whether GRPO gets any gradient from the group: its rewards are not all equal."""
-    return len(set(group.rewards)) > 1
+    """Whether GRPO gets any gradient from the group: its rewards are not all equal, and a row it would
+    push up (above the group's mean) is left in the loss."""
+    if len(set(group.rewards)) == 1:
+        return False
+    mean = sum(group.rewards) / len(group.rewards)
+    return any(r > mean and used for r, used in zip(group.rewards, group.used or [True] * len(group.rewards)))
+
+
+class SupportGate:
+    """The `guarded` rule's cut-off: the `quantile` of this node's own recent completions' mean token
+    log-probs, each under the policy that wrote it (measured for free in the training step)."""
+
+    def __init__(self, quantile: float, window: int):
+        self.quantile = quantile
+        self.own: deque[float] = deque(maxlen=window)
+
+    def observe(self, own_logprobs: list[float]) -> None:
+        self.own.extend(own_logprobs)
+
+    def cutoff(self) -> float | None:
+        """None until MIN_OWN_ROWS own rows are known (a round or two): no reference, no external text."""
+        if len(self.own) < min(MIN_OWN_ROWS, self.own.maxlen):
+            return None
+        ranked = sorted(self.own)
+        return ranked[min(len(ranked) - 1, int(self.quantile * len(ranked)))]
+
+    @staticmethod
+    def apply(group: RolloutGroup, logprobs: list[float], cutoff: float) -> int:
+        """Mark the rows to push up whose mean token log-prob (`logprobs`) falls below the cut-off as
+        unused; returns how many."""
+        mean = sum(group.rewards) / len(group.rewards)
+        kept = [lp >= cutoff or r <= mean for lp, r in zip(logprobs, group.rewards)]
+        group.used = kept
+        return kept.count(False)
 
 
 @dataclass
@@ -114,6 +166,8 @@ class Pick:
     informative: int = 0  # of those, groups whose rewards differ
     dropped: Counter[str] = field(default_factory=Counter)  # pool groups taken out unused, by reason
     out_of_budget: bool = False  # the round's re-scoring budget ended the search
+    gated: int = 0  # rows to push up that the support gate left out (`guarded`)
+    gate_s: float = 0.0  # seconds spent computing this node's log-probs of them
 
 
 class DecayedRates:
@@ -146,9 +200,15 @@ class Selector:
     """Chooses the round's external groups from the pool and orders its local groups; owns what the
     adaptive rule has learned (`state_dict` goes into checkpoints)."""
 
-    def __init__(self, cfg: SelectionConfig, tasks: TasksConfig):
-        self.cfg, self.tasks = cfg, tasks
+    def __init__(self, cfg: SelectionConfig, tasks: TasksConfig,
+                 logprobs: Callable[[list[RolloutGroup]], list[list[float]]] | None = None):
+        """`logprobs`: each group's completions' mean token log-probs under this node's policy (the
+        `guarded` rule's gate)."""
+        if cfg.rule == "guarded" and logprobs is None:
+            raise ValueError("the guarded rule needs the node's log-probs")
+        self.cfg, self.tasks, self.logprobs = cfg, tasks, logprobs
         self.peers = DecayedRates(cfg.max_tracked)  # share of inspected groups that carried signal
+        self.support = SupportGate(cfg.support_quantile, cfg.support_window)
         uses_gym = cfg.accept == "any" or any(d.name.startswith(RG_PREFIX) for d in tasks.datasets)
         self.untrusted = UntrustedTasks(cfg.regen_timeout_s, cfg.regen_memory_mb,
                                         warm=("reasoning_gym",) if uses_gym else ())
@@ -169,12 +229,16 @@ class Selector:
     def external(self, pool: RolloutPool, rng: random.Random, round_: int) -> Pick:
         """Up to J usable groups from the pool, re-scored here; the rest of what was looked at is dropped."""
         cfg, pick = self.cfg, Pick()
-        if cfg.external_groups == 0:
+        cutoff = self.support.cutoff() if cfg.rule == "guarded" else None
+        if cfg.external_groups == 0 or (cfg.rule == "guarded" and cutoff is None):
             return pick
         self.peers.decay(cfg.decay)
         filtering = cfg.rule != "uniform"
         deadline = time.monotonic() + cfg.budget_s
+        gating: list[tuple[str, RolloutGroup]] = []  # informative by reward, waiting for the support gate
         for pooled in self._order(pool.groups(), rng):
+            if len(pick.groups) + len(gating) == cfg.external_groups:
+                self._gate(gating, cutoff, pick, round_)  # one forward pass for the lot
             if len(pick.groups) == cfg.external_groups or (filtering and pick.inspected == cfg.max_inspect):
                 break
             spare = deadline - time.monotonic() - cfg.regen_timeout_s
@@ -190,12 +254,38 @@ class Selector:
             pick.inspected += 1
             signal = informative(group)
             pick.informative += signal
+            if signal and cutoff is not None:
+                gating.append((pooled.peer, group))
+                continue
             self.peers.add(pooled.peer, float(signal), 1.0, round_)
             if filtering and not signal:
                 pick.dropped["uniform_rewards"] += 1
                 continue
             pick.groups.append(group)
+        self._gate(gating, cutoff, pick, round_)
         return pick
+
+    def _gate(self, gating: list[tuple[str, RolloutGroup]], cutoff: float, pick: Pick, round_: int) -> None:
+        """The support gate over groups informative by reward: a group that keeps a row to push up takes a
+        slot and counts for its sender; one that keeps none is dropped and does not prove its sender."""
+        if not gating:
+            return
+        started = time.monotonic()
+        logprobs = self.logprobs([g for _, g in gating])
+        pick.gate_s += time.monotonic() - started
+        for (peer, group), lps in zip(gating, logprobs):
+            pick.gated += self.support.apply(group, lps, cutoff)
+            useful = informative(group)
+            self.peers.add(peer, float(useful), 1.0, round_)
+            if useful:
+                pick.groups.append(group)
+            else:
+                pick.dropped["off_support"] += 1
+        gating.clear()
+
+    def observe_own(self, logprobs: list[float]) -> None:
+        """The round's own trained completions' mean token log-probs: the support gate's reference."""
+        self.support.observe(logprobs)
 
     def local(self, groups: list[RolloutGroup], slots: int) -> list[RolloutGroup]:
         """The `slots` local groups to train on, informative ones first."""
@@ -247,10 +337,12 @@ class Selector:
         return scored_group(task, g.completions, self.tasks.format_weight, source=pooled.peer, scores=scores), ""
 
     def state_dict(self) -> dict[str, Any]:
-        return {"peers": self.peers.counts}
+        return {"peers": self.peers.counts, "own_logprobs": list(self.support.own)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.peers.counts = {k: list(v) for k, v in state["peers"].items()}
+        self.support.own.clear()
+        self.support.observe(state.get("own_logprobs", []))  # absent in checkpoints before the guarded rule
 
 
 def fair_order(candidates: list[PooledGroup], rng: random.Random) -> list[PooledGroup]:

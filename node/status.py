@@ -95,7 +95,7 @@ class StatusBoard:
             for phase in PHASES:
                 self._totals[f"seconds_{phase}"] += row.get(f"seconds_{phase}") or 0.0
             for key in ("tokens_generated", "n_external_used", "n_local", "n_external", "groups_published",
-                        "local_informative", "external_inspected", "external_informative"):
+                        "local_informative", "external_inspected", "external_informative", "external_gated"):
                 self._totals[key] += row.get(key) or 0
             for reason, n in (row.get("external_dropped") or {}).items():
                 self._totals[f"external_dropped:{reason}"] += n
@@ -171,6 +171,10 @@ def prometheus(s: dict) -> str:
     metric("external_groups_total", "counter", "external rollout groups taken into batches", [({}, totals.get("n_external"))])
     metric("external_groups_used_total", "counter", "external groups that carried signal into the loss",
            [({}, totals.get("n_external_used"))])
+    metric("external_completions_gated_total", "counter", "external completions to push up that the support gate left "
+           "out (text this node would not write)", [({}, totals.get("external_gated"))])
+    metric("support_cutoff", "gauge", "the support gate's cut-off: mean token log-prob below which external text is not "
+           "learned", [({}, last.get("support_cutoff"))])
     metric("rollout_groups_published_total", "counter", "local rollout groups shared with the swarm",
            [({}, totals.get("groups_published"))])
     metric("messages_published_total", "counter", "gossip messages published", [({}, p2p.get("published"))])

@@ -9,17 +9,28 @@ also arrives on the neighbour's own connections. H hostile probes (`p2p.probe`, 
 answer (no learning signal for anyone), or `--flood answers`, random text ending in different wrong
 answers (useless too, but only re-scoring shows it). After a warm-up, a window of W seconds is measured:
 
-- the honest groups the target trains on per round (`n_external`: under the default `signal` rule a
-  junk group never takes a slot, so every external group it trains on is the neighbour's);
+- the honest groups the target trains on per round (the neighbour's, by `external_sources`), beside what
+  the neighbour offered: its informative groups published in the window per target round (a flood that
+  slows the neighbour as much as the target leaves fewer honest groups per round to take);
 - each node's CPU seconds per round, its process and sandbox worker together (the flood's cost to the node
   and to its neighbour; on a 2-core machine the probes' own CPU makes wall-clock rounds per second a
   measure of the harness more than of the node, so both are reported);
 - the target's drops by reason.
 
+Two floods carry signal, built to be learned rather than to waste time: `--flood masked`, groups of 4
+right answers behind `zzzzzz` and 4 wrong ones (informative, yet the right rows are text no node would
+write: under a rule that counts them as signal they prove their senders and take the honest slots while
+adding no gradient), and `--flood wrapped`, the same with `--wrap TEXT` (default `z`: a one-character
+prefix) before each right answer, text the node could learn to write. For these the table splits the
+external groups a node trains on by sender (honest: the other node), and after the window every node's
+final weights write 50 samples per task family with the node's own sampling: how many open with the wrap.
+
 `--code DIR` runs the two nodes from another checkout (e.g. a `git worktree` of an older commit) for a
-before/after comparison; the hostile probes always run from this one. Prints a table and writes JSON.
+before/after comparison, `--rule` sets their swarm sampling rule; the hostile probes always run from this
+one. Prints a table and writes JSON.
 
     .venv/bin/python scripts/bench_hostile.py --hostile 0 1 6 --window 60 --seeds 2 --out docs/bench/hostile-2cpu.json
+    .venv/bin/python scripts/bench_hostile.py --flood wrapped --rule signal --hostile 0 6 --out docs/bench/hostile-wrapped-signal-2cpu.json
 """
 
 from __future__ import annotations
@@ -47,10 +58,13 @@ from node.swarm import free_port  # noqa: E402
 from trainer.config import default_cache_dir  # noqa: E402
 
 WARMUP_ROUNDS = 5
+WRAPS = {"masked": "zzzzzz"}  # the wrap of each flood that carries signal; `wrapped` takes --wrap
+SAMPLES = 50  # per task family, from each node's final weights
 
 
-def node_args(out: Path, port: int, seed: int, cache: Path) -> list[str]:
+def node_args(out: Path, port: int, seed: int, cache: Path, rule: str) -> list[str]:
     return ["--out", str(out), "--rounds", "1000000", "--model.cache_dir", str(cache), "--tasks.eval_size", "10",
+            "--selection.rule", rule,
             "--run.eval_every", "1000000", "--run.checkpoint_every", "1000000", "--run.seed", str(seed),
             "--status.listen", "127.0.0.1:0", "--listen", f"/ip4/127.0.0.1/tcp/{port}",
             "--run.torch_threads", "1"]  # no idle threads spinning on a shared machine: CPU per round stays the node's
@@ -82,15 +96,46 @@ def rows(out: Path) -> list[dict]:
     return found[1:]
 
 
+def writes_wrap(out: Path, cache: Path, wrap: str, seed: int) -> dict[str, int]:
+    """Of SAMPLES completions per task family from the node's last checkpoint, with its own prompt and
+    sampling, how many open with `wrap`."""
+    from node.config import load_config
+    from rewards import TaskSource
+    from trainer import checkpoint
+    from trainer.generation import SamplingParams
+    from trainer.generation.hf import TransformersGenerator
+    from trainer.policy import load_policy
+    from trainer.rollout import rollout
+
+    cfg = load_config(overrides={"model": {"name": "tiny-a", "cache_dir": str(cache)}})
+    policy = load_policy(cfg.model, weights_from=checkpoint.load_latest(out / "checkpoints").model_dir)
+    g = cfg.generation
+    params = SamplingParams(n=SAMPLES, temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens,
+                            stop=tuple(g.stop), seed=seed)
+    counts = {}
+    for family in cfg.tasks.datasets:
+        task = TaskSource([family.mix()], seed=seed).draw(1)
+        texts = rollout(TransformersGenerator(policy), policy, task, params)[0].completions
+        counts[family.name] = sum(t.startswith(wrap) for t in texts)
+    return counts
+
+
+def peer_id(code: Path, out: Path, env: dict, listen: str) -> tuple[str, str]:
+    """The node's peer id and full address (its key is created on first use)."""
+    ident = subprocess.run([sys.executable, "-m", "node.cli", "id", "--out", str(out), "--listen", listen],
+                           cwd=code, env=env, capture_output=True, text=True, check=True)
+    addr = next(line for line in ident.stdout.split() if line.startswith("/ip4/127.0.0.1/"))
+    return addr.rsplit("/p2p/", 1)[1], addr
+
+
 def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path, flood: str,
-        topology: str) -> dict:
+        topology: str, rule: str, wrap: str | None) -> dict:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     py = [sys.executable, "-m"]
     target_out, neighbour_out = work / "target", work / "neighbour"
-    port = free_port()
-    ident = subprocess.run([*py, "node.cli", "id", "--out", str(target_out), "--listen", f"/ip4/127.0.0.1/tcp/{port}"],
-                           cwd=code, env=env, capture_output=True, text=True, check=True)
-    addr = next(line for line in ident.stdout.split() if line.startswith("/ip4/127.0.0.1/"))
+    port, neighbour_port = free_port(), free_port()
+    _, addr = peer_id(code, target_out, env, f"/ip4/127.0.0.1/tcp/{port}")
+    neighbour_id, _ = peer_id(code, neighbour_out, env, f"/ip4/127.0.0.1/tcp/{neighbour_port}")
     procs = []
     logs = []
 
@@ -100,14 +145,15 @@ def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: P
         procs.append(subprocess.Popen([*py, *args], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=log))
 
     try:
-        start(["node.cli", "run", *node_args(target_out, port, seed, cache)], "target", code)
-        start(["node.cli", "run", *node_args(neighbour_out, free_port(), seed + 1, cache), "--bootstrap", addr,
+        start(["node.cli", "run", *node_args(target_out, port, seed, cache, rule)], "target", code)
+        start(["node.cli", "run", *node_args(neighbour_out, neighbour_port, seed + 1, cache, rule), "--bootstrap", addr,
                *(["--p2p.max_peers", "1"] if topology == "one-hop" else [])], "neighbour", code)
         for h in range(hostile):
             start(["p2p.probe", "--key", str(work / f"sybil{h}.key"), "--bootstrap", addr, "--rate", "2",
                    "--groups", "8", "--completions", "8", "--chars", "200",
                    *(["--max-peers", "1"] if topology == "one-hop" else []),
-                   *(["--junk"] if flood == "junk" else [])], f"sybil{h}", ROOT)
+                   *(["--junk"] if flood == "junk" else []), *(["--wrap", wrap] if wrap is not None else [])],
+                  f"sybil{h}", ROOT)
         deadline = time.monotonic() + 600
         while min(len(rows(target_out)), len(rows(neighbour_out))) < WARMUP_ROUNDS:
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
@@ -135,10 +181,20 @@ def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: P
             dropped[reason] = dropped.get(reason, 0) + n
     last = target[-1] if target else {}
     cpu_per_round = [(c1 - c0) / max(1, len(rs)) for c0, c1, rs in zip(cpu0, cpu1, (target, neighbour))]
-    return {"hostile": hostile, "flood": flood, "topology": topology, "seed": seed, "window_s": t1 - t0,
+    # the groups of the neighbour the target trains on (a checkout older than `external_sources`: all it takes)
+    honest = [(r["external_sources"] or {}).get(neighbour_id, 0) if "external_sources" in r else r["n_external"]
+              for r in target]
+    wrapped = ({name: writes_wrap(out, cache, wrap, seed) for name, out in (("target", target_out),
+                                                                           ("neighbour", neighbour_out))}
+               if wrap is not None else None)
+    return {"hostile": hostile, "flood": flood, "rule": rule, "wrap": wrap, "topology": topology, "seed": seed,
+            "window_s": t1 - t0, "writes_wrap_of_50": wrapped,
             "target_cpu_s_per_round": cpu_per_round[0], "neighbour_cpu_s_per_round": cpu_per_round[1],
             "target_rounds_per_s": len(target) / (t1 - t0), "neighbour_rounds_per_s": len(neighbour) / (t1 - t0),
-            "honest_used_per_round": statistics.mean(r["n_external"] for r in target) if target else 0.0,
+            "honest_used_per_round": statistics.mean(honest) if honest else 0.0,
+            # what the neighbour offered: its informative local groups published in the window, per target round
+            "honest_supply_per_round": sum(r["local_informative"] for r in neighbour) / max(1, len(target)),
+            "external_used_per_round": statistics.mean(r["n_external"] for r in target) if target else 0.0,
             "inspected_per_round": statistics.mean(r.get("external_inspected") or 0 for r in target) if target else 0.0,
             "target_seconds": {phase: statistics.mean(r[f"seconds_{phase}"] for r in target) if target else None
                                for phase in ("generate", "train", "other")},
@@ -150,8 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hostile", type=bounded(int, ge=0), nargs="+", default=[0, 1, 6], help="hostile identities per arm (0: baseline)")
     p.add_argument("--window", type=positive, default=60.0, help="seconds measured per run, after the warm-up")
     p.add_argument("--seeds", type=count, default=2)
-    p.add_argument("--flood", choices=("junk", "answers"), default="junk",
-                   help="what the hostile probes send: text without answers, or different wrong answers")
+    p.add_argument("--flood", choices=("junk", "answers", "masked", "wrapped"), default="junk",
+                   help="what the hostile probes send: text without answers, different wrong answers, right answers "
+                        "behind text no node writes (masked), or behind --wrap (wrapped)")
+    p.add_argument("--wrap", default="z", help="--flood wrapped: the text before each right answer")
+    p.add_argument("--rule", default="guarded", help="the nodes' selection.rule")
     p.add_argument("--topology", choices=("one-hop", "direct"), default="one-hop",
                    help="one-hop: the flood reaches the neighbour only through the target; direct: on its own links too")
     p.add_argument("--code", type=Path, default=ROOT, help="checkout whose nodes and probes run")
@@ -165,32 +224,39 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(args.seeds):
         for h in args.hostile:
             with tempfile.TemporaryDirectory(prefix="sapo-hostile-") as work:
-                runs.append(run(h, args.window, seed, args.code, args.cache, Path(work), args.flood, args.topology))
+                wrap = args.wrap if args.flood == "wrapped" else WRAPS.get(args.flood)
+                runs.append(run(h, args.window, seed, args.code, args.cache, Path(work), args.flood, args.topology,
+                                args.rule, wrap))
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "target_p2p"}), flush=True)
-    table = Table(title=f"free identities flooding useless groups ({args.flood}, {args.topology}; code {commit}, "
+    table = Table(title=f"free identities flooding ({args.flood}, {args.topology}; rule {args.rule}, code {commit}, "
                         f"{args.window:.0f} s windows, {args.seeds} seeds)")
-    for col in ("hostile", "honest used / round", "share of 0", "inspected / round", "target CPU s / round",
-                "neighbour CPU s / round", "neighbour rounds/s"):
+    for col in ("hostile", "honest used / round", "share of 0", "honest offered / round", "all used / round", "inspected / round",
+                "target CPU s / round", "neighbour CPU s / round", "neighbour rounds/s", f"writes wrap (of {SAMPLES})"):
         table.add_column(col)
     summary = []
     base = [r for r in runs if r["hostile"] == 0]
     for h in args.hostile:
         arm = [r for r in runs if r["hostile"] == h]
         row = {"hostile": h, **{k: statistics.mean(r[k] for r in arm) for k in (
-            "honest_used_per_round", "inspected_per_round", "target_rounds_per_s", "neighbour_rounds_per_s",
-            "target_cpu_s_per_round", "neighbour_cpu_s_per_round")}}
+            "honest_used_per_round", "honest_supply_per_round", "external_used_per_round", "inspected_per_round", "target_rounds_per_s",
+            "neighbour_rounds_per_s", "target_cpu_s_per_round", "neighbour_cpu_s_per_round")}}
+        if arm[0]["writes_wrap_of_50"] is not None:  # the most of any node and family, in any seed
+            row["writes_wrap_max"] = max(n for r in arm for node in r["writes_wrap_of_50"].values() for n in node.values())
         if base:
             row["share_of_no_flood"] = row["honest_used_per_round"] / statistics.mean(r["honest_used_per_round"] for r in base)
             row["neighbour_cpu_ratio"] = row["neighbour_cpu_s_per_round"] / statistics.mean(
                 r["neighbour_cpu_s_per_round"] for r in base)
         summary.append(row)
         table.add_row(str(h), f"{row['honest_used_per_round']:.2f}", f"{row.get('share_of_no_flood', float('nan')):.0%}",
-                      f"{row['inspected_per_round']:.1f}", f"{row['target_cpu_s_per_round']:.2f}",
-                      f"{row['neighbour_cpu_s_per_round']:.2f}", f"{row['neighbour_rounds_per_s']:.2f}")
+                      f"{row['honest_supply_per_round']:.2f}", f"{row['external_used_per_round']:.2f}",
+                      f"{row['inspected_per_round']:.1f}",
+                      f"{row['target_cpu_s_per_round']:.2f}", f"{row['neighbour_cpu_s_per_round']:.2f}",
+                      f"{row['neighbour_rounds_per_s']:.2f}", str(row.get("writes_wrap_max", "-")))
     Console().print(table)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"command": " ".join(sys.argv), "code": commit, "flood": args.flood, "topology": args.topology,
+        args.out.write_text(json.dumps({"command": " ".join(sys.argv), "code": commit, "flood": args.flood,
+                                        "rule": args.rule, "topology": args.topology,
                                         "machine": platform.machine(),
                                         "cpus": os.cpu_count(), "summary": summary, "runs": runs}, indent=1) + "\n")
         print(f"wrote {args.out}")

@@ -12,18 +12,22 @@ whether a gain comes from sharing or merely from training on informative groups.
 
 Cumulative reward = the sum over rounds of a node's mean reward on its own (local) completions,
 averaged over the swarm's nodes. Each configuration is paired with the silo of its testbed and
-seed. Every finished run writes `<out>/<config>/seed<k>/result.json` (a rerun skips it), so the grid
-can be split over several invocations (`--only`); `--report` merges whatever is there into
-`results.json`, the table and the figure, which is drawn from that JSON alone.
+seed. Every finished run writes `<out>/<config>/seed<k>/result.json` as it ends, so a long grid runs in
+pieces: stopped (Ctrl-C, or the machine's session ending) and continued with `--resume`, which skips
+finished runs and continues an unfinished one from its nodes' last checkpoints (every eval point);
+without `--resume` an `--out` that holds runs is refused rather than mixed. `--only` splits the grid
+by configuration; `--report` merges whatever has finished into `results.json`, the table and the
+figure, which is drawn from that JSON alone.
 
     .venv/bin/python scripts/sapo_experiment.py --out runs/experiment                   # the whole grid
-    .venv/bin/python scripts/sapo_experiment.py --out runs/experiment --only "homogeneous 8/0" "homogeneous 4/4 signal"
+    .venv/bin/python scripts/sapo_experiment.py --out runs/experiment --resume --only "homogeneous 8/0" "homogeneous 4/4 signal"
     .venv/bin/python scripts/sapo_experiment.py --out runs/experiment --report
     .venv/bin/python scripts/sapo_experiment.py --quick --out runs/experiment-quick     # 5-minute smoke run
-    .venv/bin/python scripts/sapo_experiment.py --real --nodes 2 --rounds 20 --eval-every 10 --seeds 2 --out runs/real
+    .venv/bin/python scripts/sapo_experiment.py --real --nodes 2 --rounds 40 --eval-every 10 --seeds 4 --rules signal guarded --out runs/real --resume
 
 The real-model grid (`--real`) runs SmolLM2-135M-Instruct with its recipe: two such nodes, and one beside
-a tiny-a node, at 4 + 0 against 2 + 2 groups per round.
+a tiny-a node, at 4 + 0 against 2 + 2 groups per round. Both testbeds pair with the same silo (two
+SmolLM2 nodes, no network: the tiny companion cannot change a silo), which runs once per seed.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from trainer.config import default_cache_dir  # noqa: E402
 from trainer.presets import ensure  # noqa: E402
 
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # two-sided t, df
-RULES = ("uniform", "signal", "adaptive")
+RULES = ("uniform", "signal", "guarded", "adaptive")
 G = 8  # completions per group (the node default)
 # The testbed's tasks: families a 0.3M-parameter model learns within the run. Measured in 300-round silos of tiny-a:
 # `reverse` (defaults) and `arith` with operands 0..4 and '+' only (0.27 -> 0.80 held-out) learn; `count` stayed at its
@@ -76,7 +80,7 @@ TESTBEDS = {
     # its own learning is the tiny grid's subject, and the table reports the SmolLM2 nodes
     "smollm2": {"presets": ["smollm2-135m"], "task_mixes": [SMOLLM2]},
     "smollm2+tiny": {"presets": ["smollm2-135m", "tiny-a"], "task_mixes": [SMOLLM2, tasks(1, 1)], "companions": [False, True],
-                     "extra": ["--selection.accept", "any"]},
+                     "extra": ["--selection.accept", "any"], "silo": "smollm2"},
 }
 REAL = ("smollm2", "smollm2+tiny")  # testbeds of the short real-model grid (--real)
 
@@ -100,10 +104,11 @@ class Config:
 
     @property
     def silo(self) -> Config:
-        return Config(self.testbed, self.local + self.external, 0)
+        return Config(TESTBEDS[self.testbed].get("silo", self.testbed), self.local + self.external, 0)
 
     def node_args(self, rounds: int, eval_every: int) -> list[str]:
-        args = ["--tasks.eval_size", "200", "--run.eval_every", str(eval_every), "--run.checkpoint_every", str(rounds),
+        args = ["--tasks.eval_size", "200", "--run.eval_every", str(eval_every), "--run.checkpoint_every", str(eval_every),
+                "--run.keep_checkpoints", "1",
                 "--selection.rule", self.rule, "--grpo.external_negatives", str(self.negatives).lower(),
                 "--selection.local_overdraw", str(self.overdraw)]
         return args + (["--selection.self_external", "true"] if self.control else [])
@@ -116,7 +121,8 @@ class Config:
 
 def grid(rules: list[str], quick: bool, real: bool = False) -> list[Config]:
     if real:  # half the paper's round (2 + 2 against 4 + 0), which is what 2 cores carry for a real model
-        return [Config(bed, i, 4 - i, rule) for bed in REAL for i in (4, 2) for rule in (rules if i < 4 else ["uniform"])]
+        configs = [Config(bed, i, 4 - i, rule) for bed in REAL for i in (4, 2) for rule in (rules if i < 4 else ["uniform"])]
+        return [c for c in configs if c.external or c.silo == c]  # a shared silo runs once
     if quick:
         return [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "signal"), Config("homogeneous", 4, 4, control=True)]
     homo = [Config("homogeneous", 8, 0), Config("homogeneous", 8, 0, overdraw=2), Config("homogeneous", 4, 4, control=True),
@@ -165,6 +171,7 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
     done = out / "result.json"
     saved = json.loads(done.read_text()) if done.exists() else {"failed": True}
     if not saved.get("failed"):
+        console.log(f"{cfg.name} seed {seed}: finished before, skipped")
         return saved
     bed = TESTBEDS[cfg.testbed]
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=cfg.local, external=cfg.external, presets=bed["presets"],
@@ -223,6 +230,12 @@ def config_row(name: str, cfg: Config, runs: list[dict], silo: dict[int, dict], 
     paired = [(c, mean([n["cumulative_reward"] for n in nodes(silo[r["seed"]])])) for c, r in zip(cum, runs) if r["seed"] in silo]
     ratios = [c / s - 1 for c, s in paired]
     eval_gain = [mean([n["eval_last"] - n["eval_first"] for n in nodes(r)]) for r in runs]
+    # held-out accuracy against the same seed's silo at each eval point, then the mean over seeds
+    gaps = [{k: acc - silo_curve[k] for k, acc in eval_curve(r, model).items() if k in silo_curve}
+            for r in runs if r["seed"] in silo for silo_curve in [eval_curve(silo[r["seed"]], model)]]
+    points = sorted(set.intersection(*(set(g) for g in gaps))) if gaps else []
+    eval_vs_silo = [[k, mean([g[k] for g in gaps])] for k in points]
+    last_gap = [g[points[-1]] for g in gaps] if points else []
     node = lambda key: mean([n[key] for r in runs for n in nodes(r)])  # noqa: E731
     every = [n for r in runs for n in nodes(r)]
     return {
@@ -231,12 +244,23 @@ def config_row(name: str, cfg: Config, runs: list[dict], silo: dict[int, dict], 
         "cumulative_reward": mean(cum), "cumulative_reward_ci95": ci95(cum),
         "vs_silo": mean(ratios), "vs_silo_ci95": ci95(ratios), "vs_silo_per_seed": ratios,
         "eval_first": node("eval_first"), "eval_last": node("eval_last"), "eval_gain_ci95": ci95(eval_gain),
+        "eval_vs_silo": eval_vs_silo, "eval_vs_silo_worst": min((g for _, g in eval_vs_silo), default=None),
+        "eval_last_vs_silo": mean(last_gap) if last_gap else None, "eval_last_vs_silo_ci95": ci95(last_gap),
         "tokens_per_node": node("tokens_generated"), "seconds_per_node": node("seconds"),
         "reward_per_1k_tokens": 1000 * sum(n["total_reward"] for n in every) / max(1, sum(n["tokens_generated"] for n in every)),
         "local_informative_share": node("local_informative") / max(1e-9, node("local_groups")),
         "external_informative_share": node("external_informative") / node("external_inspected") if node("external_inspected") else None,
         "external_used_per_round": node("external_used") / runs[0]["rounds"],
     }
+
+
+def eval_curve(run: dict, model: str | None) -> dict[int, float]:
+    """Held-out accuracy at each eval round, the mean over the run's nodes of `model`."""
+    by_round: dict[int, list[float]] = {}
+    for n in picked(run, model):
+        for rnd, acc in n["curves"]["eval"]:
+            by_round.setdefault(rnd, []).append(acc)
+    return {rnd: mean(accs) for rnd, accs in by_round.items()}
 
 
 def picked(run: dict, model: str | None) -> list[dict]:
@@ -263,14 +287,14 @@ def report(out: Path, console: Console) -> None:
     subtitle = (f"{models}; {first['nodes_n']} nodes x {first['rounds']} rounds, "
                 f"seeds per config: up to {max(len(r['seeds']) for r in rows)}")
     table = Table(title=f"SAPO swarm vs silo: {subtitle}, {first['cpus']}-core CPU")
-    for col in ("configuration", "cumulative reward", "vs silo (paired)", "eval before -> after", "local / ext informative",
-                "ext used /round", "tokens /node", "reward /1k tokens", "seeds"):
+    for col in ("configuration", "cumulative reward", "vs silo (paired)", "eval before -> after", "eval vs silo: last / worst",
+                "local / ext informative", "ext used /round", "tokens /node", "reward /1k tokens", "seeds"):
         table.add_column(col, justify="right")
     for r in rows:
         ext = "-" if r["external_informative_share"] is None else f"{r['external_informative_share']:.2f}"
         table.add_row(r["config"], f"{r['cumulative_reward']:.2f} ± {r['cumulative_reward_ci95']:.2f}",
                       f"{100 * r['vs_silo']:+.1f}% ± {100 * r['vs_silo_ci95']:.1f}",
-                      f"{r['eval_first']:.3f} -> {r['eval_last']:.3f}",
+                      f"{r['eval_first']:.3f} -> {r['eval_last']:.3f}", versus_silo(r),
                       f"{r['local_informative_share']:.2f} / {ext}", f"{r['external_used_per_round']:.2f}",
                       f"{r['tokens_per_node']:,.0f}", f"{r['reward_per_1k_tokens']:.2f}", str(len(r["seeds"])))
     console.print(table)
@@ -281,16 +305,25 @@ def report(out: Path, console: Console) -> None:
     console.print(f"saved {out / 'results.json'}, {out / 'results.md'} (the table for the README) and {out / 'results.png'}")
 
 
+def versus_silo(row: dict) -> str:
+    """Held-out accuracy minus the paired silo's: at the last eval point (95% CI) and at the worst one."""
+    if row["eval_last_vs_silo"] is None or row["external"] == 0:
+        return "-"
+    ci = "" if math.isnan(row["eval_last_vs_silo_ci95"]) else f" ± {row['eval_last_vs_silo_ci95']:.3f}"
+    return f"{row['eval_last_vs_silo']:+.3f}{ci} / {row['eval_vs_silo_worst']:+.3f}"
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| configuration | cumulative reward (95% CI) | vs silo, paired (95% CI) | eval before -> after | "
-             "informative share local / external | tokens per node | reward per 1k tokens | seeds |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "eval vs silo, last (95% CI) / worst point | informative share local / external | tokens per node | "
+             "reward per 1k tokens | seeds |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         ext = "-" if r["external_informative_share"] is None else f"{r['external_informative_share']:.2f}"
         ci = lambda x: "n/a" if math.isnan(x) else f"{x:.2f}"  # noqa: E731
         lines.append(f"| {r['config']} | {r['cumulative_reward']:.2f} ± {ci(r['cumulative_reward_ci95'])} | "
                      f"{100 * r['vs_silo']:+.1f}% ± {ci(100 * r['vs_silo_ci95'])} | {r['eval_first']:.3f} -> {r['eval_last']:.3f} | "
-                     f"{r['local_informative_share']:.2f} / {ext} | {r['tokens_per_node']:,.0f} | "
+                     f"{versus_silo(r)} | {r['local_informative_share']:.2f} / {ext} | {r['tokens_per_node']:,.0f} | "
                      f"{r['reward_per_1k_tokens']:.2f} | {len(r['seeds'])} |")
     return "\n".join(lines) + "\n"
 
@@ -305,7 +338,7 @@ def figure(results_json: Path, path: Path) -> None:
 
     data = json.loads(results_json.read_text())
     rows, runs = data["configs"], data["runs"]
-    colors = {"uniform": "tab:blue", "signal": "tab:orange", "adaptive": "tab:green"}
+    colors = {"uniform": "tab:blue", "signal": "tab:orange", "guarded": "tab:cyan", "adaptive": "tab:green"}
 
     def color(r: dict) -> str:
         if r["external"] == 0:
@@ -376,6 +409,8 @@ def main() -> None:
     p.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES)
     p.add_argument("--only", nargs="+", metavar="CONFIG", help="run only these configurations (names as in the table)")
     p.add_argument("--report", action="store_true", help="merge the finished runs under --out; run nothing")
+    p.add_argument("--resume", action="store_true", help="continue the grid under --out: skip finished runs, continue "
+                   "unfinished ones from their last checkpoints, redo failed ones")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 nodes, 20 rounds, 1 seed, 3 configurations")
     p.add_argument("--real", action="store_true", help="the real-model grid (SmolLM2-135M, alone and beside tiny-a): "
                    "4 + 0 against 2 + 2 groups per round; pair it with few nodes and rounds on a CPU")
@@ -393,6 +428,10 @@ def main() -> None:
                 raise SystemExit(f"sapo_experiment: --only: no configuration named {sorted(unknown)}; "
                                  f"choose from {[c.name for c in configs]}")
             configs = [c for c in configs if c.name in args.only]
+        started_before = sorted(p.relative_to(args.out) for c in configs for p in (args.out / slug(c.name)).glob("seed*"))
+        if started_before and not args.resume:
+            raise SystemExit(f"sapo_experiment: {args.out} already holds {len(started_before)} run(s) of this grid "
+                             f"({started_before[0]}, ...): pass --resume to continue it, or choose another --out")
         for preset in dict.fromkeys(p for c in configs for p in TESTBEDS[c.testbed]["presets"]):
             ensure(preset, default_cache_dir())
         started = time.time()

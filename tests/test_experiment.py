@@ -96,40 +96,60 @@ def test_the_testbeds_task_mixes_are_valid_node_configs_and_the_heterogeneous_on
 def test_a_testbed_of_two_models_also_reports_each_model_against_its_own_silo_nodes(tmp_path):
     from rich.console import Console
 
-    silo, swarm = Config("smollm2+tiny", 4, 0), Config("smollm2+tiny", 2, 2, "signal")
-    models = ("smollm2-135m", "tiny-a")
+    silo, swarm = Config("heterogeneous", 8, 0), Config("heterogeneous", 4, 4, "signal")
+    models = ("tiny-a", "tiny-b")
     runs = [fake_run(silo, s, [10.0, 20.0], models=models) for s in range(2)]
     runs += [fake_run(swarm, s, [15.0 + s, 10.0], models=models) for s in range(2)]
     rows = {r["config"]: r for r in experiment.summarize(runs)}
-    assert list(rows) == ["smollm2+tiny 4/0", "smollm2+tiny 4/0 [smollm2-135m]", "smollm2+tiny 4/0 [tiny-a]",
-                          "smollm2+tiny 2/2 signal", "smollm2+tiny 2/2 signal [smollm2-135m]", "smollm2+tiny 2/2 signal [tiny-a]"]
-    assert rows["smollm2+tiny 2/2 signal [smollm2-135m]"]["vs_silo_per_seed"] == pytest.approx([0.5, 0.6])
-    assert rows["smollm2+tiny 2/2 signal [tiny-a]"]["vs_silo_per_seed"] == pytest.approx([-0.5, -0.5])
-    assert rows["smollm2+tiny 2/2 signal"]["vs_silo_per_seed"] == pytest.approx([25 / 30 - 1, 26 / 30 - 1])
+    assert list(rows) == ["heterogeneous 8/0", "heterogeneous 8/0 [tiny-a]", "heterogeneous 8/0 [tiny-b]",
+                          "heterogeneous 4/4 signal", "heterogeneous 4/4 signal [tiny-a]", "heterogeneous 4/4 signal [tiny-b]"]
+    assert rows["heterogeneous 4/4 signal [tiny-a]"]["vs_silo_per_seed"] == pytest.approx([0.5, 0.6])
+    assert rows["heterogeneous 4/4 signal [tiny-b]"]["vs_silo_per_seed"] == pytest.approx([-0.5, -0.5])
+    assert rows["heterogeneous 4/4 signal"]["vs_silo_per_seed"] == pytest.approx([25 / 30 - 1, 26 / 30 - 1])
     for k, run in enumerate(runs):
         folder = tmp_path / experiment.slug(run["config"]) / f"seed{k % 2}"
         folder.mkdir(parents=True)
         (folder / "result.json").write_text(json.dumps(run))
     experiment.report(tmp_path, Console(file=open(tmp_path / "table.txt", "w"), width=250))
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "smollm2-135m, tiny-a; 2 nodes x 5 rounds" in (tmp_path / "table.txt").read_text()
+    assert "tiny-a, tiny-b; 2 nodes x 5 rounds" in (tmp_path / "table.txt").read_text()
+
+
+def test_held_out_accuracy_is_compared_with_the_same_seeds_silo_at_every_eval_point():
+    silo, swarm = Config("smollm2", 4, 0), Config("smollm2+tiny", 2, 2, "guarded")
+    runs = [fake_run(silo, s, [10.0, 10.0], models=("smollm2-135m",)) for s in range(2)]
+    runs += [fake_run(swarm, s, [12.0, 100.0], models=("smollm2-135m", "tiny-a")) for s in range(2)]
+    for s, evals in enumerate(([[0, 0.4], [5, 0.5], [10, 0.6]], [[0, 0.4], [5, 0.4], [10, 0.5]])):
+        for node in runs[s]["nodes"]:  # the silo's two SmolLM2 nodes
+            node["curves"]["eval"] = evals
+        runs[2 + s]["nodes"][0]["curves"]["eval"] = [[0, 0.4], [5, 0.44], [10, 0.6]]
+        runs[2 + s]["nodes"][1]["companion"] = True
+    rows = {r["config"]: r for r in experiment.summarize(runs)}
+    row = rows["smollm2+tiny 2/2 guarded"]  # paired with the SmolLM2 silo: a tiny companion cannot change a silo
+    assert row["vs_silo_per_seed"] == pytest.approx([0.2, 0.2])
+    # against each seed's silo: seed 0 (0, -0.06, 0), seed 1 (0, +0.04, +0.1)
+    assert [k for k, _ in row["eval_vs_silo"]] == [0, 5, 10]
+    assert [g for _, g in row["eval_vs_silo"]] == pytest.approx([0.0, -0.01, 0.05])
+    assert row["eval_vs_silo_worst"] == pytest.approx(-0.01) and row["eval_last_vs_silo"] == pytest.approx(0.05)
+    assert experiment.versus_silo(row) == "+0.050 ± 0.635 / -0.010"  # t(1) 12.71 x stdev 0.0707 / sqrt(2)
 
 
 def test_the_real_model_grid_halves_the_round_of_the_tiny_one():
-    names = [c.name for c in experiment.grid(["signal"], quick=False, real=True)]
-    assert names == ["smollm2 4/0", "smollm2 2/2 signal", "smollm2+tiny 4/0", "smollm2+tiny 2/2 signal"]
+    names = [c.name for c in experiment.grid(["signal", "guarded"], quick=False, real=True)]
+    assert names == ["smollm2 4/0", "smollm2 2/2 signal", "smollm2 2/2 guarded", "smollm2+tiny 2/2 signal",
+                     "smollm2+tiny 2/2 guarded"]  # one silo for both testbeds
     mixed = experiment.TESTBEDS["smollm2+tiny"]
     own = [{(d["name"], json.dumps(d.get("config", {}), sort_keys=True)) for d in json.loads(mix)} for mix in mixed["task_mixes"]]
     assert not own[0] & own[1] and mixed["extra"] == ["--selection.accept", "any"]  # "own" would share nothing
 
 
 def test_a_companion_node_is_left_out_of_the_rows():
-    silo, swarm = Config("smollm2+tiny", 4, 0), Config("smollm2+tiny", 2, 2, "signal")
-    runs = [fake_run(cfg, 0, [10.0 + k, 500.0], models=("smollm2-135m", "tiny-a")) for k, cfg in enumerate((silo, swarm))]
-    for run in runs:
-        run["nodes"][1]["companion"] = True
+    silo, swarm = Config("smollm2", 4, 0), Config("smollm2+tiny", 2, 2, "signal")
+    runs = [fake_run(silo, 0, [10.0, 10.0], models=("smollm2-135m",)),
+            fake_run(swarm, 0, [11.0, 500.0], models=("smollm2-135m", "tiny-a"))]
+    runs[1]["nodes"][1]["companion"] = True
     rows = {r["config"]: r for r in experiment.summarize(runs)}
-    assert list(rows) == ["smollm2+tiny 4/0", "smollm2+tiny 2/2 signal"]  # one model left: no rows per model
+    assert list(rows) == ["smollm2 4/0", "smollm2+tiny 2/2 signal"]  # one model left: no rows per model
     assert rows["smollm2+tiny 2/2 signal"]["vs_silo_per_seed"] == pytest.approx([0.1])
 
 
@@ -181,3 +201,21 @@ def test_the_report_leaves_failed_runs_out_of_every_table_and_figure_and_says_ho
     assert row["seeds"] == [0] and row["vs_silo"] == pytest.approx(0.2)
     text = (tmp_path / "table.txt").read_text()
     assert "left out 1 failed run" in text and f"homogeneous 4/4 signal seed 1: {KILLED}" in text
+
+
+def test_a_grid_is_continued_only_with_resume_and_then_skips_what_finished(tmp_path):
+    import subprocess
+
+    seed0 = tmp_path / "homogeneous-8-0" / "seed0"
+    seed0.mkdir(parents=True)
+    (seed0 / "result.json").write_text(json.dumps({**fake_run(Config("homogeneous", 8, 0), 0, [10.0, 10.0]), "failed": []}))
+    cmd = [sys.executable, str(ROOT / "scripts" / "sapo_experiment.py"), "--out", str(tmp_path), "--quick",
+           "--only", "homogeneous 8/0"]
+    refused = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
+        f"sapo_experiment: {tmp_path} already holds 1 run(s) of this grid (homogeneous-8-0/seed0, ...): pass --resume "
+        "to continue it, or choose another --out"]
+    resumed = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "homogeneous 8/0 seed 0: finished before, skipped" in resumed.stdout
+    assert json.loads((tmp_path / "results.json").read_text())["configs"][0]["seeds"] == [0]

@@ -28,6 +28,7 @@ NOT_RUN = {
     ".venv/bin/python scripts/simulate_swarm.py": "simulation: minutes; tests/test_shards.py runs it at 8 and 100 nodes",
     ".venv/bin/python scripts/bench_churn.py": "benchmark: 13 minutes; tests/test_churn.py runs it for 2 minutes",
     ".venv/bin/python scripts/bench_hostile.py": "benchmark: minutes",
+    ".venv/bin/python scripts/diagnose_peer.py": "diagnosis: an hour and more on the real model",
     ".venv-vllm/bin/python scripts/bench_generation.py": "benchmark; the second line needs a GPU",
     "bash scripts/setup.sh": "needs the model hub (Qwen2.5-0.5B) and another node's address",
     ".venv/bin/pip install -e '.[vllm]'": "needs a CUDA machine (CI's second stage tests the CPU build of vLLM)",

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from node.selection import SelectionConfig, Selector, fair_order, informative
+from node.selection import SelectionConfig, Selector, SupportGate, fair_order, informative
 from p2p.config import PoolConfig
 from p2p.pool import RolloutPool
 from p2p.wire import VERSION, WireGroup, WireMessage
@@ -20,10 +20,10 @@ from trainer.rollout import scored_group
 NOW = 1_800_000_000.0
 
 
-def group(index: int, signal: bool, dataset: str = "arith") -> WireGroup:
-    """Four completions of a task: half right when `signal`, else all wrong (equal rewards)."""
+def group(index: int, signal: bool, dataset: str = "arith", wrap: str = "") -> WireGroup:
+    """Four completions of a task: half right (after `wrap`) when `signal`, else all wrong (equal rewards)."""
     ref = TaskRef(dataset, {}, seed=3, index=index)
-    right, wrong = f"<answer>{regenerate(ref).answer}</answer>", "<answer>wrong</answer>"
+    right, wrong = f"{wrap}<answer>{regenerate(ref).answer}</answer>", "<answer>wrong</answer>"
     texts = [right, wrong, right, wrong] if signal else [wrong] * 4
     return WireGroup(dataset=ref.dataset, config={}, seed=ref.seed, index=ref.index, completions=texts)
 
@@ -32,15 +32,27 @@ def offer(pool: RolloutPool, peer: str, groups: list[WireGroup], created: float 
     pool.add(WireMessage(v=VERSION, peer=peer, model="m", round=1, created=created, groups=groups), now=created)
 
 
+OWN_LOGPROB = -0.5  # the mean token log-prob of this node's own writing, in these tests
+
+
+def logprobs(groups) -> list[list[float]]:
+    """A stand-in policy: text opening with 'z' is far off this node's own writing, the rest like it."""
+    return [[-6.0 if text.startswith("z") else OWN_LOGPROB + 0.1 * (i % 2) for i, text in enumerate(g.completions)]
+            for g in groups]
+
+
 def selector(**cfg) -> Selector:
-    return Selector(SelectionConfig(**cfg), TasksConfig())
+    """A selector whose support gate has seen a window of this node's own completions."""
+    sel = Selector(SelectionConfig(**cfg), TasksConfig(), logprobs=logprobs)
+    sel.observe_own([OWN_LOGPROB + 0.01 * i for i in range(-32, 32)])
+    return sel
 
 
 def pick(sel: Selector, pool: RolloutPool, round_: int = 1, seed: int = 0):
     return sel.external(pool, random.Random(seed), round_)
 
 
-@pytest.mark.parametrize("rule", ["signal", "adaptive"])
+@pytest.mark.parametrize("rule", ["signal", "guarded", "adaptive"])
 def test_a_group_with_uniform_rewards_never_takes_a_slot(rule):
     pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
     offer(pool, "a", [group(i, signal=i % 3 == 0) for i in range(12)])  # 4 informative of 12
@@ -185,3 +197,94 @@ def test_a_newcomer_is_still_inspected_and_taken_when_it_carries_signal():
     offer(pool, "newcomer", [group(50, signal=True)])
     p = pick(sel, pool, round_=2)
     assert [g.source for g in p.groups] == ["newcomer"] and sel.proven("newcomer")
+
+
+def test_the_support_gate_cuts_at_a_quantile_of_the_nodes_own_recent_writing_once_it_has_enough():
+    gate = SupportGate(quantile=0.1, window=80)
+    gate.observe([-1.0] * 15)
+    assert gate.cutoff() is None  # fewer than MIN_OWN_ROWS: no reference yet
+    gate.observe([-0.01 * i for i in range(100)])  # the window keeps the last 80: -0.20 .. -0.99
+    assert len(gate.own) == 80 and gate.cutoff() == pytest.approx(-0.91)  # 8 of 80 lie below
+    gate.observe([-0.1] * 80)  # the node sharpened: the cut-off follows it
+    assert gate.cutoff() == pytest.approx(-0.1)
+
+
+def test_informative_counts_only_rows_to_push_up_that_are_left_in_the_loss():
+    task = regenerate(TaskRef("arith", {}, 0, 1))
+    g = scored_group(task, [f"<answer>{task.answer}</answer>", "x", f"<answer>{task.answer}</answer>", "x"], 0.0)
+    assert informative(g)
+    g.used = [False, True, True, True]
+    assert informative(g)
+    g.used = [False, True, False, True]  # only the wrong rows remain: nothing to push up
+    assert not informative(g)
+
+
+def test_guarded_uses_a_peer_that_writes_like_this_node_and_drops_one_whose_right_answers_it_would_not_write():
+    sel = selector(rule="guarded", external_groups=4, explore=0.0)
+    pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9), proven=sel.proven)
+    offer(pool, "strong", [group(i, signal=True) for i in range(3)])
+    offer(pool, "weak", [group(100 + i, signal=True, wrap="z") for i in range(3)])
+    p = pick(sel, pool)
+    assert sorted(g.source for g in p.groups) == ["strong"] * 3
+    assert p.dropped["off_support"] == 3 and p.gated == 6 and p.informative == 6 and p.gate_s > 0
+    assert sel.proven("strong") and not sel.proven("weak")
+    for g in p.groups:
+        assert g.used == [True] * 4
+    signal_rule = selector(rule="signal", external_groups=4)  # today's rule: the weak peer's groups take slots
+    pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
+    offer(pool, "weak", [group(200 + i, signal=True, wrap="z") for i in range(3)])
+    assert len(pick(signal_rule, pool).groups) == 3
+
+
+def test_guarded_keeps_a_groups_usable_rows_and_leaves_out_the_rest():
+    sel = selector(rule="guarded", external_groups=1)
+    ref = TaskRef("arith", {}, seed=3, index=7)
+    right = f"<answer>{regenerate(ref).answer}</answer>"
+    pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
+    offer(pool, "mixed", [WireGroup(dataset="arith", config={}, seed=3, index=7,
+                                    completions=[right, "z" + right, "<answer>no</answer>", right])])
+    p = pick(sel, pool)
+    assert p.groups[0].used == [True, False, True, True] and p.gated == 1
+
+
+def test_masked_sybil_groups_stop_taking_slots_under_guarded():
+    """Six fresh identities flood groups whose right rows this node would never write: under `signal`
+    they pass as informative, prove their senders and take the honest peer's slots; under `guarded`
+    they are dropped before a slot and their senders stay unproven."""
+    def attack(rule: str) -> tuple[int, bool]:
+        sel = selector(rule=rule, external_groups=2, explore=0.1)
+        pool = RolloutPool(PoolConfig(size=1000, max_peer_share=1.0, unproven_share=1.0, max_age_s=1e9),
+                           proven=sel.proven)
+        used = 0
+        for r in range(1, 21):
+            offer(pool, "honest", [group(10 * r + i, signal=True) for i in range(2)], created=NOW + r)
+            for h in range(6):
+                offer(pool, f"sybil{h}", [group(1000 * r + 10 * h + i, signal=True, wrap="zzzzzz") for i in range(10)],
+                      created=NOW + r)
+            used += sum(g.source == "honest" for g in pick(sel, pool, r, seed=r).groups)
+        return used, any(sel.proven(f"sybil{h}") for h in range(6))
+
+    assert attack("guarded") == (40, False)  # every honest group, every round
+    used, proven = attack("signal")
+    assert used < 30 and proven
+
+
+def test_the_guarded_rule_takes_nothing_before_it_knows_the_nodes_own_writing():
+    sel = Selector(SelectionConfig(rule="guarded", external_groups=2), TasksConfig(), logprobs=logprobs)
+    pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
+    offer(pool, "a", [group(i, signal=True) for i in range(2)])
+    assert (pick(sel, pool).groups, len(pool)) == ([], 2)  # left in the pool for later rounds
+    sel.observe_own([OWN_LOGPROB] * 64)
+    assert len(pick(sel, pool).groups) == 2
+    with pytest.raises(ValueError, match="log-probs"):
+        Selector(SelectionConfig(rule="guarded"), TasksConfig())
+
+
+def test_the_support_gates_reference_survives_a_checkpoint():
+    sel = selector(rule="guarded")
+    sel.observe_own([-0.3] * 10)
+    resumed = Selector(SelectionConfig(rule="guarded"), TasksConfig(), logprobs=logprobs)
+    resumed.load_state_dict(json.loads(json.dumps(sel.state_dict())))  # as the checkpoint stores it
+    assert list(resumed.support.own) == list(sel.support.own) and resumed.support.cutoff() == sel.support.cutoff()
+    resumed.load_state_dict({"peers": {}})  # a checkpoint from before the guarded rule
+    assert resumed.support.cutoff() is None

@@ -69,9 +69,10 @@ def test_prometheus_text_has_help_type_and_labelled_samples():
                                       "pool": {"received": 5, "dropped": {"stale": 1}}})
     board.record({"round": 1, "reward_mean": 0.5, "eval_accuracy": 0.25, "seconds_generate": 1.5,
                   "seconds_train": 0.5, "seconds_other": 0.1, "external_dropped": {"not_accepted": 2}, "n_local": 4,
-                  "groups_published": 4})
+                  "groups_published": 4, "external_gated": 3, "support_cutoff": -0.9})
     board.record({"round": 2, "reward_mean": 0.75, "eval_accuracy": None, "seconds_generate": 1.0,
-                  "seconds_train": 0.5, "seconds_other": 0.1, "n_local": 4})
+                  "seconds_train": 0.5, "seconds_other": 0.1, "n_local": 4, "external_gated": 2,
+                  "external_dropped": {"off_support": 1}, "support_cutoff": -0.75})
     text = prometheus(board.snapshot())
     samples = [line for line in text.splitlines() if not line.startswith("#")]
     assert samples and all(SAMPLE.match(line) for line in samples), text
@@ -88,6 +89,8 @@ def test_prometheus_text_has_help_type_and_labelled_samples():
     assert 'sapo_rollout_groups_dropped_total{reason="stale"} 1.0' in samples
     assert "sapo_peers 2.0" in samples and "sapo_local_groups_total 8.0" in samples
     assert "sapo_rollout_groups_published_total 4.0" in samples and "sapo_messages_published_total 7.0" in samples
+    assert "sapo_external_completions_gated_total 5.0" in samples and "sapo_support_cutoff -0.75" in samples
+    assert 'sapo_rollout_groups_dropped_total{reason="off_support"} 1.0' in samples
 
 
 def test_every_label_of_a_labelled_counter_is_exported_at_zero_from_the_first_scrape():
