@@ -112,10 +112,10 @@ def writes_wrap(out: Path, cache: Path, wrap: str, seed: int) -> dict[str, int]:
     g = cfg.generation
     params = SamplingParams(n=SAMPLES, temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens,
                             stop=tuple(g.stop), seed=seed)
-    counts = {}
+    counts, generator = {}, TransformersGenerator(policy)
     for family in cfg.tasks.datasets:
         task = TaskSource([family.mix()], seed=seed).draw(1)
-        texts = rollout(TransformersGenerator(policy), policy, task, params)[0].completions
+        texts = rollout(generator, policy, task, params)[0].completions
         counts[family.name] = sum(t.startswith(wrap) for t in texts)
     return counts
 

@@ -161,10 +161,11 @@ class GRPOTrainer:
         lengths = batch.completion_mask[rows].sum(-1).long()
         orders = [rows[(batch.prompt_index[rows] * (batch.completion_mask.shape[1] + 1) + lengths).argsort(stable=True)],
                   rows[lengths.argsort(stable=True)]]
-        return min((self._cut(order, batch, size) for order in orders), key=lambda parts: sum(self._tokens(p, batch) for p in parts))
+        return min((self._cut(order, batch, size) for order in orders), key=lambda cut: cut[1])[0]
 
-    def _cut(self, order: torch.Tensor, batch: Batch, size: int) -> list[torch.Tensor]:
-        """`order` cut into consecutive parts of at most `size` rows, running the fewest positions in all."""
+    def _cut(self, order: torch.Tensor, batch: Batch, size: int) -> tuple[list[torch.Tensor], float]:
+        """`order` cut into consecutive parts of at most `size` rows running the fewest positions in all,
+        and how many that is."""
         prompt_lens = batch.attention_mask[order, : batch.prompt_len].sum(-1).tolist()
         completion_lens = batch.completion_mask[order].sum(-1).long().tolist()
         prompts = batch.prompt_index[order].tolist()
@@ -181,7 +182,7 @@ class GRPOTrainer:
         while i > 0:
             bounds.append((cut[i], i))
             i = cut[i]
-        return [order[j:i] for j, i in reversed(bounds)]
+        return [order[j:i] for j, i in reversed(bounds)], best[n]
 
     def _tokens(self, part: torch.Tensor, batch: Batch) -> int:
         """Positions a micro-batch's forward runs: its prompts (once each when shared) and its padded completions."""
