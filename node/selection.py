@@ -39,8 +39,12 @@ Peer ids cost nothing, so every rule first splits the pool: groups of *proven* p
 theirs carried signal here recently: decayed count of informative groups >= `PROVEN_HITS`) are
 inspected first, in the rule's order; groups of unproven peers get the `explore` share of the
 inspections (all of them while no peer is proven), so that six fresh identities flooding useless groups
-cannot take the honest peers' inspections, while a newcomer can still prove itself. The pool applies
-the same split to what it keeps (`p2p.pool`), from the same statistic (`proven`).
+cannot take the honest peers' inspections, while a newcomer can still prove itself. Once some peer is
+proven, unproven groups get at most `explore` x `max_inspect` inspections a round even when the proven
+peers' groups run out: under a flood of 60 useless groups a round, a node that looked at every one
+spent ~27 regenerations a round on them and slowed down as much as its honest neighbour
+(scripts/bench_hostile.py). The pool applies the same split to what it keeps (`p2p.pool`), from the
+same statistic (`proven`).
 
 Local groups get the same treatment when `local_overdraw` > 1: more tasks are drawn and sampled
 than there are local slots, and informative groups fill the slots first (DAPO's dynamic sampling,
@@ -55,7 +59,7 @@ import math
 import random
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -103,8 +107,9 @@ class SelectionConfig(BaseModel):
                                   "slots with informative groups first (1: off; costs generation)")
     decay: float = Field(0.98, gt=0, lt=1, description="adaptive: per-round decay of what it learned about peers")
     explore: float = Field(0.1, ge=0, le=1, description="share of inspections given to groups of unproven peers (whose "
-                           "groups have not carried signal here yet) while proven peers have groups; adaptive: also "
-                           "the share given to a uniformly random group")
+                           "groups have not carried signal here yet) while proven peers have groups, and at most "
+                           "explore x max_inspect of them a round once any peer is proven; adaptive: also the share "
+                           "given to a uniformly random group")
     max_tracked: int = Field(4096, ge=1, description="adaptive: most peers it keeps statistics for")
     support_quantile: float = Field(0.05, gt=0, lt=1, description="guarded: an external completion is pushed up only if "
                                     "its mean token log-prob under this node is at least this quantile of the node's own "
@@ -125,8 +130,7 @@ def informative(group: RolloutGroup) -> bool:
     push up (above the group's mean) is left in the loss."""
     if len(set(group.rewards)) == 1:
         return False
-    mean = sum(group.rewards) / len(group.rewards)
-    return any(r > mean and used for r, used in zip(group.rewards, group.used or [True] * len(group.rewards)))
+    return any(group.used is None or group.used[i] for i in push_up(group))
 
 
 class SupportGate:
@@ -149,12 +153,27 @@ class SupportGate:
 
     @staticmethod
     def apply(group: RolloutGroup, logprobs: list[float], cutoff: float) -> int:
-        """Mark the rows to push up whose mean token log-prob (`logprobs`) falls below the cut-off as
-        unused; returns how many."""
-        mean = sum(group.rewards) / len(group.rewards)
-        kept = [lp >= cutoff or r <= mean for lp, r in zip(logprobs, group.rewards)]
+        """Mark the rows to push up (`push_up(group)`) whose mean token log-prob (`logprobs`, one per such
+        row) falls below the cut-off as unused; returns how many."""
+        kept = [True] * len(group.rewards)
+        for row, lp in zip(push_up(group), logprobs, strict=True):
+            kept[row] = lp >= cutoff
         group.used = kept
         return kept.count(False)
+
+
+def push_up(group: RolloutGroup) -> list[int]:
+    """The rows GRPO would push up: rewarded above their group's mean. Only these are gated (a row pushed
+    down teaches nothing of its form), so the gate scores about half a group."""
+    mean = sum(group.rewards) / len(group.rewards)
+    return [i for i, r in enumerate(group.rewards) if r > mean]
+
+
+def rows_to_gate(group: RolloutGroup) -> RolloutGroup:
+    """The group cut to its rows to push up: what the support gate scores."""
+    rows = push_up(group)
+    return replace(group, completions=[group.completions[i] for i in rows], rewards=[group.rewards[i] for i in rows],
+                   truncated=[group.truncated[i] for i in rows], completion_ids=None, correct=[], used=None)
 
 
 @dataclass
@@ -271,7 +290,7 @@ class Selector:
         if not gating:
             return
         started = time.monotonic()
-        logprobs = self.logprobs([g for _, g in gating])
+        logprobs = self.logprobs([rows_to_gate(g) for _, g in gating])
         pick.gate_s += time.monotonic() - started
         for (peer, group), lps in zip(gating, logprobs):
             pick.gated += self.support.apply(group, lps, cutoff)
@@ -297,7 +316,10 @@ class Selector:
         """Candidates in the order they are inspected; consumed only as far as the round needs."""
         proven = {peer: self.proven(peer) for peer in {c.peer for c in candidates}}
         first = self._rule_order([c for c in candidates if proven[c.peer]], rng)
-        rest = iter(fair_order([c for c in candidates if not proven[c.peer]], rng))
+        unproven = fair_order([c for c in candidates if not proven[c.peer]], rng)
+        if any(hits >= PROVEN_HITS for hits, _, _ in self.peers.counts.values()):
+            unproven = unproven[:math.ceil(self.cfg.explore * self.cfg.max_inspect)]
+        rest = iter(unproven)
         while True:
             source, other = (rest, first) if rng.random() < self.cfg.explore else (first, rest)
             item = next(source, None)

@@ -35,6 +35,7 @@ from rich.table import Table
 
 from node.argtypes import bounded, count
 from node.config import load_config
+from node.selection import rows_to_gate
 from rewards import TaskSource
 from trainer.batch import RolloutGroup
 from trainer.config import GRPOConfig, LoraConfig
@@ -122,11 +123,12 @@ def main() -> None:
                      "train_padding": round(positions / tokens - 1, 3),
                      "share_of_matmul_peak": round(flops / 1e9 / gflops / (generate_s + train_s), 3)})
 
-    # the guarded rule's support gate: this node's log-probs of J = 4 external groups (as text, re-tokenized)
+    # the guarded rule's support gate: this node's log-probs of the rows it would push up in J = 4 external
+    # groups (text, re-tokenized)
     external = [RolloutGroup(g.task, g.completions, g.rewards, g.truncated, source="peer") for g in groups[:4]]
     gate = GRPOTrainer(policy, GRPOConfig(), args.max_new_tokens, total_rounds=1, stop=tuple(node.generation.stop))
     started = time.perf_counter()
-    gate.sequence_logprobs(external)
+    gate.sequence_logprobs([rows_to_gate(g) for g in external])
     gate_s = time.perf_counter() - started
 
     table = Table(title=f"one round on {args.model}: {args.tasks} tasks x {args.completions} completions x "

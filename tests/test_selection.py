@@ -269,6 +269,29 @@ def test_masked_sybil_groups_stop_taking_slots_under_guarded():
     assert used < 30 and proven
 
 
+def test_once_a_peer_is_proven_a_flood_gets_at_most_the_explore_share_of_max_inspect_a_round():
+    """The honest peer offers fewer groups than J: the rest of the round may look at unproven groups,
+    but only explore x max_inspect of them, not every Sybil group up to max_inspect."""
+    sel = selector(rule="guarded", external_groups=4, explore=0.1, max_inspect=64, budget_s=60)
+    pool = RolloutPool(PoolConfig(size=1000, max_peer_share=1.0, unproven_share=1.0, max_age_s=1e9), proven=sel.proven)
+
+    def flood(r: int) -> None:
+        for h in range(6):
+            offer(pool, f"sybil{h}", [group(1000 * r + 10 * h + i, signal=True, wrap="zzzzzz") for i in range(10)],
+                  created=NOW + r)
+
+    flood(0)
+    assert pick(sel, pool).inspected == 60  # nobody proven yet: the whole pool is looked at
+    offer(pool, "honest", [group(1, signal=True)], created=NOW + 1)
+    pick(sel, pool, 2)
+    assert sel.proven("honest")
+    for r in range(3, 8):
+        offer(pool, "honest", [group(10 * r, signal=True)], created=NOW + r)
+        flood(r)
+        p = pick(sel, pool, r, seed=r)
+        assert [g.source for g in p.groups] == ["honest"] and p.inspected == 1 + 7  # ceil(0.1 x 64) unproven
+
+
 def test_the_guarded_rule_takes_nothing_before_it_knows_the_nodes_own_writing():
     sel = Selector(SelectionConfig(rule="guarded", external_groups=2), TasksConfig(), logprobs=logprobs)
     pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
