@@ -13,7 +13,7 @@ against the answer the sender put in the payload. Here:
 - `uniform`: the first J usable groups in the pool's fair order (one per peer, newest first).
 - `signal`: the same order, but a group whose re-scored rewards are all equal is dropped and the
   next one inspected, until J informative groups, the pool's end or `max_inspect` re-scorings.
-- `guarded`: `signal`, where a group counts as signal only by the rows this node would
+- `guarded` (the default): `signal`, where a group counts as signal only by the rows this node would
   push up and that survive its *support gate*: a completion that scored above its group's mean is used
   only if this node's policy finds it at least as likely, in mean token log-prob, as the `support_quantile`
   of the node's own recent completions (its own writing, remembered over `support_window` rows; no
@@ -88,9 +88,9 @@ class SelectionConfig(BaseModel):
 
     external_groups: int = Field(4, ge=0, description="J: groups other peers shared, taken from the pool each round (0: silo)")
     rule: Literal["uniform", "signal", "guarded", "adaptive"] = Field(
-        "signal", description="how external groups are chosen: uniform (any usable group), signal (only groups whose "
-        "re-scored rewards differ), guarded (signal, counting only the rows this node would push up that pass its "
-        "support gate), adaptive (signal, inspecting first the peers whose groups carried signal before)")
+        "guarded", description="how external groups are chosen: uniform (any usable group), signal (only groups "
+        "whose re-scored rewards differ), guarded (signal, counting only the rows this node would push up that pass "
+        "its support gate), adaptive (signal, inspecting first the peers whose groups carried signal before)")
     when_short: Literal["fill_local", "fewer"] = Field(
         "fill_local", description="when the pool yields fewer than J groups: draw local tasks for the rest, or train on fewer")
     accept: Literal["own", "any"] = Field(

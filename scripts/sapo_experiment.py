@@ -124,7 +124,7 @@ def grid(rules: list[str], quick: bool, real: bool = False) -> list[Config]:
         configs = [Config(bed, i, 4 - i, rule) for bed in REAL for i in (4, 2) for rule in (rules if i < 4 else ["uniform"])]
         return [c for c in configs if c.external or c.silo == c]  # a shared silo runs once
     if quick:
-        return [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "signal"), Config("homogeneous", 4, 4, control=True)]
+        return [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "guarded"), Config("homogeneous", 4, 4, control=True)]
     homo = [Config("homogeneous", 8, 0), Config("homogeneous", 8, 0, overdraw=2), Config("homogeneous", 4, 4, control=True),
             Config("homogeneous", 4, 4, control=True, negatives=True), Config("homogeneous", 4, 4, "signal", negatives=True)]
     homo += [Config("homogeneous", i, 8 - i, rule) for i in (6, 4, 2) for rule in rules]

@@ -7,11 +7,12 @@ CI's main stage has only the transformers backend (the reference); its second st
 import copy
 import gc
 import random
+import warnings
 
 import pytest
 import torch
 
-from trainer.batch import sequence_logprobs
+from trainer.batch import collate, sequence_logprobs, token_logprobs
 from trainer.config import GenerationConfig, ModelConfig, VLLMConfig
 from trainer.generation import BackendError, SamplingParams, make_generator, resolve_backend, vllm_available
 from trainer.policy import export_weights, load_policy, encode_prompts
@@ -81,6 +82,20 @@ def perturbed(model, scale=0.05, seed=0):
         for p in other.parameters():
             p.add_(torch.randn(p.shape, generator=g) * scale)
     return other
+
+
+def test_the_transformers_paths_name_the_kv_cache_as_the_installed_transformers_does(model_dir):
+    """transformers 5.2x renamed a forward's `past_key_values` to `cache`, warning on every call with the
+    old name until 5.40 removes it: sampling and the trainer's shared-prompt forward must not use it."""
+    policy = load_policy(ModelConfig(name=str(model_dir), device="cpu", dtype="float32"))
+    gen = make_generator(GenerationConfig(backend="transformers"), policy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        out = sample(gen, policy)
+        rows = [(p, c.token_ids) for p, group in zip(encode_prompts(policy, PROMPTS), out) for c in group]
+        batch = collate([p for p, _ in rows], [c for _, c in rows], policy.tokenizer.pad_token_id, policy.device)
+        shared = token_logprobs(policy.model, batch, share_prompts=True)
+    assert torch.allclose(shared, token_logprobs(policy.model, batch), atol=LOGPROB_TOLERANCE)
 
 
 def test_seeded_sampling_is_reproducible_and_seed_dependent(backend):

@@ -7,6 +7,7 @@ one prompt, which the trainer can run once per micro-batch instead of once per r
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -82,10 +83,11 @@ def token_logprobs(model: torch.nn.Module, batch: Batch, share_prompts: bool = F
         first = torch.empty_like(distinct).scatter_(0, rows_of, torch.arange(len(rows_of), device=rows_of.device))
         head = model(input_ids=ids[first, :prompt], attention_mask=attn[first, :prompt],
                      position_ids=positions[first, :prompt], use_cache=True, logits_to_keep=1)
-        cache = head.past_key_values
+        name = kv_cache_name(model)
+        cache = getattr(head, name)
         cache.batch_select_indices(rows_of)
         tail = model(input_ids=ids[:, prompt:], attention_mask=attn, position_ids=positions[:, prompt:],
-                     past_key_values=cache, use_cache=True).logits
+                     use_cache=True, **{name: cache}).logits
         logits = torch.cat([head.logits[rows_of], tail[:, :-1]], dim=1)
     else:
         logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
@@ -94,6 +96,13 @@ def token_logprobs(model: torch.nn.Module, batch: Batch, share_prompts: bool = F
     # Row by row: a full (B, C, vocab) float32 log-softmax is GBs for real vocabularies.
     logps = torch.stack([_row_logprobs(row.float(), tgt) for row, tgt in zip(logits, targets)])
     return torch.nn.functional.pad(logps, (0, C - width))
+
+
+def kv_cache_name(model: torch.nn.Module) -> str:
+    """What a forward calls its KV cache, argument and output: `cache` since transformers 5.2x renamed
+    `past_key_values` (kept until 5.40 with a warning on every call), `past_key_values` before."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT wrapper takes **kwargs
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from trainer.batch import kv_cache_name
 from trainer.generation import Completion, SamplingParams, isolated_rng, to_completion
 from trainer.policy import Policy, plain_copy
 
@@ -53,7 +54,8 @@ class TransformersGenerator:
         out = self.model(input_ids=enc["input_ids"], attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
                          use_cache=True, logits_to_keep=1)
         copies = torch.arange(len(prompts), device=self.device).repeat_interleave(params.n)
-        cache, logits, attn = out.past_key_values, out.logits[copies, -1], attn[copies]
+        name = kv_cache_name(self.model)
+        cache, logits, attn = getattr(out, name), out.logits[copies, -1], attn[copies]
         cache.batch_select_indices(copies)
         rows = list(range(len(copies)))  # the output row of each batch row
         finished = [False] * len(rows)
@@ -79,7 +81,7 @@ class TransformersGenerator:
                 rows, finished = [rows[i] for i in keep], [False] * len(keep)
             attn = torch.cat([attn, attn.new_ones(len(attn), 1)], dim=1)
             out = self.model(input_ids=chosen[:, None], attention_mask=attn, position_ids=attn.sum(-1, keepdim=True) - 1,
-                             past_key_values=cache, use_cache=True)
+                             use_cache=True, **{name: cache})
             logits = out.logits[:, -1]
         return [to_completion(self.tokenizer, self.terminators, t, lp, params.stop, self.weight_version)
                 for t, lp in zip(tokens, logprobs)]
