@@ -94,6 +94,24 @@ def test_a_runaway_task_times_out_and_its_config_is_then_refused_without_work(un
     assert e.value.reason == "config_bounds"
 
 
+def test_a_deadline_missed_on_the_nodes_own_config_drops_only_that_group(untrusted):
+    """A busy machine can miss the deadline on a task of the node's own family: that group is dropped,
+    the config is not refused, so peers' later groups of it are still scored (a peer's config is)."""
+    right = f"<answer>{regenerate(TaskRef('reverse', {}, 1, 2)).answer}</answer>"
+    assert untrusted.ready(wait=60)
+    untrusted.timeout_s = 1e-4  # any call misses it
+    for trusted in (True, False):
+        with pytest.raises(SandboxError) as e:
+            untrusted.score(TaskRef("reverse", {}, 1, 1), [right], 0.0, trusted=trusted)
+        assert e.value.reason == "regen_timeout"
+        assert untrusted.ready(wait=60)
+    untrusted.timeout_s = 60.0  # a deadline no busy machine misses
+    _, scores = untrusted.score(TaskRef("reverse", {}, 1, 2), [right, "x"], 0.0, trusted=True)
+    assert [s.reward for s in scores] == [1.0, 0.0]
+    with pytest.raises(SandboxError, match="failed before"):
+        untrusted.score(TaskRef("reverse", {}, 1, 2), [right], 0.0, trusted=False)
+
+
 def test_a_drop_reason_is_always_one_of_the_counted_labels(untrusted, monkeypatch):
     """An exception's own `reason` attribute (UnicodeDecodeError has one) must not become a metrics label."""
     from rewards.untrusted import DROP_REASONS
@@ -111,6 +129,7 @@ def test_a_trusted_config_skips_the_bounds_and_scores_like_the_node_itself(untru
     ref = TaskRef("rg/products", {"min_digits": 1, "max_digits": 1, "size": 10**7}, 3, 9)
     want = regenerate(ref)
     assert untrusted.ready(wait=60)
+    untrusted.timeout_s = 60.0  # about bounds, not deadlines: no busy machine misses this one
     task, scores = untrusted.score(ref, [f"<answer>{want.answer}</answer>", "<answer>-1</answer>"], 0.0, trusted=True)
     assert (task.question, task.answer) == (want.question, want.answer)
     assert [s.reward for s in scores] == [1.0, 0.0]
