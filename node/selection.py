@@ -100,7 +100,8 @@ class SelectionConfig(BaseModel):
     budget_s: float = Field(5.0, gt=0, description="most seconds a round spends regenerating and re-scoring pool groups; "
                             "an inspection starts only while it can finish within this")
     regen_timeout_s: float = Field(2.0, gt=0, description="deadline for regenerating and scoring one peer's task (its "
-                                   "worker process is killed past it, and that dataset config refused from then on)")
+                                   "worker process is killed past it, and that dataset config refused from then on "
+                                   "unless it is one of this node's own)")
     regen_memory_mb: int = Field(1024, ge=256, description="address-space cap of the worker process that regenerates "
                                  "peers' tasks")
     local_overdraw: float = Field(1.0, ge=1, le=8, description="sample this many times I local tasks and fill the I local "
