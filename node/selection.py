@@ -318,7 +318,7 @@ class Selector:
         proven = {peer: self.proven(peer) for peer in {c.peer for c in candidates}}
         first = self._rule_order([c for c in candidates if proven[c.peer]], rng)
         unproven = fair_order([c for c in candidates if not proven[c.peer]], rng)
-        if any(hits >= PROVEN_HITS for hits, _, _ in self.peers.counts.values()):
+        if any(map(self.proven, self.peers.counts)):
             unproven = unproven[:math.ceil(self.cfg.explore * self.cfg.max_inspect)]
         rest = iter(unproven)
         while True:
