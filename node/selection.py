@@ -60,7 +60,7 @@ import random
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -124,6 +124,9 @@ class SelectionConfig(BaseModel):
         if self.budget_s < self.regen_timeout_s:
             raise ValueError(f"budget_s ({self.budget_s:g}) must be at least regen_timeout_s ({self.regen_timeout_s:g})")
         return self
+
+
+RULES: tuple[str, ...] = get_args(SelectionConfig.model_fields["rule"].annotation)  # for scripts' --rule flags
 
 
 def informative(group: RolloutGroup) -> bool:

@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from node.argtypes import bounded, count, positive  # noqa: E402
 from node.lifecycle import exit_on_sigterm  # noqa: E402
+from node.selection import RULES  # noqa: E402
 from node.swarm import free_port  # noqa: E402
 from trainer.config import default_cache_dir  # noqa: E402
 
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="what the hostile probes send: text without answers, different wrong answers, right answers "
                         "behind text no node writes (masked), or behind --wrap (wrapped)")
     p.add_argument("--wrap", default="z", help="--flood wrapped: the text before each right answer")
-    p.add_argument("--rule", default="guarded", help="the nodes' selection.rule")
+    p.add_argument("--rule", choices=RULES, default="guarded", help="the nodes' selection.rule")
     p.add_argument("--topology", choices=("one-hop", "direct"), default="one-hop",
                    help="one-hop: the flood reaches the neighbour only through the target; direct: on its own links too")
     p.add_argument("--code", type=Path, default=ROOT, help="checkout whose nodes and probes run")

@@ -50,11 +50,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from node.argtypes import count  # noqa: E402
 from node.swarm import SwarmError, SwarmSpec, run  # noqa: E402
 from node.recipes import RECIPES  # noqa: E402
+from node.selection import RULES  # noqa: E402
 from trainer.config import default_cache_dir  # noqa: E402
 from trainer.presets import ensure  # noqa: E402
 
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # two-sided t, df
-RULES = ("uniform", "signal", "guarded", "adaptive")
 G = 8  # completions per group (the node default)
 # The testbed's tasks: families a 0.3M-parameter model learns within the run. Measured in 300-round silos of tiny-a:
 # `reverse` (defaults) and `arith` with operands 0..4 and '+' only (0.27 -> 0.80 held-out) learn; `count` stayed at its
