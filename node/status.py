@@ -148,8 +148,10 @@ def prometheus(s: dict) -> str:
            [({}, p2p.get("shard_level"))])
     metric("shard_authors", "gauge", "authors heard on our shard topic within the shard window, this node included",
            [({}, p2p.get("shard_authors"))])
-    metric("shard_topics", "gauge", "rollout shard topics this node reads (2 for a minute after it changed shard)",
-           [({}, p2p.get("shard_topics"))])
+    metric("shard_topics", "gauge", "rollout shard topics this node reads: its own, the levels it probes, and for a "
+           "minute after it changed shard the old one", [({}, p2p.get("shard_topics"))])
+    metric("shard_probes", "gauge", "shard levels this node probes because peers subscribe there (never moved to "
+           "unless valid rollouts are heard there)", [({}, len(p2p["shard_probes"]) if "shard_probes" in p2p else None)])
     metric("reachable", "gauge", "1 when peers can dial this node, 0 when it is reached through relays (behind NAT)",
            [({}, {"public": 1, "private": 0}.get(p2p.get("reachability")))])
     metric("relays", "gauge", "relays this node holds a reservation with (behind NAT)", [({}, p2p.get("relays"))])

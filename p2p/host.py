@@ -33,7 +33,7 @@ from p2p.policy import MessagePolicy
 from p2p.pubsub import CountingGossipSub, GuardedPubsub
 from p2p.reach import Reach, is_circuit
 from p2p.seen import SeenKeys
-from p2p.shards import publish_topics, shard_topic, shared_bits, topic_level
+from p2p.shards import publish_topics, published_level, shard_topic, shared_bits, topic_level
 from p2p.wire import Rejected, WireMessage, decode
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ EXCHANGE_MAX_BYTES = 64 * 1024
 HINT_DIALS_PER_ANSWER = 4  # new peers dialed from one peer-exchange answer: a liar's answer costs at most this
 REMEMBERED = 4096  # addresses and peers the discovery loop remembers (backoff, logged once)
 SHARD_CHECK_S = 2.0  # how often the shard level is re-decided
+DELIVERED_TTL_S = 600.0  # a message is not handed on twice within this (the pool drops stale ones sooner)
 
 
 def advertised(addrs: list[Multiaddr]) -> list[Multiaddr]:
@@ -80,7 +81,9 @@ class GossipHost:
         self.n_peers = 0
         self.n_mesh = 0  # GossipSub mesh peers on our shard topic: who our publishes reach first
         self.n_other_protocol = 0  # connected peers on this network's rollout topics of another protocol version
-        self.leaving: dict[str, tuple[float, trio.CancelScope]] = {}  # old shard topic -> (unsubscribe at, its reader)
+        self.reading: dict[str, trio.CancelScope] = {}  # every topic subscribed to -> its reader
+        self.leaving: dict[str, float] = {}  # topics read but no longer wanted -> when to unsubscribe
+        self._delivered = SeenKeys(DELIVERED_TTL_S, REMEMBERED)  # (author, seqno): a message names up to 3 of our topics
         self.bootstrap_ids: set[ID] = set()  # never closed to make room
         self._last_verdict: tuple[object, bool] = (None, False)  # (message validated last, its verdict)
         announce = [Multiaddr(a) for a in cfg.announce] or None
@@ -134,55 +137,56 @@ class GossipHost:
     # -- shards -------------------------------------------------------------------------------
 
     async def _follow_shard(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Listen on our shard's topic; when the shard changes (a new level or a new epoch), subscribe to
-        the new one and keep the old one for `leave_after_s` more: publishers name three levels, and an
-        author whose clock is a little behind still publishes into its old-epoch shard."""
-        reading: trio.CancelScope | None = None
+        """Read our shard's topic and the topics of the levels `ShardLevel` probes. When the shard
+        changes (a new level or a new epoch), subscribe to the new one and keep the old one for
+        `leave_after_s` more: publishers name three levels, and an author whose clock is a little behind
+        still publishes into its old-epoch shard. A probe's topic is left as soon as the probe ends."""
         leave_after_s = 2 * self.cfg.limits.max_clock_skew_s + SHARD_CHECK_S
         async with trio.open_nursery() as nursery:
             while True:
-                topic = shard_topic(self.base, self.shard.key, self.shard.level)
-                if reading is None or topic != self.topic:
-                    if topic in self.leaving:  # back to a shard not yet left
-                        new_reading = self.leaving.pop(topic)[1]
-                    else:
+                own = shard_topic(self.base, self.shard.key, self.shard.level)
+                if own != self.topic and self.topic in self.reading:
+                    log.info("shard %s -> %s (level %d, epoch %d)", self.topic, own, self.shard.level, self.shard.epoch)
+                    self.leaving[self.topic] = trio.current_time() + leave_after_s
+                self.topic = own
+                wanted = {own, *(shard_topic(self.base, self.shard.key, lv) for lv in self.shard.probes)}
+                for topic in wanted:
+                    self.leaving.pop(topic, None)  # back to a shard not yet left
+                    if topic not in self.reading:
                         self.pubsub.set_topic_validator(topic, self._validate, False)
-                        new_reading = await nursery.start(self._read, await self.pubsub.subscribe(topic))
-                    if reading is None:
-                        task_status.started()
-                    else:
-                        self.leaving[self.topic] = (trio.current_time() + leave_after_s, reading)
-                        log.info("shard %s -> %s (level %d, epoch %d)", self.topic, topic, self.shard.level,
-                                 self.shard.epoch)
-                    reading, self.topic = new_reading, topic
-                for old, (when, scope) in list(self.leaving.items()):
-                    if trio.current_time() >= when:
-                        del self.leaving[old]
-                        scope.cancel()
-                        await self.pubsub.unsubscribe(old)
-                        self.pubsub.remove_topic_validator(old)
+                        self.reading[topic] = await nursery.start(self._read, await self.pubsub.subscribe(topic))
+                for topic in [t for t in self.reading if t not in wanted]:
+                    if trio.current_time() >= self.leaving.setdefault(topic, trio.current_time()):
+                        del self.leaving[topic]
+                        self.reading.pop(topic).cancel()
+                        await self.pubsub.unsubscribe(topic)
+                        self.pubsub.remove_topic_validator(topic)
+                task_status.started()
+                task_status = trio.TASK_STATUS_IGNORED
                 await trio.sleep(SHARD_CHECK_S)
-                self.shard.update(time.time(), self._neighbour_levels())
+                self.shard.update(time.time(), self._hinted_levels())
 
-    def _neighbour_levels(self) -> list[int]:
-        """The shard level of each connected peer on this network's protocol; peers on another
+    def _hinted_levels(self) -> list[int]:
+        """For each connected peer on this network's protocol that subscribes to one of our own shards,
+        that shard's level: where `ShardLevel` may look, never where it goes. Peers on another
         protocol's rollout topic are counted and logged once each."""
-        levels: dict[ID, int] = {}
+        hints: list[int] = []
         other: set[ID] = set()
         family = self.base.rsplit("/", 1)[0] + "/"
         for topic, peers in list(self.pubsub.peer_topics.items()):
             level = topic_level(self.base, topic)
-            for peer in peers:
-                if level is not None:
-                    levels[peer] = max(level, levels.get(peer, 0))
-                elif topic.startswith(family):
-                    other.add(peer)
-                    if peer not in self._logged_other:
-                        self._logged_other.add(peer, 0.0)
-                        log.warning("peer %s gossips rollouts on %s, another protocol version: rollouts do not "
-                                    "cross versions (one of you should upgrade sapo-node)", peer, topic)
+            if level is not None:
+                if topic == shard_topic(self.base, self.shard.key, level):
+                    hints += [level] * len(peers)
+                continue
+            for peer in peers if topic.startswith(family) else ():
+                other.add(peer)
+                if peer not in self._logged_other:
+                    self._logged_other.add(peer, 0.0)
+                    log.warning("peer %s gossips rollouts on %s, another protocol version: rollouts do not "
+                                "cross versions (one of you should upgrade sapo-node)", peer, topic)
         self.n_other_protocol = len(other)
-        return list(levels.values())
+        return hints
 
     def stats(self) -> dict[str, object]:
         now = time.time()
@@ -190,7 +194,8 @@ class GossipHost:
                 "relayed_peers": len(self._connected() - self.reach.direct_peers()),
                 "shard_level": self.shard.level, "shard_epoch": self.shard.epoch,
                 "shard_authors": self.shard.authors(now, self.shard.level),
-                "shard_topics": 1 + len(self.leaving),  # 2 for a while after a move: the old one is still read
+                "shard_topics": len(self.reading),  # own, probes, and for a while after a move the old one
+                "shard_probes": sorted(self.shard.probes),
                 "peers_other_protocol": self.n_other_protocol}
 
     # -- gossip -------------------------------------------------------------------------------
@@ -220,7 +225,13 @@ class GossipHost:
                     self._deliver(msg)
 
     def _deliver(self, msg) -> None:
-        self.shard.hear(msg.from_id, time.time())
+        now = time.time()
+        if (msg.from_id, msg.seqno) in self._delivered:  # a second of our topics it names
+            return
+        self._delivered.forget_expired(now)
+        self._delivered.add((msg.from_id, msg.seqno), now)
+        if (level := published_level(self.base, msg.topicIDs)) is not None:  # checked by `_validate`
+            self.shard.hear(msg.from_id, now, level)
         try:
             self.on_message(decode(msg.data, self.cfg.limits))
         except Exception:  # a consumer bug must not stop the gossip layer

@@ -23,15 +23,27 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
+import multihash
+from libp2p.peer.id import ID
 from pydantic import ValidationError
 
 from p2p.config import P2PConfig
 from p2p.config_errors import describe
 from p2p.identity import IdentityError
 from p2p.service import Gossip, P2PError
+from p2p.shards import MAX_LEVEL, epoch_of, shard_key, shard_topic
 from p2p.wire import WireGroup, WireMessage, pack_groups
 
 log = logging.getLogger("sapo.probe")
+
+
+def _peer_id(text: str) -> ID:
+    try:
+        peer = ID.from_base58(text)
+        multihash.decode(peer.to_bytes())  # base58 alone decodes almost anything
+        return peer
+    except Exception:
+        raise argparse.ArgumentTypeError(f"not a peer id: {text!r}") from None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,6 +59,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--junk", action="store_true", help="publish random text without answers (a useless flood)")
     p.add_argument("--wrap", help="publish groups whose first half is this text before the task's right answer and "
                    "second half wrong answers (the answer is regenerated from the task reference)")
+    p.add_argument("--claim-shards-of", metavar="PEER_ID", type=_peer_id,
+                   help="also subscribe (without reading) to every level of this peer's shard this epoch: a peer "
+                   "claiming to listen where the target would hear it")
     p.add_argument("--max-peers", type=int, default=P2PConfig.model_fields["max_peers"].default,
                    help="stop dialing discovered peers beyond this many connections")
     p.add_argument("--task", type=json.loads, default={"dataset": "arith", "config": {}, "seed": 0},
@@ -109,6 +124,10 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
 
     gossip = Gossip(cfg, args.key, on_message)
     await asyncio.to_thread(gossip.start)
+    if args.claim_shards_of:
+        key = shard_key(args.claim_shards_of.to_bytes(), epoch_of(time.time(), cfg.profile().shard_epoch_s))
+        await asyncio.to_thread(gossip.subscribe_only,
+                                [shard_topic(cfg.rollout_topic_base(), key, lv) for lv in range(MAX_LEVEL + 1)])
     emit("ready", peer_id=gossip.peer_id, addrs=gossip.addrs)
 
     async def receive() -> None:

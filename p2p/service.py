@@ -75,6 +75,12 @@ class Gossip:
         except trio.RunFinishedError:
             host.counts["publish_dropped"] += 1
 
+    def subscribe_only(self, topics: list[str]) -> None:
+        """Subscribe without reading or validating: what a peer does that claims to listen on shards
+        (p2p.probe plays one; levels must not follow such claims)."""
+        for topic in topics:
+            trio.from_thread.run(self._host.pubsub.subscribe, topic, trio_token=self._token)
+
     def stats(self) -> dict[str, object]:
         host = self._host
         counts = dict(host.counts) if host else {}

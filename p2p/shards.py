@@ -18,12 +18,15 @@ nothing the pool's unproven-peer quota does not already cap).
 from __future__ import annotations
 
 import hashlib
-import statistics
-from collections.abc import Iterable
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 MAX_LEVEL = 24  # 16 million shards: far beyond any swarm this protocol expects
 MAX_TOPICS = 3  # levels L-1, L, L+1
+MAX_PROBES = 2  # hinted levels listened to at once, beside our own
+PROBE_AGAIN_WINDOWS = 5  # a level probed in vain is not probed again for this many windows
 EPOCH_S = 1800  # the default shard epoch of a network profile
 
 
@@ -62,33 +65,53 @@ def topic_level(base: str, topic: str) -> int | None:
     return len(bits)
 
 
-def topics_problem(base: str, topics: Iterable[str], author: bytes, epochs: Iterable[int]) -> str | None:
-    """Why a message may not carry these topic ids, or None: each must be a shard of its author (peer id
-    bytes) in one of `epochs`, the same for all."""
-    topics = list(topics)
+def published_level(base: str, topics: Sequence[str]) -> int | None:
+    """L when `topics` name the levels L-1, L and L+1 (those of them in 0..MAX_LEVEL) in that order,
+    as an author at level L publishes (section 7), else None."""
+    levels = [topic_level(base, t) for t in topics]
+    if not levels or None in levels:
+        return None
+    return next((lv for lv in (levels[0], levels[0] + 1)
+                 if levels == [x for x in (lv - 1, lv, lv + 1) if 0 <= x <= MAX_LEVEL]), None)
+
+
+def topics_problem(base: str, topics: Sequence[str], author: bytes, epochs: Iterable[int]) -> str | None:
+    """Why a message may not carry these topic ids, or None: they must be its author's (peer id bytes)
+    shards at levels L-1, L, L+1, in that order, of one of `epochs`."""
     if len(topics) > MAX_TOPICS:
         return f"names {len(topics)} topics (at most {MAX_TOPICS})"
     levels = [topic_level(base, t) for t in topics]
     if None in levels:
         return f"names {topics[levels.index(None)]!r}, not a rollout shard of this network"
-    keys = [shard_key(author, e) for e in epochs]
-    if not any(all(t == shard_topic(base, k, lv) for t, lv in zip(topics, levels)) for k in keys):
+    level = published_level(base, topics)
+    if level is None:
+        return f"names shard levels {levels}, not L-1, L, L+1 in that order"
+    if not any(list(topics) == publish_topics(base, shard_key(author, e), level) for e in epochs):
         return f"names shards {', '.join(topics)}, not all its author's in this epoch"
     return None
 
 
 @dataclass
 class ShardLevel:
-    """The level a node listens at, chosen from what it hears: deeper while its shard holds
-    `split_authors` or more authors and the child shard it would move to holds at least `min_authors`
-    (as soon as it hears them, several levels at once when the heard authors allow), shallower when
-    fewer than `min_authors` were heard for a full window, unless its neighbours listen two or more
-    levels deeper, out of its earshot, where it then rejoins them. Authors count when heard within
-    `window_s` (longer than the slowest peer's round); the node itself counts. A node that has not yet
-    listened a full window takes the median level of its neighbours, so a newcomer to a large swarm
-    starts where the swarm is. `pinned` fixes the level (0 floods every rollout to every node, as
-    protocol 1 did). A new epoch moves the node to its new shard at the same level and starts its
-    hearing over."""
+    """The level a node listens at, chosen only from authors it has heard with valid rollouts, never
+    from what peers say about themselves (a subscription costs nothing to fake).
+
+    An author counts at a level when its shard there is ours and it publishes within one level of it
+    (so it is heard on that level's topic), heard within `window_s`; the node itself counts. The node
+    moves deeper while its shard holds `split_authors` and the child shard `min_authors` (at most one
+    level beyond where its authors publish, so a deeper move waits for them to follow), and one level
+    shallower after a full window with fewer than `min_authors`. The shards its connected peers
+    subscribe to that contain its key, two or more levels away, are only hints of where to look: it
+    *probes* up to `MAX_PROBES` of them (listens there for one window, each level at most once every
+    `PROBE_AGAIN_WINDOWS`). While its own shard holds fewer than `min_authors` it takes at once a probed
+    level whose shard holds that many, and after a full window the probed level that holds the most
+    authors, if more than its own. That is how a newcomer finds a deep swarm, how a node rejoins
+    neighbours that moved out of its earshot, and how a move made on authors who then fall silent is
+    undone within about one window. A lie costs the liar nothing and the node one subscription for one
+    window; moving a node takes valid rollouts from authors whose peer ids were ground into its shard
+    (about 2^L key generations each, per epoch). `pinned`
+    fixes the level (0 floods every rollout to every node, as protocol 1 did). A new epoch moves the
+    node to its new shard at the same level and starts its hearing over."""
 
     peer: bytes  # this node's peer id
     epoch_s: float
@@ -98,9 +121,10 @@ class ShardLevel:
     window_s: float
     pinned: int | None = None
     level: int = 0
-    started: float | None = None  # the first update
-    since: float = 0.0  # when this level was taken: a full window is heard before the counts move it
-    heard: dict[bytes, float] = field(default_factory=dict)  # author peer id -> last heard on our shard
+    since: float | None = None  # when this level was taken: a full window is heard before it widens
+    heard: dict[bytes, tuple[float, int]] = field(default_factory=dict)  # author -> (last heard, its level)
+    probes: dict[int, float] = field(default_factory=dict)  # level probed -> when the probe started
+    probed: dict[int, float] = field(default_factory=dict)  # level -> when its last probe started
 
     def __post_init__(self) -> None:
         if self.pinned is not None:
@@ -113,47 +137,61 @@ class ShardLevel:
     def key_of(self, peer: bytes) -> bytes:
         return shard_key(peer, self.epoch)
 
-    def hear(self, author: bytes, now: float) -> None:
-        self.heard[author] = now
+    def hear(self, author: bytes, now: float, level: int) -> None:
+        """A valid message of `author`, published at `level` (`published_level` of its topics)."""
+        self.heard[author] = (now, level)
 
     def authors(self, now: float, level: int) -> int:
-        """Authors (self included) heard within the window whose key lies in our shard at `level`."""
+        """Authors (self included) heard within the window that the topic of our shard at `level` hears."""
         mine = prefix(self.key, level)
-        return 1 + sum(1 for p, t in self.heard.items()
-                       if t >= now - self.window_s and (level == 0 or prefix(self.key_of(p), level) == mine))
+        return 1 + sum(1 for p, (t, lv) in self.heard.items()
+                       if t >= now - self.window_s and abs(lv - level) <= 1
+                       and (level == 0 or prefix(self.key_of(p), level) == mine))
 
-    def update(self, now: float, neighbour_levels: list[int]) -> bool:
-        """Re-decide the epoch and the level; True when the shard changed."""
-        for k in [k for k, t in self.heard.items() if t < now - self.window_s]:
+    def update(self, now: float, hinted: Iterable[int] = ()) -> bool:
+        """Re-decide the epoch, the level and the probes; True when the shard changed. `hinted`: the
+        levels at which connected peers subscribe to a shard of ours (unverified)."""
+        for k in [k for k, (t, _) in self.heard.items() if t < now - self.window_s]:
             del self.heard[k]
         if epoch_of(now, self.epoch_s) != self.epoch:
             self.epoch, self.since = epoch_of(now, self.epoch_s), now
             self.heard.clear()  # heard in the old shard: they count nowhere now
+            self.probes.clear()
             return True
         if self.pinned is not None:
             return False
-        if self.started is None:
-            self.started = self.since = now
-        median = min(MAX_LEVEL, int(statistics.median_low(neighbour_levels))) if neighbour_levels else None
-        joining = now - self.started < self.window_s
-        if joining and median is not None and median != self.level:
-            target = median
-        elif self.authors(now, self.level) >= self.split_authors:
-            target = self._deepest_split(now)  # at once: counts only grow within a window
-        elif not joining and now - self.since >= self.window_s and self.authors(now, self.level) < self.min_authors:
-            # Starved for a full window: rejoin the neighbours if they listen out of its earshot, two or
-            # more levels deeper (it missed their move), else widen the shard by one level.
-            target = median if median is not None and median > self.level + 1 else max(0, self.level - 1)
+        if self.since is None:
+            self.since = now
+        self._probe(now, hinted)
+        here = self.authors(now, self.level)
+        heard_there = [lv for lv, t in self.probed.items() if now - t < 2 * self.window_s]  # a window of probing
+        louder = sorted((self.authors(now, lv), lv) for lv in heard_there if self.authors(now, lv) > here)
+        if here >= self.split_authors:
+            target = self._deepest_split(now)
+        elif here < self.min_authors and louder and louder[-1][0] >= self.min_authors:
+            target = louder[-1][1]  # at once: a probe found a shard that holds enough authors
+        elif here < self.min_authors and now - self.since >= self.window_s:
+            target = louder[-1][1] if louder else max(0, self.level - 1)  # the best we heard, else wider
         else:
             return False
         if target == self.level:
             return False
+        self.probes.pop(target, None)
         self.level, self.since = target, now
         return True
 
+    def _probe(self, now: float, hinted: Iterable[int]) -> None:
+        """End probes that listened a full window; start probes of hinted levels out of earshot."""
+        for p in [p for p, t in self.probes.items() if now - t >= self.window_s]:
+            del self.probes[p]
+        counts = Counter(lv for lv in hinted if abs(lv - self.level) >= 2 and lv not in self.probes
+                         and now - self.probed.get(lv, -math.inf) >= PROBE_AGAIN_WINDOWS * self.window_s)
+        for lv, _ in counts.most_common(MAX_PROBES - len(self.probes)):
+            self.probes[lv] = self.probed[lv] = now
+
     def _deepest_split(self, now: float) -> int:
-        """Split as many levels at once as the heard authors allow (every author of a deeper shard is
-        heard at this one), so a swarm that starts at level 0 reaches its depth within a round."""
+        """Split as many levels at once as the heard authors allow; an author counts only within one
+        level of where it publishes, so this goes at most one level beyond the deepest of them."""
         level = self.level
         while level < MAX_LEVEL and self.authors(now, level) >= self.split_authors \
                 and self.authors(now, level + 1) >= self.min_authors:

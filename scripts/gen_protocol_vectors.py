@@ -91,7 +91,10 @@ SCORES = [("arith", {}, 0, 1353, c) for c in (
 
 
 TOPIC_CASES: dict[str, list[str]] = {  # the valid message under other topic ids
-    "level 0 topic only": [f"{BASE}/s"],
+    "level 0 topic only (a level-0 author names levels 0 and 1)": [f"{BASE}/s"],
+    "level 0 twice": [f"{BASE}/s", f"{BASE}/s"],
+    "levels 0 and 8 (not L-1, L, L+1)": [f"{BASE}/s", shard_topic(BASE, KEY, 8)],
+    "levels L+1, L, L-1 (the wrong order)": publish_topics(BASE, KEY, 1)[::-1],
     "a shard that is not the signer's": [f"{BASE}/s", NOT_ITS_SHARD],
     "the signer's shards of the previous epoch (its clock a little behind)": publish_topics(BASE, PREVIOUS, 1),
     "the signer's shards of an epoch long past": publish_topics(BASE, PAST, 1),

@@ -13,9 +13,10 @@ Modelled, not run: every node publishes one message of the round's groups per ro
 uniform in 0.75-1.25 x --round-s, first one within a round of joining); the swarm grows from 8 nodes,
 doubling every --growth-s, to N, and is measured after the last node has listened a full window; a
 node re-decides its level when it joins, once per own round and at each epoch boundary (all clocks
-agree), with the levels of its 8 nearest peers by shard key as neighbours (what shard-sorted peer
-exchange finds); each topic's subscribers form a GossipSub mesh (random, degree D..2D, rebuilt at
-most every 10 s while its subscribers change), and a message reaches every subscriber of its topics
+agree), with the levels of those of its 8 nearest peers by shard key whose shard contains it as the
+hints it may probe (what shard-sorted peer exchange finds), reading its probes' topics too; each
+topic's subscribers form a GossipSub mesh (random, degree D..2D, rebuilt at most every 10 s while its
+subscribers change), and a message reaches every subscriber of its topics
 in the mesh components its author's sends enter (TCP: no loss). A subscriber receives a message about
 deg - 1 times (once from each mesh peer but the one it forwarded to first); a message's first copy is
 validated, every copy costs transport. CPU per copy is taken from the real 2-node gossip benchmark
@@ -61,11 +62,11 @@ from p2p.config import Limits, P2PConfig, PoolConfig, ShardConfig  # noqa: E402
 from p2p.policy import MessagePolicy  # noqa: E402
 from p2p.pool import RolloutPool  # noqa: E402
 from p2p.probe import synthetic_groups  # noqa: E402
-from p2p.shards import EPOCH_S, epoch_of, publish_topics, shard_key, shard_topic, topics_problem  # noqa: E402
+from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key, shard_topic, topics_problem  # noqa: E402
 from p2p.wire import VERSION, WireGroup, WireMessage, pack_groups  # noqa: E402
 
 BASE = "/sapo/sim/rollouts/2"
-NEIGHBOURS = 8  # XOR-closest peers whose levels a node sees
+NEIGHBOURS = 8  # XOR-closest peers whose subscriptions a node sees
 REMESH_S = 10.0
 GOSSIP_BENCH = Path(__file__).resolve().parents[1] / "docs/bench/gossip-20msgs-2cpu.json"
 
@@ -201,6 +202,10 @@ class Swarm:
     def topic(self, i: int) -> str:
         return shard_topic(BASE, self.level[i].key, self.level[i].level)
 
+    def topics(self, i: int) -> set[str]:
+        """What the node reads: its shard's topic and those of the levels it probes."""
+        return {self.topic(i), *(shard_topic(BASE, self.level[i].key, lv) for lv in self.level[i].probes)}
+
     def mesh(self, topic: str, t: float) -> Mesh:
         """The topic's mesh, rebuilt when its subscribers changed, at most every REMESH_S (GossipSub grafts
         newcomers at its heartbeats; a node that left is skipped at once, it pruned its links)."""
@@ -212,18 +217,22 @@ class Swarm:
             mesh = self.meshes[topic] = Mesh.build(self.members[topic], self.d, self.rng, t)
         return mesh
 
-    def move(self, i: int, old: str | None, new: str) -> None:
-        if old is not None:
-            self.members[old].discard(i)
-            self.dirty.add(old)
-        self.members[new].add(i)
-        self.dirty.add(new)
+    def move(self, i: int, old: set[str], new: set[str]) -> None:
+        for topic in old - new:
+            self.members[topic].discard(i)
+            self.dirty.add(topic)
+        for topic in new - old:
+            self.members[topic].add(i)
+            self.dirty.add(topic)
 
-    def neighbour_levels(self, i: int) -> list[int]:
-        """Levels of the XOR-closest joined peers (what a DHT lookup of the node's own key finds)."""
+    def hinted_levels(self, i: int) -> list[int]:
+        """The levels of the XOR-closest joined peers (what a DHT lookup of the node's own key finds) whose
+        shard contains the node: what its connected peers' subscriptions hint at."""
         at = bisect.bisect_left(self.joined, (shard_key(self.ids[i], self.epoch), i))
         near = self.joined[max(0, at - NEIGHBOURS // 2):at + NEIGHBOURS // 2 + 1]
-        return [self.level[j].level for _, j in near if j != i]
+        mine = self.level[i].key
+        return [self.level[j].level for key, j in near
+                if j != i and prefix(key, self.level[j].level) == prefix(mine, self.level[j].level)]
 
     def run(self) -> None:
         a = self.args
@@ -259,17 +268,16 @@ class Swarm:
             mesh.settle(self.totals)
 
     def relevel(self, t: float, i: int, joining: bool = False) -> None:
-        old = None if joining else self.topic(i)
-        changed = self.level[i].update(t, self.neighbour_levels(i))
+        old = set() if joining else self.topics(i)
+        changed = self.level[i].update(t, self.hinted_levels(i))
         self.level_changes += changed and not joining
         self.level_changes_measured += changed and t >= self.warmup_s
-        if joining or changed:
-            self.move(i, old, self.topic(i))
+        self.move(i, old, self.topics(i))
 
     def publish(self, t: float, i: int, r: int, measured: bool) -> None:
         topics = publish_topics(BASE, self.level[i].key, self.level[i].level)
         assert topics_problem(BASE, topics, self.ids[i], [self.epoch]) is None
-        own, msg = self.topic(i), None
+        own, msg, heard = self.topic(i), None, set()  # a listener reading two of its topics takes it once
         for topic in topics:
             if not self.members.get(topic):
                 continue
@@ -289,9 +297,10 @@ class Swarm:
                 mesh.own[i] += mine
             # every listener hears the author (pinned levels need not: only the tracked nodes' pools do)
             for v in (mesh.members if not self.pinned else self.tracked & self.members[topic]):
-                if v == i or mesh.component.get(v) not in reached or v not in self.members[topic]:
+                if v == i or v in heard or mesh.component.get(v) not in reached or v not in self.members[topic]:
                     continue
-                self.level[v].hear(self.ids[i], t)
+                heard.add(v)
+                self.level[v].hear(self.ids[i], t, self.level[i].level)
                 if v in self.pools and t >= self.warmup_s - PoolConfig().max_age_s:
                     msg = msg or self.message(t, i, r)
                     t0 = time.process_time()

@@ -437,3 +437,32 @@ def test_a_message_naming_two_topics_we_listen_on_is_accepted_once_and_a_replay_
     with pytest.raises(ValidationError):
         validate(2)  # the same bytes under a new seqno: a replay
     assert policy.stats() == {"accepted": 1, "rejected": {"duplicate": 1}}
+
+
+def test_peers_that_only_subscribe_to_deep_shards_move_no_level(spawn, tmp_path):
+    # three honest nodes at level 0 (too few authors to split); six strangers connect to the first and only
+    # subscribe: three to level 24 of their own shards, three to every level of the first node's own shard
+    profile = tmp_path / "lab.toml"
+    profile.write_text(f'namespace = "lab"\nprotocol = 2\nshard_epoch_s = {ONE_EPOCH_S}\n')
+    net = ["--network", str(profile)]
+    knobs = [*net, "--shards", json.dumps({"window_s": 10}), "--rate", "1", "--groups", "1"]
+    first = spawn("n0", *knobs)
+    honest = [first] + [spawn(f"n{i}", *knobs, "--bootstrap", first.addr) for i in (1, 2)]
+    for p in honest:
+        wait_heard(p, [q for q in honest if q is not p], time.time())
+    liars = [spawn(f"deep{i}", *net, "--shards", json.dumps({"level": 24}), "--bootstrap", first.addr) for i in range(3)] \
+        + [spawn(f"aim{i}", *net, "--claim-shards-of", first.peer_id, "--bootstrap", first.addr) for i in range(3)]
+    for liar in liars:
+        liar.ready()
+    first.wait_for(lambda: first.stats().get("peers", 0) >= 8, 30, "8 peers at the first node")
+    since, probed = time.time(), set()
+    while time.time() < since + 35:  # three and a half windows: a probe ends, and nothing moved
+        for p in honest:
+            stats = p.stats()
+            assert stats.get("shard_level") == 0, f"{p.name} moved to level {stats.get('shard_level')}"
+            assert len(stats.get("shard_probes", [])) <= 2
+            probed |= set(stats.get("shard_probes", []))
+        time.sleep(1)
+    assert probed and probed <= set(range(2, 25))  # it looked where the liars pointed, and stayed
+    for p in honest:
+        assert heard_from(p, {q.peer_id for q in honest if q is not p}, time.time() - 5)

@@ -11,7 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from p2p.config import P2PConfig, ShardConfig
-from p2p.shards import MAX_LEVEL, epoch_of, prefix, publish_topics, shard_key, shard_topic, topic_level, topics_problem
+from p2p.shards import (MAX_LEVEL, PROBE_AGAIN_WINDOWS, epoch_of, prefix, publish_topics, published_level, shard_key,
+                        shard_topic, topic_level, topics_problem)
 from tests.conftest import ROOT
 
 BASE = "/sapo/local/rollouts/2"
@@ -57,10 +58,20 @@ def test_an_author_may_only_name_its_own_shards_and_at_most_three():
 def test_an_author_may_name_the_shards_of_any_accepted_epoch_but_not_a_mix():
     peer = next(p for p in (str(i).encode() for i in range(10**6))
                 if prefix(shard_key(p, 0), 2) == "00" and prefix(shard_key(p, 1), 2) == "11")
-    old, new = (publish_topics(BASE, shard_key(peer, e), 1) for e in (0, 1))
+    old, new = (publish_topics(BASE, shard_key(peer, e), 2) for e in (0, 1))
     assert topics_problem(BASE, old, peer, [0, 1]) is None and topics_problem(BASE, new, peer, [0, 1]) is None
     assert "not all its author's" in topics_problem(BASE, old, peer, [1, 2])  # an epoch no longer accepted
-    assert "not all its author's" in topics_problem(BASE, [old[1], new[2]], peer, [0, 1])
+    assert "not all its author's" in topics_problem(BASE, [old[0], old[1], new[2]], peer, [0, 1])
+
+
+@pytest.mark.parametrize("levels", [[0, 0], [0, 8], [1, 0], [2, 3, 1], [0], [3], [1, 3]])
+def test_topics_must_be_levels_l_minus_1_l_l_plus_1_in_that_order(levels):
+    peer = peers_with_prefix("0101", 1)[0]
+    k = shard_key(peer, 0)
+    topics = [shard_topic(BASE, k, lv) for lv in levels]
+    assert published_level(BASE, topics) is None
+    assert "not L-1, L, L+1 in that order" in topics_problem(BASE, topics, peer, [0])
+    assert [published_level(BASE, publish_topics(BASE, k, lv)) for lv in (0, 1, 5, MAX_LEVEL)] == [0, 1, 5, MAX_LEVEL]
 
 
 def level(**knobs):
@@ -68,16 +79,19 @@ def level(**knobs):
     return cfg.level_of(peers_with_prefix("00", 1)[0], EPOCH_S, 0.0)
 
 
+def hear_all(shard, peers, now, at_level):
+    for p in peers:
+        shard.hear(p, now, at_level)
+
+
 def test_a_shard_splits_only_when_the_child_shard_would_hold_enough_authors():
     shard = level()
     assert not shard.update(0.0, [])
     lopsided = peers_with_prefix("0", 1, skip=1) + peers_with_prefix("1", 6)  # my child shard "0": me + 1
-    for k in lopsided:
-        shard.hear(k, 5.0)
+    hear_all(shard, lopsided, 5.0, 0)
     assert shard.authors(5.0, 0) == 8 and shard.authors(5.0, 1) == 2
     assert not shard.update(10.0, [])  # 8 authors >= 6, but the child shard would hold 2 < 3
-    for k in peers_with_prefix("0", 2, skip=10**4):
-        shard.hear(k, 11.0)
+    hear_all(shard, peers_with_prefix("0", 2, skip=10**4), 11.0, 0)
     assert shard.update(11.0, []) and shard.level == 1
 
 
@@ -91,43 +105,69 @@ def test_a_node_moves_up_when_its_shard_is_too_small_and_not_below_zero():
     assert not shard.update(40.0, [])
 
 
-def test_authors_count_only_within_the_window():
+def test_authors_count_only_within_the_window_and_within_one_level_of_where_they_publish():
     shard = level()
-    for k in peers_with_prefix("0", 5):
-        shard.hear(k, 0.0)
+    hear_all(shard, peers_with_prefix("0", 5), 0.0, 0)
     assert shard.authors(5.0, 0) == 6
     assert shard.authors(10.5, 0) == 1
     shard.update(10.5, [])
     assert not shard.heard  # forgotten, not kept forever
+    hear_all(shard, peers_with_prefix(prefix(shard.key, 5), 4), 11.0, 3)  # heard on our topics at levels 2, 3, 4
+    assert [shard.authors(11.0, lv) for lv in range(6)] == [1, 1, 5, 5, 5, 1]
 
 
-def test_a_newcomer_takes_the_median_level_of_its_neighbours_then_follows_what_it_hears():
-    shard = level()
-    assert shard.update(1.0, [3, 4, 3, 9]) and shard.level == 3
-    assert not shard.update(2.0, [3, 4, 3, 9])
-    assert shard.update(5.0, [5, 5, 5]) and shard.level == 5  # still joining: follows its neighbours
-    assert not shard.update(12.0, [7, 7, 7])  # joined: a full window at level 5 before it moves again
-    assert shard.update(15.0, [7, 7, 7]) and shard.level == 7  # it heard nobody at 5: rejoins its neighbours
-    assert shard.update(25.0, [7, 7, 7]) and shard.level == 6  # nobody at 7 either: widens its shard
-    assert shard.update(35.0, [7, 7, 7]) and shard.level == 5  # neighbours one level deeper hear it: no jump back
-
-
-def test_a_shard_splits_several_levels_at_once_when_the_heard_authors_allow():
+def test_a_split_goes_at_most_one_level_beyond_where_its_authors_publish():
     shard = level()
     shard.update(0.0, [])
-    for k in peers_with_prefix("000", 2, skip=10**4) + peers_with_prefix("001", 2, skip=10**4) \
-            + peers_with_prefix("01", 6) + peers_with_prefix("1", 12):
-        shard.hear(k, 5.0)
-    # mine is "00...": with me, 23 authors at level 0, 11 at level 1, 5 at level 2 (< 6: no further split)
-    assert [shard.authors(10.0, lv) for lv in range(3)] == [23, 11, 5]
-    assert shard.update(10.0, []) and shard.level == 2
+    authors = peers_with_prefix("000", 4, skip=10**4) + peers_with_prefix("001", 4, skip=10**4) \
+        + peers_with_prefix("01", 6) + peers_with_prefix("1", 12)
+    hear_all(shard, authors, 5.0, 0)
+    # mine is "00...": 27 authors at level 0 and 15 at level 1; at level 2 none of them would be heard
+    assert [shard.authors(10.0, lv) for lv in range(3)] == [27, 15, 1]
+    assert shard.update(10.0, []) and shard.level == 1
+    hear_all(shard, authors, 12.0, 1)  # they split too and now publish at level 1
+    assert [shard.authors(12.0, lv) for lv in range(4)] == [27, 15, 9, 1]
+    assert shard.update(12.0, []) and shard.level == 2  # not 3: none of them publishes within a level of it
 
 
-def test_a_pinned_level_never_moves():
+def test_subscriptions_alone_never_move_a_level_and_probes_are_bounded():
+    shard = level()
+    shard.update(0.0, [])
+    lies = [MAX_LEVEL] * 30 + [5] * 30 + [9] * 3  # 63 subscriptions to our own shards, and no rollout
+    for t in range(0, 200, 2):
+        assert not shard.update(float(t), lies) and shard.level == 0
+        assert len(shard.probes) <= 2
+    assert set(shard.probed) == {MAX_LEVEL, 5, 9}  # each probed, none again within PROBE_AGAIN_WINDOWS windows
+    assert min(shard.probed.values()) >= 200 - 2 - PROBE_AGAIN_WINDOWS * 10 * 2
+
+
+def test_a_newcomer_finds_a_deep_swarm_by_probing_where_its_neighbours_listen():
+    shard = level()
+    assert not shard.update(0.0, [6, 6, 6, 1]) and set(shard.probes) == {6}  # level 1 is within earshot already
+    hear_all(shard, peers_with_prefix(prefix(shard.key, 6), 1), 1.0, 6)
+    assert not shard.update(1.0, [6, 6, 6])  # 2 authors at 6 (itself included): fewer than min_authors
+    hear_all(shard, peers_with_prefix(prefix(shard.key, 6), 3), 2.0, 7)
+    assert shard.update(2.0, [6, 6, 6]) and shard.level == 6 and not shard.probes
+
+
+def test_a_move_made_on_authors_who_fall_silent_is_undone_within_about_one_window():
+    shard = level()
+    shard.update(0.0, [12])
+    hear_all(shard, peers_with_prefix(prefix(shard.key, 12), 3), 1.0, 12)  # ground ids with valid rollouts
+    assert shard.update(1.0, [12]) and shard.level == 12
+    honest = peers_with_prefix("1", 2)  # a 3-node swarm at level 0
+    for t in range(2, 40, 2):  # the sybils fall silent; the honest pair keeps publishing at 0
+        if shard.level == 0:
+            break
+        hear_all(shard, honest, float(t), 0)
+        shard.update(float(t), [0, 0])
+    assert shard.level == 0 and t <= 2 * 10 + 2
+
+
+def test_a_pinned_level_never_moves_nor_probes():
     shard = level(level=0)
-    for k in peers_with_prefix("0", 20):
-        shard.hear(k, 0.0)
-    assert not shard.update(0.0, [5]) and not shard.update(100.0, [5]) and shard.level == 0
+    hear_all(shard, peers_with_prefix("0", 20), 0.0, 0)
+    assert not shard.update(0.0, [5]) and not shard.update(100.0, [5]) and shard.level == 0 and not shard.probes
 
 
 def test_shard_knobs_are_checked():
@@ -142,8 +182,7 @@ def test_a_new_epoch_moves_the_node_to_its_new_shard_at_the_same_level_and_start
     shard = level()
     shard.level = 2
     shard.update(0.0, [])
-    for k in peers_with_prefix("00", 3, skip=10**4):
-        shard.hear(k, 990.0)
+    hear_all(shard, peers_with_prefix("00", 3, skip=10**4), 990.0, 2)
     before = shard.key
     assert shard.update(1001.0, []) and shard.epoch == 1 and shard.level == 2 and shard.key != before
     assert shard.key == shard_key(shard.peer, epoch_of(1001.0, EPOCH_S)) and not shard.heard
