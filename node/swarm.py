@@ -109,18 +109,28 @@ class Child:
     companion: bool = False
     rows: list[dict] = field(default_factory=list)
     _read: int = 0
+    _file: tuple[int, int] | None = None  # (device, inode) of the metrics file read so far
 
     def refresh(self) -> None:
-        """Read the metrics lines written since the last call (a torn last line waits for the next)."""
+        """Read the metrics lines written since the last call (a torn last line waits for the next).
+        A resumed node rewinds its metrics by replacing the file: then it is read again from the start."""
         path = self.out / "metrics.jsonl"
-        if not path.exists():
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if (st.st_dev, st.st_ino) != self._file or st.st_size < self._read:
+                    self._file, self._read, self.rows = (st.st_dev, st.st_ino), 0, []
+                f.seek(self._read)
+                chunk = f.read()
+        except FileNotFoundError:
             return
-        with open(path) as f:
-            f.seek(self._read)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind("\n") + 1]
-        self._read += len(complete.encode())
-        self.rows += [json.loads(line) for line in complete.splitlines() if line.strip()]
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._read += len(complete)
+        for line in complete.splitlines():
+            try:
+                self.rows.append(json.loads(line))
+            except json.JSONDecodeError:  # torn by a crash mid-write; the node sets it aside when it resumes
+                pass
 
 
 def free_port() -> int:

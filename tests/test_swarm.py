@@ -358,3 +358,21 @@ def test_the_summary_figure_draws_each_arm_and_model_as_one_mean_with_a_band_at_
     rewards = drawn[0][1]
     assert len(rewards) == 4 and sorted(c[10] for c in rewards) == pytest.approx([0.5, 0.52, 0.54, 0.56])
     assert (tmp_path / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_swarm_watch_reads_a_metrics_file_rewound_on_resume_from_the_start(tmp_path):
+    # a resumed node moves the rounds after its checkpoint aside and replaces metrics.jsonl with a shorter
+    # file; the watch then seeked into the middle of a line and `sapo swarm` died with a JSONDecodeError
+    from node.metrics import MetricsLog
+    from node.swarm import Child
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"round": r, "pad": "x" * 50}) + "\n" for r in range(1, 41)))
+    child = Child("node0", "tiny-a", tmp_path, proc=None, dashboard="")
+    child.refresh()
+    assert [r["round"] for r in child.rows] == list(range(1, 41))
+    assert MetricsLog(path).rewind(to_round=30) == 10
+    with open(path, "a") as f:
+        f.write(json.dumps({"round": 31}) + "\n" + '{"round": 3')  # the next round, and a torn line
+    child.refresh()
+    assert [r["round"] for r in child.rows] == list(range(1, 32))
