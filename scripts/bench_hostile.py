@@ -25,12 +25,22 @@ prefix) before each right answer, text the node could learn to write. For these 
 external groups a node trains on by sender (honest: the other node), and after the window every node's
 final weights write 50 samples per task family with the node's own sampling: how many open with the wrap.
 
-`--code DIR` runs the two nodes from another checkout (e.g. a `git worktree` of an older commit) for a
+`--attack level-hijack` is an attack on the network layer instead of the pool: a swarm of `--sizes` N
+honest nodes (3 tiny-a training nodes, the rest gossip probes publishing 4 groups every 2 s from the same
+checkout) runs a window, then H strangers (`--hostile`; half subscribe to level 24 of their own shards, half
+to every level of the first node's own shard, `--claim-shards-of`; none publishes) connect to the first
+node for a window and leave, and a last window follows. Per window: each honest node's deepest shard
+level, the external groups each training node uses per round, and ERROR lines or tracebacks in the
+training nodes' logs.
+
+`--code DIR` runs the nodes from another checkout (e.g. a `git worktree` of an older commit) for a
 before/after comparison, `--rule` sets their swarm sampling rule; the hostile probes always run from this
 one. Prints a table and writes JSON.
 
     .venv/bin/python scripts/bench_hostile.py --hostile 0 1 6 --window 60 --seeds 2 --out docs/bench/hostile-2cpu.json
     .venv/bin/python scripts/bench_hostile.py --flood wrapped --rule signal --hostile 0 6 --out docs/bench/hostile-wrapped-signal-2cpu.json
+    .venv/bin/python scripts/bench_hostile.py --attack level-hijack --sizes 3 9 --hostile 3 30 --window 45 --seeds 1 \
+        --out docs/bench/hostile-level-hijack-2cpu.json
 """
 
 from __future__ import annotations
@@ -129,51 +139,67 @@ def peer_id(code: Path, out: Path, env: dict, listen: str) -> tuple[str, str]:
     return addr.rsplit("/p2p/", 1)[1], addr
 
 
-def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path, flood: str,
-        topology: str, rule: str, wrap: str | None) -> dict:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    py = [sys.executable, "-m"]
-    target_out, neighbour_out = work / "target", work / "neighbour"
-    port, neighbour_port = free_port(), free_port()
-    _, addr = peer_id(code, target_out, env, f"/ip4/127.0.0.1/tcp/{port}")
-    neighbour_id, _ = peer_id(code, neighbour_out, env, f"/ip4/127.0.0.1/tcp/{neighbour_port}")
-    procs = []
-    logs = []
+class Procs:
+    """Processes of one run, each logging to its own file in `work`; stopped with SIGTERM, then killed."""
 
-    def start(args: list[str], name: str, cwd: Path) -> None:
-        log = open(work / f"{name}.log", "w")
-        logs.append(log)
-        procs.append(subprocess.Popen([*py, *args], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=log))
+    def __init__(self, work: Path, code: Path):
+        self.work, self.code = work, code
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.procs: dict[str, subprocess.Popen] = {}
 
-    try:
-        start(["node.cli", "run", *node_args(target_out, port, seed, cache, rule)], "target", code)
-        start(["node.cli", "run", *node_args(neighbour_out, neighbour_port, seed + 1, cache, rule), "--bootstrap", addr,
-               *(["--p2p.max_peers", "1"] if topology == "one-hop" else [])], "neighbour", code)
-        for h in range(hostile):
-            start(["p2p.probe", "--key", str(work / f"sybil{h}.key"), "--bootstrap", addr, "--rate", "2",
-                   "--groups", "8", "--completions", "8", "--chars", "200",
-                   *(["--max-peers", "1"] if topology == "one-hop" else []),
-                   *(["--junk"] if flood == "junk" else []), *(["--wrap", wrap] if wrap is not None else [])],
-                  f"sybil{h}", ROOT)
-        deadline = time.monotonic() + 600
-        while min(len(rows(target_out)), len(rows(neighbour_out))) < WARMUP_ROUNDS:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"the swarm did not start (see {work})")
-            time.sleep(0.5)
-        t0, cpu0 = time.time(), [tree_cpu_s(p.pid) for p in procs[:2]]
-        time.sleep(window)
-        t1, cpu1 = time.time(), [tree_cpu_s(p.pid) for p in procs[:2]]
-    finally:
-        for p in procs:
+    def start(self, name: str, *args: str, cwd: Path | None = None) -> subprocess.Popen:
+        with open(self.work / f"{name}.log", "w") as log:
+            self.procs[name] = subprocess.Popen([sys.executable, "-m", *args], cwd=cwd or self.code, env=self.env,
+                                                stdout=subprocess.DEVNULL, stderr=log)
+        return self.procs[name]
+
+    def stop(self, names: list[str] | None = None) -> None:
+        chosen = [self.procs[n] for n in (names if names is not None else list(self.procs))]
+        for p in chosen:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in procs:
+        for p in chosen:
             try:
                 p.wait(60)
             except subprocess.TimeoutExpired:
                 p.kill()
-        for log in logs:
-            log.close()
+
+    def wait_started(self, nodes: list[Path], timeout_s: float = 900) -> None:
+        """Until every training node (by its run folder) has written WARMUP_ROUNDS rounds."""
+        deadline = time.monotonic() + timeout_s
+        while min(len(rows(out)) for out in nodes) < WARMUP_ROUNDS:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs.values()):
+                raise RuntimeError(f"the swarm did not start (see {self.work})")
+            time.sleep(0.5)
+
+    def errors(self, name: str) -> int:
+        """ERROR lines and tracebacks in a process's log."""
+        text = (self.work / f"{name}.log").read_text(errors="replace")
+        return sum(" ERROR " in line or line.startswith("Traceback") for line in text.splitlines())
+
+
+def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path, flood: str,
+        topology: str, rule: str, wrap: str | None) -> dict:
+    procs = Procs(work, code)
+    target_out, neighbour_out = work / "target", work / "neighbour"
+    port, neighbour_port = free_port(), free_port()
+    _, addr = peer_id(code, target_out, procs.env, f"/ip4/127.0.0.1/tcp/{port}")
+    neighbour_id, _ = peer_id(code, neighbour_out, procs.env, f"/ip4/127.0.0.1/tcp/{neighbour_port}")
+    try:
+        nodes = [procs.start("target", "node.cli", "run", *node_args(target_out, port, seed, cache, rule)),
+                 procs.start("neighbour", "node.cli", "run", *node_args(neighbour_out, neighbour_port, seed + 1, cache, rule),
+                             "--bootstrap", addr, *(["--p2p.max_peers", "1"] if topology == "one-hop" else []))]
+        for h in range(hostile):
+            procs.start(f"sybil{h}", "p2p.probe", "--key", str(work / f"sybil{h}.key"), "--bootstrap", addr, "--rate", "2",
+                        "--groups", "8", "--completions", "8", "--chars", "200",
+                        *(["--max-peers", "1"] if topology == "one-hop" else []),
+                        *(["--junk"] if flood == "junk" else []), *(["--wrap", wrap] if wrap is not None else []), cwd=ROOT)
+        procs.wait_started([target_out, neighbour_out])
+        t0, cpu0 = time.time(), [tree_cpu_s(p.pid) for p in nodes]
+        time.sleep(window)
+        t1, cpu1 = time.time(), [tree_cpu_s(p.pid) for p in nodes]
+    finally:
+        procs.stop()
     target = [r for r in rows(target_out) if t0 <= r["time"] <= t1]
     neighbour = [r for r in rows(neighbour_out) if t0 <= r["time"] <= t1]
     dropped: dict[str, int] = {}
@@ -202,8 +228,93 @@ def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: P
             "target_external_dropped": dropped, "target_p2p": last.get("p2p")}
 
 
+def probe_levels(events: Path) -> list[tuple[float, int]]:
+    """(time, shard level) of a gossip probe's stats events."""
+    found = []
+    for line in events.read_text().splitlines() if events.exists() else []:
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if e.get("event") == "stats" and "shard_level" in e:
+            found.append((e["t"], e["shard_level"]))
+    return found
+
+
+def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path,
+                     rule: str) -> dict:
+    procs = Procs(work, code)
+    trainers = [f"node{i}" for i in range(min(3, size))]
+    gossipers = [f"gossip{i}" for i in range(size - len(trainers))]
+    ports = {n: free_port() for n in trainers}
+    target_id, addr = peer_id(code, work / trainers[0], procs.env, f"/ip4/127.0.0.1/tcp/{ports[trainers[0]]}")
+    try:
+        for i, name in enumerate(trainers):
+            procs.start(name, "node.cli", "run", *node_args(work / name, ports[name], seed + i, cache, rule),
+                        *(["--bootstrap", addr] if i else []))
+        for name in gossipers:
+            procs.start(name, "p2p.probe", "--key", str(work / f"{name}.key"), "--bootstrap", addr, "--rate", "0.5",
+                        "--groups", "4", "--events", str(work / f"{name}.jsonl"))
+        procs.wait_started([work / n for n in trainers])
+        marks = [time.time()]
+        time.sleep(window)
+        marks.append(time.time())
+        liars = [f"liar{h}" for h in range(hostile)]
+        for h, name in enumerate(liars):  # half aim at the first node's own shards, half claim level 24 of theirs
+            aim = ["--claim-shards-of", target_id] if h % 2 == 0 else ["--shards", json.dumps({"level": 24})]
+            procs.start(name, "p2p.probe", "--key", str(work / f"{name}.key"), "--bootstrap", addr, *aim, cwd=ROOT)
+        time.sleep(window)
+        procs.stop(liars)
+        marks.append(time.time())
+        time.sleep(window)
+        marks.append(time.time())
+    finally:
+        procs.stop()
+    phases = dict(zip(("before", "attack", "after"), zip(marks, marks[1:])))
+    out: dict[str, dict] = {}
+    for phase, (a, b) in phases.items():
+        per_node = {}
+        for n in trainers:
+            rs = [r for r in rows(work / n) if a <= r["time"] <= b]
+            p2p = [r.get("p2p") or {} for r in rs]
+            per_node[n] = {"rounds": len(rs), "external_used_per_round": statistics.mean(r["n_external"] for r in rs)
+                           if rs else 0.0, "deepest_level": max((x.get("shard_level", 0) for x in p2p), default=None),
+                           "peers_max": max((r["peers"] for r in rs), default=0),
+                           "levels_probed": sorted({lv for x in p2p for lv in x.get("shard_probes", [])})}
+        for n in gossipers:
+            levels = [lv for t, lv in probe_levels(work / f"{n}.jsonl") if a <= t <= b]
+            per_node[n] = {"deepest_level": max(levels, default=None)}
+        out[phase] = {"nodes": per_node,
+                      "deepest_level": max((v["deepest_level"] or 0) for v in per_node.values()),
+                      "external_used_per_round": statistics.mean(per_node[n]["external_used_per_round"]
+                                                                 for n in trainers)}
+    return {"attack": "level-hijack", "size": size, "hostile": hostile, "seed": seed, "rule": rule,
+            "window_s": window, "phases": out, "errors": {n: procs.errors(n) for n in trainers}}
+
+
+def level_hijack_report(runs: list[dict], commit: str, window: float) -> list[dict]:
+    table = Table(title=f"subscribe-only strangers at one node (code {commit}, {window:.0f} s windows)")
+    for col in ("nodes", "strangers", "seed", "deepest level before / attack / after",
+                "external used / round before / attack / after", "ERROR lines"):
+        table.add_column(col)
+    for r in runs:
+        ph = r["phases"]
+        table.add_row(str(r["size"]), str(r["hostile"]), str(r["seed"]),
+                      " / ".join(str(ph[k]["deepest_level"]) for k in ("before", "attack", "after")),
+                      " / ".join(f"{ph[k]['external_used_per_round']:.2f}" for k in ("before", "attack", "after")),
+                      str(sum(r["errors"].values())))
+    Console().print(table)
+    return [{"size": r["size"], "hostile": r["hostile"], "seed": r["seed"],
+             **{f"deepest_level_{k}": r["phases"][k]["deepest_level"] for k in ("before", "attack", "after")},
+             **{f"external_used_{k}": r["phases"][k]["external_used_per_round"] for k in ("before", "attack", "after")},
+             "error_lines": sum(r["errors"].values())} for r in runs]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--attack", choices=("flood", "level-hijack"), default="flood",
+                   help="flood: useless or hostile groups into the pool; level-hijack: subscribe-only strangers")
+    p.add_argument("--sizes", type=bounded(int, ge=3), nargs="+", default=[3, 9], help="level-hijack: honest nodes")
     p.add_argument("--hostile", type=bounded(int, ge=0), nargs="+", default=[0, 1, 6], help="hostile identities per arm (0: baseline)")
     p.add_argument("--window", type=positive, default=60.0, help="seconds measured per run, after the warm-up")
     p.add_argument("--seeds", type=count, default=2)
@@ -221,6 +332,18 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.code, capture_output=True,
                             text=True).stdout.strip()
+    if args.attack == "level-hijack":
+        runs = []
+        for seed in range(args.seeds):
+            for size in args.sizes:
+                for h in args.hostile:
+                    with tempfile.TemporaryDirectory(prefix="sapo-hostile-") as work:
+                        runs.append(run_level_hijack(size, h, args.window, seed, args.code, args.cache, Path(work),
+                                                     args.rule))
+                    print(json.dumps(runs[-1]), flush=True)
+        summary = level_hijack_report(runs, commit, args.window)
+        return save(args, {"command": " ".join(sys.argv), "code": commit, "attack": args.attack, "rule": args.rule,
+                           "summary": summary, "runs": runs})
     runs = []
     for seed in range(args.seeds):
         for h in args.hostile:
@@ -254,12 +377,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['target_cpu_s_per_round']:.2f}", f"{row['neighbour_cpu_s_per_round']:.2f}",
                       f"{row['neighbour_rounds_per_s']:.2f}", str(row.get("writes_wrap_max", "-")))
     Console().print(table)
+    return save(args, {"command": " ".join(sys.argv), "code": commit, "attack": args.attack, "flood": args.flood,
+                       "rule": args.rule, "topology": args.topology, "summary": summary, "runs": runs})
+
+
+def save(args: argparse.Namespace, result: dict) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"command": " ".join(sys.argv), "code": commit, "flood": args.flood,
-                                        "rule": args.rule, "topology": args.topology,
-                                        "machine": platform.machine(),
-                                        "cpus": os.cpu_count(), "summary": summary, "runs": runs}, indent=1) + "\n")
+        args.out.write_text(json.dumps({**result, "machine": platform.machine(), "cpus": os.cpu_count()}, indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0
 
