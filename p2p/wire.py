@@ -106,7 +106,7 @@ def decode(data: bytes, limits: Limits) -> WireMessage:
     if not isinstance(raw, dict):
         raise Rejected("schema", f"top level is {type(raw).__name__}, not a map")
     check_values(raw)
-    if "v" in raw and isinstance(raw["v"], int) and raw["v"] != VERSION:
+    if type(raw.get("v")) is int and raw["v"] != VERSION:  # a bool is not an int here: `schema`
         raise Rejected("version", f"major version {raw['v']} (this node speaks {VERSION})")
     try:
         msg = WireMessage.model_validate(raw)

@@ -56,6 +56,9 @@ MESSAGES: dict[str, bytes] = {
     "float32 created": b"\x86" + b"".join(packed(k) + (b"\xca" + struct.pack(">f", NOW) if k == "created"
                                                       else packed(v)) for k, v in message().items()),
     "version 1": packed(message(v=1)),
+    "version is a bool (true)": packed(message(v=True)),
+    "version 2.0 (a float)": packed(message(v=2.0)),
+    "empty payload": b"",
     "round is a bool": packed(message(round=True)),
     "NaN created": packed(message(created=float("nan"))),
     "infinite config value": packed(message(groups=[{**GROUP, "config": {"max_operand": float("inf")}}])),

@@ -11,13 +11,20 @@ from libp2p.peer.id import ID
 
 from p2p.config import Limits, P2PConfig
 from p2p.policy import MessagePolicy
-from p2p.shards import EPOCH_S, epoch_of, prefix, shard_key
+from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key
 from p2p.wire import REASONS, VERSION, Rejected, WireGroup, WireMessage, decode, encode, pack_groups
 
 ME = "12D3KooWAuthorAuthorAuthorAuthorAuthorAuthorAuthorAu"
 NOW = 1_800_000_000.0
 BASE = P2PConfig().rollout_topic_base()
-TOPICS = [f"{BASE}/s"]  # level 0: every author's shard
+
+
+def topics_of(author: str, now: float) -> list[str]:
+    """What `author` names at level 0 at unix time `now`: level 0 (every author's) and its level-1 shard."""
+    return publish_topics(BASE, shard_key(ID.from_base58(author).to_bytes(), epoch_of(now, EPOCH_S)), 0)
+
+
+TOPICS = topics_of(ME, NOW)
 
 
 def group(index: int = 0, n: int = 8, chars: int = 20) -> WireGroup:
@@ -87,8 +94,9 @@ def bad_payloads(author: str, now: float) -> dict[str, tuple[bytes, list[str]]]:
         "no_signal": msg(groups=[{**group().model_dump(), "completions": ["<answer>3</answer>"] * 4},
                                  {**group(1).model_dump(), "completions": ["no answer", "none either"]}]),
     }
-    return {**{reason: (data, TOPICS) for reason, data in cases.items()},
-            "wrong_shard": (msg(), [*TOPICS, not_my_shard(author, now)])}
+    topics = topics_of(author, now)
+    return {**{reason: (data, topics) for reason, data in cases.items()},
+            "wrong_shard": (msg(), [*topics, not_my_shard(author, now)])}
 
 
 CASES = bad_payloads(ME, NOW)
@@ -138,7 +146,8 @@ def test_a_replay_is_remembered_for_as_long_as_it_could_pass_the_age_check():
 
 
 def test_a_fresh_message_from_its_signer_is_accepted_at_the_real_clock():
-    msg = MessagePolicy(Limits(), BASE).check(pack(raw_message(created=time.time())), ME, TOPICS)
+    now = time.time()
+    msg = MessagePolicy(Limits(), BASE).check(pack(raw_message(created=now)), ME, topics_of(ME, now), now=now)
     assert msg.peer == ME and len(msg.groups) == 1
 
 
