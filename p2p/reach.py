@@ -205,6 +205,8 @@ class Reach:
                     await stream.write(msgpack.packb({"ports": ports}))
                     reply = msgpack.unpackb(await stream.read(1024))
                     await stream.close()
+                    if reply.get("relayed"):  # it reaches us through a relay: it cannot tell
+                        continue
                     reached = [p for p in reply.get("reached", []) if p in ports]
                     answers.append(bool(reached))
                     if reached:
@@ -215,13 +217,25 @@ class Reach:
             return None
         return Reachability.PUBLIC if any(answers) else Reachability.PRIVATE
 
+    def _relayed(self, stream) -> bool:
+        """Whether a stream runs over a relayed connection (or one no longer known): the address it
+        comes from is then the relay's, not the asker's."""
+        conns = self.host.get_network().connections.get(stream.muxed_conn.peer_id, [])
+        conn = next((c for c in conns if c.muxed_conn is stream.muxed_conn), None)
+        return conn is None or any(map(is_circuit, conn.get_transport_addresses()))
+
     async def _serve_dialback(self, stream) -> None:
-        """Dial the asker back at the IP its connection comes from, on at most 4 of its ports, once a
-        minute per asker: nobody can point us at a third party."""
+        """Dial the asker back at the IP its direct connection comes from, on at most 4 of its ports,
+        once a minute per asker: nobody can point us at a third party. Over a relay that IP is the
+        relay's, so the answer is that we cannot tell (dialing would scan the relay's host)."""
         try:
             asker = stream.muxed_conn.peer_id
             remote = stream.get_remote_address()
             request = msgpack.unpackb(await stream.read(1024))
+            if self._relayed(stream):
+                self.counts["dialback_relayed"] += 1
+                await stream.write(msgpack.packb({"relayed": True}))
+                return
             ports = [p for p in request.get("ports", []) if isinstance(p, int) and 0 < p < 65536][:DIALBACK_MAX_PORTS]
             reached = []
             self._served.forget_expired(trio.current_time())

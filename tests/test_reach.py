@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
+from types import SimpleNamespace
 
+import msgpack
 import pytest
+import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
@@ -76,3 +79,45 @@ def test_a_private_node_advertises_only_its_relayed_addresses():
     relay = peer(after=node)
     node.reserved[relay] = Multiaddr(CIRCUIT)
     assert node.advertised(HOME) == [Multiaddr(CIRCUIT)]
+
+
+class FakeStream:
+    """A dial-back stream from `asker` over a connection whose transport address is `addr`."""
+
+    def __init__(self, node: Reach, asker: ID, addr: str, ports: list[int]):
+        self.muxed_conn = SimpleNamespace(peer_id=asker)
+        conn = SimpleNamespace(muxed_conn=self.muxed_conn, get_transport_addresses=lambda: [Multiaddr(addr)])
+        node.host.get_network().connections[asker] = [conn]
+        self.request, self.written = msgpack.packb({"ports": ports}), []
+
+    def get_remote_address(self) -> tuple[str, int]:
+        return ("198.18.1.2", 40000)  # over a relay: the relay's host
+
+    async def read(self, n: int) -> bytes:
+        return self.request
+
+    async def write(self, data: bytes) -> None:
+        self.written.append(msgpack.unpackb(data))
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("relayed", [True, False])
+def test_dial_back_is_served_only_over_a_direct_connection(relayed, monkeypatch):
+    node = reach(Reachability.PUBLIC)
+    asker = peer(after=node)
+    dialed = []
+
+    async def open_tcp_stream(ip: str, port: int):
+        dialed.append((ip, port))
+        return SimpleNamespace(aclose=lambda: trio.sleep(0))
+
+    monkeypatch.setattr(trio, "open_tcp_stream", open_tcp_stream)
+    stream = FakeStream(node, asker, f"{CIRCUIT}/p2p/{asker}" if relayed else "/ip4/198.18.1.2/tcp/40000", [22, 80, 7420])
+    trio.run(node._serve_dialback, stream)
+    if relayed:  # dialing would scan the relay's host for the asker
+        assert stream.written == [{"relayed": True}] and dialed == [] and node.counts["dialback_relayed"] == 1
+    else:
+        assert stream.written == [{"reached": [22, 80, 7420]}]
+        assert dialed == [("198.18.1.2", p) for p in (22, 80, 7420)]
