@@ -29,6 +29,7 @@ from libp2p.utils.address_validation import expand_wildcard_address
 from multiaddr import Multiaddr
 
 from p2p.config import P2PConfig
+from p2p.hints import REMEMBERED, HintBudget
 from p2p.policy import MessagePolicy
 from p2p.pubsub import CountingGossipSub, GuardedPubsub
 from p2p.reach import Reach, is_circuit
@@ -42,7 +43,6 @@ DIAL_TIMEOUT_S = 10.0
 EXCHANGE_MAX_PEERS = 32
 EXCHANGE_MAX_BYTES = 64 * 1024
 HINT_DIALS_PER_ANSWER = 4  # new peers dialed from one peer-exchange answer: a liar's answer costs at most this
-REMEMBERED = 4096  # addresses and peers the discovery loop remembers (backoff, logged once)
 SHARD_CHECK_S = 2.0  # how often the shard level is re-decided
 DELIVERED_TTL_S = 600.0  # a message is not handed on twice within this (the pool drops stale ones sooner)
 
@@ -323,21 +323,20 @@ class GossipHost:
     async def _exchange_peers(self) -> None:
         """Peer exchange, asking side: learn peers from a random neighbour and dial the new ones.
 
-        Hints are untrusted: fresh peer ids cost nothing, so backoff is per address (32 fresh ids at one
-        address cost one dial, not 32), one answer causes at most `HINT_DIALS_PER_ANSWER` dials, and a
-        failing address is logged once. A neighbour that does not answer (peer exchange is optional for
-        other implementations) is not asked again for a while.
+        Hints are untrusted (`p2p.hints`): a failed dial is held against its address, its host and the
+        neighbour that gave it; one answer causes at most `HINT_DIALS_PER_ANSWER` dials, and a failing
+        address is logged once. A neighbour that does not answer (peer exchange is optional for other
+        implementations) is not asked again for a while.
         """
-        failed = SeenKeys(self.cfg.max_backoff_s, REMEMBERED)  # addresses (without /p2p) not dialed again yet
+        budget = HintBudget(self.cfg.max_backoff_s)
         silent = SeenKeys(self.cfg.max_backoff_s, REMEMBERED)  # neighbours that did not answer, not asked again yet
         wait = 0.3  # the first ask comes right after the bootstrap connection, to mesh quickly
         while True:
             await trio.sleep(wait)
             wait = self.cfg.peer_exchange_s * random.uniform(0.5, 1.0)
-            connected = self._connected()
-            failed.forget_expired(trio.current_time())
-            silent.forget_expired(trio.current_time())
-            askable = [p for p in connected if p not in silent]
+            connected, now = self._connected(), trio.current_time()
+            silent.forget_expired(now)
+            askable = [p for p in connected if p not in silent and budget.may_ask(p, now)]
             if not askable or not self._wants_peers():
                 continue
             responder = random.choice(askable)
@@ -350,9 +349,9 @@ class GossipHost:
             random.shuffle(infos)  # then our own shard first: the peers whose rollouts we hear
             infos.sort(key=lambda i: -shared_bits(self.shard.key, self.shard.key_of(i.peer_id.to_bytes())))
             for info in infos:
-                if dials == HINT_DIALS_PER_ANSWER:
+                if dials == HINT_DIALS_PER_ANSWER or not budget.may_ask(responder, trio.current_time()):
                     break
-                addrs = [a for a in self.reach.dialable(info, own) if _addr_key(a) not in failed]
+                addrs = [a for a in self.reach.dialable(info, own) if budget.may_dial(_addr_key(a), trio.current_time())]
                 if info.peer_id == self.me or info.peer_id in connected or not addrs:
                     continue
                 if not await self._make_room(shared_bits(self.shard.key, self.shard.key_of(info.peer_id.to_bytes()))):
@@ -361,8 +360,10 @@ class GossipHost:
                 if await self._dial(PeerInfo(info.peer_id, addrs)):
                     log.info("discovered peer %s", info.peer_id)
                     continue
-                for key in map(_addr_key, addrs):
-                    failed.add(key, trio.current_time())
+                keys = [_addr_key(a) for a in addrs]
+                budget.failed(keys, responder, trio.current_time())
+                self.counts["hints_failed"] += 1
+                for key in keys:
                     if key not in self._logged_hints:
                         self._logged_hints.add(key, 0.0)
                         log.info("peer-exchange hint %s (from %s) unreachable; not dialed again for %.0f s",

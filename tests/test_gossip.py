@@ -30,6 +30,7 @@ from p2p.config import P2PConfig
 from p2p.identity import load_or_create, peer_id
 from p2p.probe import ProbeProcess
 from p2p.service import Gossip
+from p2p.hints import HOST_FAILURES
 from p2p.host import GossipHost
 from p2p.policy import MessagePolicy
 from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key
@@ -299,6 +300,27 @@ def test_peer_exchange_hints_cannot_make_a_node_dial_anywhere(spawn, tmp_path):
     assert stats["dials"] <= 1 + 1  # the bootstrap peer, then one dial of the hinted address (not 32 a time)
     assert log_lines(node, " ERROR ") == []
     assert len(log_lines(node, "unreachable")) == 1 and at in log_lines(node, "unreachable")[0]
+
+
+def test_peer_exchange_hints_on_many_ports_of_one_host_cost_a_few_dials(spawn, tmp_path):
+    # 32 made-up peers, each at another closed port of one host: the per-address backoff alone let a liar
+    # aim 4 dials an answer at that host, one answer every 1.5-3 s
+    hints = [{"id": ID.from_pubkey(create_new_key_pair().public_key).to_base58(),
+              "addrs": [f"/ip4/127.0.0.1/tcp/{free_port()}"]} for _ in range(32)]
+
+    async def lie(stream) -> None:
+        await stream.write(msgpack.packb(hints))
+        await stream.close()
+
+    with Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "liar.key", on_message=lambda msg: None) as liar:
+        serve_peer_exchange(liar, lie)
+        node = spawn("node", "--bootstrap", liar.addrs[0])
+        node.wait_for(lambda: node.stats().get("peers", 0) >= 1, 30, "the bootstrap connection")
+        time.sleep(15)  # 5-10 asks at the default pace
+        stats = node.stats()
+    assert stats["dials"] <= 1 + HOST_FAILURES  # the bootstrap peer, then the host's failure budget
+    assert stats["hints_failed"] == HOST_FAILURES
+    assert log_lines(node, " ERROR ") == []
 
 
 def test_a_peer_that_does_not_answer_peer_exchange_costs_one_log_line(spawn, tmp_path):
