@@ -16,7 +16,8 @@ from libp2p.peer.id import ID
 from p2p.seen import SeenKeys
 from p2p.shards import EPOCH_S, epoch_of, topics_problem
 from p2p.wire import Rejected, WireMessage, decode
-from rewards.scoring import can_carry_signal
+from rewards.scoring import carries_signal
+from rewards.tasks import TaskRef
 
 
 class MessagePolicy:
@@ -66,11 +67,12 @@ class MessagePolicy:
             if digest in self._seen:
                 raise Rejected("duplicate", "same bytes seen before")
             self._seen.add(digest, now)
-        if not any(can_carry_signal(g.completions) for g in msg.groups):
-            # A group whose completions all give the same answer (or none) is worth nothing to any
-            # receiver; a message of only such groups is not forwarded, so well-formed junk stops at the
-            # first honest hop instead of costing every neighbour its decoding and re-scoring.
-            raise Rejected("no_signal", f"none of its {len(msg.groups)} group(s) has two different answers")
+        if not any(carries_signal(TaskRef(g.dataset, g.config, g.seed, g.index), g.completions) for g in msg.groups):
+            # A group whose completions all score alike is worth nothing to any receiver; a message of
+            # only such groups is not forwarded, so well-formed junk stops at the first honest hop instead
+            # of costing every neighbour its decoding and re-scoring.
+            raise Rejected("no_signal", f"none of its {len(msg.groups)} group(s) has completions that score "
+                           "differently")
         return msg
 
     def stats(self) -> dict[str, object]:

@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--completions", type=int, default=8, help="completions per group")
     p.add_argument("--chars", type=int, default=200, help="characters per completion")
     p.add_argument("--junk", action="store_true", help="publish random text without answers (a useless flood)")
+    p.add_argument("--wrong", action="store_true", help="publish only different wrong answers (useless, but only "
+                   "scoring shows it); by default half the completions hold the task's right answer")
     p.add_argument("--wrap", help="publish groups whose first half is this text before the task's right answer and "
                    "second half wrong answers (the answer is regenerated from the task reference)")
     p.add_argument("--claim-shards-of", metavar="PEER_ID", type=_peer_id,
@@ -75,25 +77,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def synthetic_groups(rng: random.Random, round_: int, n: int, completions: int, chars: int,
-                     task: dict | None = None, junk: bool = False, wrap: str | None = None) -> list[WireGroup]:
-    """Groups for the task reference `task` whose completions are `chars` characters of random text
-    ending in random (different, almost surely wrong) answers; with `junk`, random text without any
-    answer, which receivers refuse to forward (`no_signal`); with `wrap`, half `wrap` followed by the
-    task's right answer and half bare wrong answers: groups that carry signal, built to teach the wrap."""
+                     task: dict | None = None, junk: bool = False, wrap: str | None = None,
+                     wrong: bool = False) -> list[WireGroup]:
+    """Groups for the task reference `task`: half their completions `chars` characters of random text
+    ending in the task's right answer, half ending in random wrong ones (groups any receiver can learn
+    from). With `wrong`, every completion ends in a different wrong answer (useless, and refused as
+    `no_signal` by a receiver that scores built-in tasks); with `junk`, random text without any answer
+    (refused by any receiver); with `wrap`, half `wrap` before the right answer and half bare wrong
+    answers: groups that carry signal, built to teach the wrap."""
+    from rewards import TaskRef, regenerate  # a lab tool: it writes the answers receivers will score
+
     alphabet = string.ascii_letters + string.digits + " "
+    task = task or {"dataset": "arith", "config": {}, "seed": 0}
 
     def completion(index: int, k: int) -> str:
-        if wrap is not None:
-            from rewards import TaskRef, regenerate  # a lab tool: the network layer itself never scores
-
-            right = regenerate(TaskRef(task["dataset"], task["config"], task["seed"], index)).answer
-            return f"{wrap}<answer>{right}</answer>" if k < completions // 2 else f"<answer>{rng.randrange(10**6)}</answer>"
         if junk:
             return "".join(rng.choices(alphabet, k=chars))
-        answer = f"<answer>{rng.randrange(10**6)}</answer>"
-        return "".join(rng.choices(alphabet, k=max(0, chars - len(answer)))) + answer
+        right = k < completions // 2 and not wrong
+        answer = regenerate(TaskRef(task["dataset"], task["config"], task["seed"], index)).answer if right \
+            else str(rng.randrange(10**6))
+        if wrap is not None:
+            return f"{wrap if right else ''}<answer>{answer}</answer>"
+        tail = f"<answer>{answer}</answer>"
+        return "".join(rng.choices(alphabet, k=max(0, chars - len(tail)))) + tail
 
-    task = task or {"dataset": "arith", "config": {}, "seed": 0}
     return [WireGroup(**task, index=index, completions=[completion(index, k) for k in range(completions)])
             for index in range(round_ * n, round_ * n + n)]
 
@@ -142,7 +149,7 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
             created = time.time()
             payloads, _ = pack_groups(gossip.peer_id, "probe", k, created,
                                       synthetic_groups(rng, k, args.groups, args.completions, args.chars, args.task,
-                                                       args.junk, args.wrap),
+                                                       args.junk, args.wrap, args.wrong),
                                       cfg.limits)
             for data in payloads:
                 gossip.publish(data)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rewards.tasks import Task
+    from rewards.tasks import Task, TaskRef
 
 OPEN, CLOSE = "<answer>", "</answer>"
 ANSWER_INSTRUCTION = f"Reply with {OPEN}final answer{CLOSE}."
@@ -52,3 +52,20 @@ def can_carry_signal(completions: list[str]) -> bool:
     """False when every completion yields the same extracted answer (or none does): any verifier then
     gives them equal rewards, so the group has zero GRPO advantage for every receiver."""
     return len({extract_answer(c) for c in completions}) > 1
+
+
+def carries_signal(ref: "TaskRef", completions: list[str]) -> bool:
+    """Whether a group can teach any receiver. A built-in task is cheap to rebuild (its config is bounded
+    by its own model; no sandbox needed), so it is regenerated and the group must hold both a right and
+    a wrong completion: two different wrong answers score alike. For other datasets, whose regeneration
+    may be costly, two different extracted answers (`can_carry_signal`)."""
+    from rewards import builtin
+    from rewards.tasks import TaskError
+
+    if ref.dataset not in builtin.DATASETS:
+        return can_carry_signal(completions)
+    try:
+        task = builtin.regenerate(ref)
+    except TaskError:  # a config no receiver can rebuild: nobody can score it
+        return False
+    return len({score_completion(task, c).correct for c in completions}) > 1

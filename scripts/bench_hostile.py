@@ -193,7 +193,8 @@ def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: P
             procs.start(f"sybil{h}", "p2p.probe", "--key", str(work / f"sybil{h}.key"), "--bootstrap", addr, "--rate", "2",
                         "--groups", "8", "--completions", "8", "--chars", "200",
                         *(["--max-peers", "1"] if topology == "one-hop" else []),
-                        *(["--junk"] if flood == "junk" else []), *(["--wrap", wrap] if wrap is not None else []), cwd=ROOT)
+                        *({"junk": ["--junk"], "answers": ["--wrong"]}.get(flood, [])),
+                        *(["--wrap", wrap] if wrap is not None else []), cwd=ROOT)
         procs.wait_started([target_out, neighbour_out])
         t0, cpu0 = time.time(), [tree_cpu_s(p.pid) for p in nodes]
         time.sleep(window)

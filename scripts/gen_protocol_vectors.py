@@ -37,8 +37,9 @@ PAST = next(k for k in (shard_key(ID.from_base58(SIGNER).to_bytes(), EPOCH - d) 
             if prefix(k, 2) not in (prefix(KEY, 2), prefix(PREVIOUS, 2)))
 TOPICS = publish_topics(BASE, KEY, 1)  # as a signer at level 1 publishes: its shards at levels 0, 1 and 2
 NOT_ITS_SHARD = f"{BASE}/s" + next(b for b in ("00", "01", "10", "11") if b not in (prefix(KEY, 2), prefix(PREVIOUS, 2)))
+RIGHT = regenerate(TaskRef("arith", {}, 0, 1353)).answer  # "8": the question is 4+4=?
 GROUP = {"dataset": "arith", "config": {}, "seed": 0, "index": 1353,
-         "completions": ["<answer>12</answer>", "<answer>14</answer>"]}
+         "completions": [f"<answer>{RIGHT}</answer>", "<answer>14</answer>"]}
 
 
 def message(**changes) -> dict:
@@ -73,9 +74,12 @@ MESSAGES: dict[str, bytes] = {
     "65 completions": packed(message(groups=[{**GROUP, "completions": ["x"] * 65}])),
     "8193 code points": packed(message(groups=[{**GROUP, "completions": ["é" * 8175 + "<answer>1</answer>", "x"]}])),
     "8192 code points (16366 bytes)": packed(message(groups=[{**GROUP, "completions": [
-        "é" * 8174 + "<answer>1</answer>", "<answer>2</answer>"]}])),
+        "é" * 8174 + f"<answer>{RIGHT}</answer>", "<answer>2</answer>"]}])),
     "every group one answer": packed(message(groups=[{**GROUP, "completions": ["<answer>7</answer>", "<answer>7</answer>\n"]},
                                                      {**GROUP, "index": 1, "completions": ["no answer", "none"]}])),
+    "two different wrong answers (the built-in task scores both 0)": packed(message(groups=[
+        {**GROUP, "completions": ["<answer>12</answer>", "<answer>14</answer>"]}])),
+    "a built-in task's config no one can rebuild": packed(message(groups=[{**GROUP, "config": {"max_operand": 0}}])),
     "another author": packed(message(peer="12D3KooWSomebodyElseSomebodyElseSomebodyElseSomebod")),
     "31 s in the future": packed(message(created=NOW + 31)),
     "301 s old": packed(message(created=NOW - 301)),

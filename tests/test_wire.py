@@ -12,6 +12,7 @@ from libp2p.peer.id import ID
 from p2p.config import Limits, P2PConfig
 from p2p.policy import MessagePolicy
 from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key
+from rewards import TaskRef, regenerate
 from p2p.wire import REASONS, VERSION, Rejected, WireGroup, WireMessage, decode, encode, pack_groups
 
 ME = "12D3KooWAuthorAuthorAuthorAuthorAuthorAuthorAuthorAu"
@@ -28,8 +29,10 @@ TOPICS = topics_of(ME, NOW)
 
 
 def group(index: int = 0, n: int = 8, chars: int = 20) -> WireGroup:
+    """The task's right answer, then n - 1 wrong ones: a group any receiver can learn from."""
+    answers = [regenerate(TaskRef("arith", {"max_operand": 9}, 3, index)).answer, *(f"x{i}" for i in range(1, n))]
     return WireGroup(dataset="arith", config={"max_operand": 9}, seed=3, index=index,
-                     completions=[f"<answer>{i}</answer>".rjust(chars, ".") for i in range(n)])
+                     completions=[f"<answer>{a}</answer>".rjust(chars, ".") for a in answers])
 
 
 def raw_message(**changes) -> dict:
@@ -189,10 +192,25 @@ def test_nesting_is_bounded():
 
 
 def test_a_message_is_forwarded_when_any_group_can_carry_signal():
+    right = group(2).completions[0]
     dead = {**group().model_dump(), "completions": ["<answer>3</answer>", " <answer>3</answer>\n"]}
-    live = {**group(1).model_dump(), "completions": ["<answer>3</answer>", "<answer>4</answer>"]}
-    half = {**group(2).model_dump(), "completions": ["<answer>3</answer>", "no answer"]}  # a format difference
+    live = group(1).model_dump()
+    half = {**group(2).model_dump(), "completions": [right, "no answer"]}  # right, and a format miss
+    gym = {**group(3).model_dump(), "dataset": "rg/leg_counting", "config": {},  # not rebuilt here: answers differ
+           "completions": ["<answer>3</answer>", "<answer>4</answer>"]}
     policy = MessagePolicy(Limits(), BASE)
-    for groups in ([dead, live], [half]):
+    for groups in ([dead, live], [half], [gym]):
         policy.check(pack(raw_message(groups=groups)), ME, TOPICS, now=NOW)
-    assert policy.stats() == {"accepted": 2, "rejected": {}}
+    assert policy.stats() == {"accepted": 3, "rejected": {}}
+
+
+def test_two_different_wrong_answers_to_a_built_in_task_are_not_forwarded():
+    # they passed the answer check, and a one-id flood of them cut a neighbour's rounds per second by a quarter
+    g = group()
+    wrong = {**g.model_dump(), "completions": ["<answer>x1</answer>", "<answer>x2</answer>"]}
+    unbuildable = {**g.model_dump(), "config": {"max_operand": 0}}
+    policy = MessagePolicy(Limits(), BASE)
+    for groups in ([wrong], [unbuildable, wrong]):
+        with pytest.raises(Rejected, match="no_signal: none of its"):
+            policy.check(pack(raw_message(groups=groups, round=len(groups))), ME, TOPICS, now=NOW)
+    assert policy.stats() == {"accepted": 0, "rejected": {"no_signal": 2}}
