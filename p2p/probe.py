@@ -23,7 +23,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
+import msgpack
 import multihash
+from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from pydantic import ValidationError
 
@@ -64,6 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--claim-shards-of", metavar="PEER_ID", type=_peer_id,
                    help="also subscribe (without reading) to every level of this peer's shard this epoch: a peer "
                    "claiming to listen where the target would hear it")
+    p.add_argument("--lie-peers", metavar="IP", help="answer peer exchange with 32 made-up peers, each at another "
+                   "port of this IP: a peer aiming the swarm's dials at a host")
     p.add_argument("--max-peers", type=int, default=P2PConfig.model_fields["max_peers"].default,
                    help="stop dialing discovered peers beyond this many connections")
     p.add_argument("--task", type=json.loads, default={"dataset": "arith", "config": {}, "seed": 0},
@@ -105,6 +109,19 @@ def synthetic_groups(rng: random.Random, round_: int, n: int, completions: int, 
             for index in range(round_ * n, round_ * n + n)]
 
 
+def lying_peer_list(ip: str) -> Callable:
+    """A peer-exchange answer of 32 fresh peer ids at random ports of `ip`, new ones each time."""
+    family = "ip6" if ":" in ip else "ip4"
+
+    async def answer(stream) -> None:
+        entries = [{"id": ID.from_pubkey(create_new_key_pair().public_key).to_base58(),
+                    "addrs": [f"/{family}/{ip}/tcp/{random.randrange(1024, 65536)}"]} for _ in range(32)]
+        await stream.write(msgpack.packb(entries))
+        await stream.close()
+
+    return answer
+
+
 def usage() -> dict[str, float]:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     with open("/proc/self/statm") as f:
@@ -135,6 +152,8 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
         key = shard_key(args.claim_shards_of.to_bytes(), epoch_of(time.time(), cfg.profile().shard_epoch_s))
         await asyncio.to_thread(gossip.subscribe_only,
                                 [shard_topic(cfg.rollout_topic_base(), key, lv) for lv in range(MAX_LEVEL + 1)])
+    if args.lie_peers:
+        await asyncio.to_thread(gossip.answer_peer_exchange, lying_peer_list(args.lie_peers))
     emit("ready", peer_id=gossip.peer_id, addrs=gossip.addrs)
 
     async def receive() -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import trio
+from libp2p.custom_types import TProtocol
 
 from p2p.config import P2PConfig
 from p2p.host import GossipHost
@@ -80,6 +81,16 @@ class Gossip:
         (p2p.probe plays one; levels must not follow such claims)."""
         for topic in topics:
             trio.from_thread.run(self._host.pubsub.subscribe, topic, trio_token=self._token)
+
+    def answer_peer_exchange(self, handler: Callable | None) -> None:
+        """Answer peer exchange with `handler` (an async stream handler) instead of the node's own list,
+        or not at all (None): how p2p.probe and the tests play a peer that lies or stays silent."""
+        host, protocol = self._host.host, TProtocol(self.cfg.peer_exchange_protocol())
+
+        def swap() -> None:
+            host.remove_stream_handler(protocol) if handler is None else host.set_stream_handler(protocol, handler)
+
+        trio.from_thread.run_sync(swap, trio_token=self._token)
 
     def stats(self) -> dict[str, object]:
         host = self._host

@@ -33,6 +33,10 @@ node for a window and leave, and a last window follows. Per window: each honest 
 level, the external groups each training node uses per round, and ERROR lines or tracebacks in the
 training nodes' logs.
 
+`--attack px-aim`: `--sizes` N gossip probes, and for the middle window H strangers that answer every
+peer-exchange ask with 32 made-up peers at random ports of 127.0.0.1 (`p2p.probe --lie-peers`). Per
+window: the dials each honest node made, failed hints, and ERROR lines.
+
 `--code DIR` runs the nodes from another checkout (e.g. a `git worktree` of an older commit) for a
 before/after comparison, `--rule` sets their swarm sampling rule; the hostile probes always run from this
 one. Prints a table and writes JSON.
@@ -41,6 +45,8 @@ one. Prints a table and writes JSON.
     .venv/bin/python scripts/bench_hostile.py --flood wrapped --rule signal --hostile 0 6 --out docs/bench/hostile-wrapped-signal-2cpu.json
     .venv/bin/python scripts/bench_hostile.py --attack level-hijack --sizes 3 9 --hostile 3 30 --window 45 --seeds 1 \
         --out docs/bench/hostile-level-hijack-2cpu.json
+    .venv/bin/python scripts/bench_hostile.py --attack px-aim --sizes 3 9 --hostile 4 32 --window 60 --seeds 1 \
+        --out docs/bench/hostile-px-aim-2cpu.json
 """
 
 from __future__ import annotations
@@ -172,6 +178,23 @@ class Procs:
                 raise RuntimeError(f"the swarm did not start (see {self.work})")
             time.sleep(0.5)
 
+    def three_windows(self, window: float, hostile: int, addr: str, liar_args) -> dict[str, tuple[float, float]]:
+        """Before, during and after an attack: `hostile` probes (`liar_args(h)` each) join through `addr` for
+        the middle window, then leave. Returns each window's (start, end)."""
+        marks = [time.time()]
+        time.sleep(window)
+        marks.append(time.time())
+        liars = [f"liar{h}" for h in range(hostile)]
+        for h, name in enumerate(liars):
+            self.start(name, "p2p.probe", "--key", str(self.work / f"{name}.key"), "--bootstrap", addr, *liar_args(h),
+                       cwd=ROOT)
+        time.sleep(window)
+        self.stop(liars)
+        marks.append(time.time())
+        time.sleep(window)
+        marks.append(time.time())
+        return dict(zip(("before", "attack", "after"), zip(marks, marks[1:])))
+
     def errors(self, name: str) -> int:
         """ERROR lines and tracebacks in a process's log."""
         text = (self.work / f"{name}.log").read_text(errors="replace")
@@ -229,17 +252,51 @@ def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: P
             "target_external_dropped": dropped, "target_p2p": last.get("p2p")}
 
 
-def probe_levels(events: Path) -> list[tuple[float, int]]:
-    """(time, shard level) of a gossip probe's stats events."""
+def probe_events(events: Path, kind: str = "stats") -> list[dict]:
+    """A gossip probe's events of one kind, oldest first."""
     found = []
     for line in events.read_text().splitlines() if events.exists() else []:
         try:
             e = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if e.get("event") == "stats" and "shard_level" in e:
-            found.append((e["t"], e["shard_level"]))
+        if e.get("event") == kind:
+            found.append(e)
     return found
+
+
+def run_px_aim(size: int, hostile: int, window: float, code: Path, work: Path) -> dict:
+    """N gossip probes; H strangers answer every peer-exchange ask with 32 made-up peers at random ports
+    of 127.0.0.1. Per window: the dials each honest node made and the hints that failed."""
+    procs = Procs(work, code)
+    honest = [f"gossip{i}" for i in range(size)]
+    try:
+        first = procs.start(honest[0], "p2p.probe", "--key", str(work / "gossip0.key"), "--rate", "0.5", "--groups", "1",
+                            "--events", str(work / "gossip0.jsonl"))
+        deadline = time.monotonic() + 120
+        while not (ready := probe_events(work / "gossip0.jsonl", "ready")):
+            if time.monotonic() > deadline or first.poll() is not None:
+                raise RuntimeError(f"the first node did not start (see {work})")
+            time.sleep(0.5)
+        addr = next(a for a in ready[0]["addrs"] if a.startswith("/ip4/127.0.0.1/")) + f"/p2p/{ready[0]['peer_id']}"
+        for name in honest[1:]:
+            procs.start(name, "p2p.probe", "--key", str(work / f"{name}.key"), "--bootstrap", addr, "--rate", "0.5",
+                        "--groups", "1", "--events", str(work / f"{name}.jsonl"))
+        time.sleep(20)  # mesh
+        phases = procs.three_windows(window, hostile, addr, lambda h: ["--lie-peers", "127.0.0.1"])
+    finally:
+        procs.stop()
+    out = {}
+    for phase, (a, b) in phases.items():
+        per_node = {}
+        for n in honest:
+            inside = [e for e in probe_events(work / f"{n}.jsonl") if a <= e["t"] <= b]
+            per_node[n] = {k: inside[-1].get(k, 0) - inside[0].get(k, 0) if inside else None
+                           for k in ("dials", "dial_failed", "hints_failed")}
+        out[phase] = {"nodes": per_node, "dials_per_node_per_min": statistics.mean(
+            (v["dials"] or 0) for v in per_node.values()) * 60 / (b - a)}
+    return {"attack": "px-aim", "size": size, "hostile": hostile, "window_s": window, "phases": out,
+            "errors": {n: procs.errors(n) for n in honest}}
 
 
 def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path,
@@ -257,21 +314,11 @@ def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Pa
             procs.start(name, "p2p.probe", "--key", str(work / f"{name}.key"), "--bootstrap", addr, "--rate", "0.5",
                         "--groups", "4", "--events", str(work / f"{name}.jsonl"))
         procs.wait_started([work / n for n in trainers])
-        marks = [time.time()]
-        time.sleep(window)
-        marks.append(time.time())
-        liars = [f"liar{h}" for h in range(hostile)]
-        for h, name in enumerate(liars):  # half aim at the first node's own shards, half claim level 24 of theirs
-            aim = ["--claim-shards-of", target_id] if h % 2 == 0 else ["--shards", json.dumps({"level": 24})]
-            procs.start(name, "p2p.probe", "--key", str(work / f"{name}.key"), "--bootstrap", addr, *aim, cwd=ROOT)
-        time.sleep(window)
-        procs.stop(liars)
-        marks.append(time.time())
-        time.sleep(window)
-        marks.append(time.time())
+        # half aim at the first node's own shards, half claim level 24 of theirs
+        phases = procs.three_windows(window, hostile, addr, lambda h: ["--claim-shards-of", target_id] if h % 2 == 0
+                                     else ["--shards", json.dumps({"level": 24})])
     finally:
         procs.stop()
-    phases = dict(zip(("before", "attack", "after"), zip(marks, marks[1:])))
     out: dict[str, dict] = {}
     for phase, (a, b) in phases.items():
         per_node = {}
@@ -283,7 +330,7 @@ def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Pa
                            "peers_max": max((r["peers"] for r in rs), default=0),
                            "levels_probed": sorted({lv for x in p2p for lv in x.get("shard_probes", [])})}
         for n in gossipers:
-            levels = [lv for t, lv in probe_levels(work / f"{n}.jsonl") if a <= t <= b]
+            levels = [e["shard_level"] for e in probe_events(work / f"{n}.jsonl") if a <= e["t"] <= b and "shard_level" in e]
             per_node[n] = {"deepest_level": max(levels, default=None)}
         out[phase] = {"nodes": per_node,
                       "deepest_level": max((v["deepest_level"] or 0) for v in per_node.values()),
@@ -311,11 +358,26 @@ def level_hijack_report(runs: list[dict], commit: str, window: float) -> list[di
              "error_lines": sum(r["errors"].values())} for r in runs]
 
 
+def px_aim_report(runs: list[dict], commit: str, window: float) -> list[dict]:
+    table = Table(title=f"peer-exchange answers aimed at one host (code {commit}, {window:.0f} s windows)")
+    for col in ("nodes", "strangers", "dials / node / min before / attack / after", "ERROR lines"):
+        table.add_column(col)
+    for r in runs:
+        table.add_row(str(r["size"]), str(r["hostile"]), " / ".join(
+            f"{r['phases'][k]['dials_per_node_per_min']:.1f}" for k in ("before", "attack", "after")),
+            str(sum(r["errors"].values())))
+    Console().print(table)
+    return [{"size": r["size"], "hostile": r["hostile"], **{f"dials_per_node_per_min_{k}": r["phases"][k][
+        "dials_per_node_per_min"] for k in ("before", "attack", "after")}, "error_lines": sum(r["errors"].values())}
+        for r in runs]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--attack", choices=("flood", "level-hijack"), default="flood",
-                   help="flood: useless or hostile groups into the pool; level-hijack: subscribe-only strangers")
-    p.add_argument("--sizes", type=bounded(int, ge=3), nargs="+", default=[3, 9], help="level-hijack: honest nodes")
+    p.add_argument("--attack", choices=("flood", "level-hijack", "px-aim"), default="flood",
+                   help="flood: useless or hostile groups into the pool; level-hijack: subscribe-only strangers; "
+                   "px-aim: peer-exchange answers aiming dials at one host")
+    p.add_argument("--sizes", type=bounded(int, ge=3), nargs="+", default=[3, 9], help="level-hijack, px-aim: honest nodes")
     p.add_argument("--hostile", type=bounded(int, ge=0), nargs="+", default=[0, 1, 6], help="hostile identities per arm (0: baseline)")
     p.add_argument("--window", type=positive, default=60.0, help="seconds measured per run, after the warm-up")
     p.add_argument("--seeds", type=count, default=2)
@@ -333,16 +395,17 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.code, capture_output=True,
                             text=True).stdout.strip()
-    if args.attack == "level-hijack":
+    if args.attack in ("level-hijack", "px-aim"):
         runs = []
         for seed in range(args.seeds):
             for size in args.sizes:
                 for h in args.hostile:
                     with tempfile.TemporaryDirectory(prefix="sapo-hostile-") as work:
                         runs.append(run_level_hijack(size, h, args.window, seed, args.code, args.cache, Path(work),
-                                                     args.rule))
+                                                     args.rule) if args.attack == "level-hijack"
+                                    else run_px_aim(size, h, args.window, args.code, Path(work)))
                     print(json.dumps(runs[-1]), flush=True)
-        summary = level_hijack_report(runs, commit, args.window)
+        summary = (level_hijack_report if args.attack == "level-hijack" else px_aim_report)(runs, commit, args.window)
         return save(args, {"command": " ".join(sys.argv), "code": commit, "attack": args.attack, "rule": args.rule,
                            "summary": summary, "runs": runs})
     runs = []

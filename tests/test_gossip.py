@@ -17,7 +17,6 @@ import trio
 from libp2p import NOISE_PROTOCOL_ID, PLAINTEXT_PROTOCOL_ID, InsecureTransport, NoiseTransport, new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519
-from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.utils import encode_varint_prefixed
@@ -264,20 +263,6 @@ def test_a_peer_on_the_protocol_1_rollout_topic_is_counted_and_named_once(tmp_pa
     assert len(lines) == 1 and old_topic in lines[0], lines
 
 
-def serve_peer_exchange(gossip: Gossip, handler) -> None:
-    """Replace (handler) or remove (None) the peer-exchange answer of an in-process node."""
-    host = gossip._host.host
-    protocol = TProtocol(gossip.cfg.peer_exchange_protocol())
-    done = threading.Event()
-
-    def swap() -> None:
-        host.remove_stream_handler(protocol) if handler is None else host.set_stream_handler(protocol, handler)
-        done.set()
-
-    gossip._token.run_sync_soon(swap)
-    assert done.wait(10)
-
-
 def log_lines(probe: ProbeProcess, word: str) -> list[str]:
     return [line for line in probe.log_path.read_text().splitlines() if word in line]
 
@@ -292,7 +277,7 @@ def test_peer_exchange_hints_cannot_make_a_node_dial_anywhere(spawn, tmp_path):
         await stream.close()
 
     with Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "liar.key", on_message=lambda msg: None) as liar:
-        serve_peer_exchange(liar, lie)
+        liar.answer_peer_exchange(lie)
         node = spawn("node", "--bootstrap", liar.addrs[0])
         node.wait_for(lambda: node.stats().get("peers", 0) >= 1, 30, "the bootstrap connection")
         time.sleep(15)  # 5-10 asks at the default pace
@@ -313,7 +298,7 @@ def test_peer_exchange_hints_on_many_ports_of_one_host_cost_a_few_dials(spawn, t
         await stream.close()
 
     with Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "liar.key", on_message=lambda msg: None) as liar:
-        serve_peer_exchange(liar, lie)
+        liar.answer_peer_exchange(lie)
         node = spawn("node", "--bootstrap", liar.addrs[0])
         node.wait_for(lambda: node.stats().get("peers", 0) >= 1, 30, "the bootstrap connection")
         time.sleep(15)  # 5-10 asks at the default pace
@@ -325,7 +310,7 @@ def test_peer_exchange_hints_on_many_ports_of_one_host_cost_a_few_dials(spawn, t
 
 def test_a_peer_that_does_not_answer_peer_exchange_costs_one_log_line(spawn, tmp_path):
     with Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "mute.key", on_message=lambda msg: None) as mute:
-        serve_peer_exchange(mute, None)
+        mute.answer_peer_exchange(None)
         node = spawn("node", "--bootstrap", mute.addrs[0])
         node.wait_for(lambda: node.stats().get("peers", 0) >= 1, 30, "the bootstrap connection")
         time.sleep(10)
