@@ -157,6 +157,7 @@ class ShardLevel:
             self.epoch, self.since = epoch_of(now, self.epoch_s), now
             self.heard.clear()  # heard in the old shard: they count nowhere now
             self.probes.clear()
+            self.probed.clear()  # the new shards are other peers' too: any level may be probed again
             return True
         if self.pinned is not None:
             return False

@@ -187,6 +187,9 @@ def test_a_new_epoch_moves_the_node_to_its_new_shard_at_the_same_level_and_start
     assert shard.update(1001.0, []) and shard.epoch == 1 and shard.level == 2 and shard.key != before
     assert shard.key == shard_key(shard.peer, epoch_of(1001.0, EPOCH_S)) and not shard.heard
     assert not shard.update(1005.0, [])  # alone in its new shard, but not a full window yet: no merge
+    shard.probed[5] = 1000.0
+    assert shard.update(2001.0, [5]) and not shard.probes and not shard.probed  # epoch 2: nothing carried over
+    assert not shard.update(2002.0, [5]) and set(shard.probes) == {5}
 
 
 def test_over_many_epochs_a_node_shares_its_shard_with_many_different_peers():
