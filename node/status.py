@@ -156,6 +156,10 @@ def prometheus(s: dict) -> str:
            [({}, {"public": 1, "private": 0}.get(p2p.get("reachability")))])
     metric("relays", "gauge", "relays this node holds a reservation with (behind NAT)", [({}, p2p.get("relays"))])
     metric("relayed_peers", "gauge", "peers connected through a relay", [({}, p2p.get("relayed_peers"))])
+    metric("relay_refused_total", "counter", "relay reservations refused: the asker is not a peer this node dialed "
+           "back and could not reach", [({}, p2p.get("relay_refused", 0))])
+    metric("relayed_bytes_total", "counter", "bytes this node relayed between peers behind NAT",
+           [({}, p2p.get("relayed_bytes", 0))])
     metric("peers_other_protocol", "gauge", "connected peers gossiping rollouts under another protocol version",
            [({}, p2p.get("peers_other_protocol"))])
     metric("round_seconds", "gauge", "seconds the last round spent per phase",

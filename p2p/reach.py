@@ -27,7 +27,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL, CircuitV2Protocol
-from libp2p.relay.circuit_v2.resources import RelayLimits
+from libp2p.relay.circuit_v2.resources import RelayLimits, RelayResourceManager
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
@@ -42,7 +42,37 @@ DIALBACK_MAX_PORTS = 4
 DIALBACK_ASK = 3  # peers asked per check: public if any of them reached us
 RELAY_RETRY_S = 4.0  # a refusal is mostly a peer that has not yet learned it is public (a second after us, seen)
 RECHECK_S = 600.0  # addresses change (a new lease, a new router): check again this often
+UNREACHABLE_S = 2 * RECHECK_S  # a peer our dial-back could not reach may reserve a relay slot this long after
 CIRCUIT = "p2p-circuit"
+
+
+class ParticipantSlots(RelayResourceManager):
+    """Relay slots for participants only. A peer may reserve when this node dialed it back over a direct
+    connection within `UNREACHABLE_S` and reached none of its ports: it speaks the sapo protocols and
+    needs a relay. A slot is freed when its holder disconnects. Before, any peer id got a slot that it
+    kept for the reservation's hour after leaving (32 of 34 strangers got one; the next real asks were
+    refused). Refusals and relayed bytes are counted."""
+
+    def __init__(self, limits: RelayLimits, host: IHost, counts: Counter[str]):
+        super().__init__(limits, host)
+        self.counts = counts
+        self.unreachable = SeenKeys(UNREACHABLE_S, 4096)  # peers our dial-back could not reach
+
+    def can_accept_reservation(self, peer_id: ID) -> bool:
+        self.unreachable.forget_expired(trio.current_time())
+        if peer_id not in self.unreachable:
+            self.counts["relay_refused"] += 1
+            return False
+        return super().can_accept_reservation(peer_id)
+
+    def _clean_expired(self) -> None:
+        super()._clean_expired()
+        for peer in [p for p in self._reservations if not self._is_peer_connected(p)]:
+            del self._reservations[peer]
+
+    def track_data_transfer(self, peer_id: ID, bytes_transferred: int) -> bool:
+        self.counts["relayed_bytes"] += bytes_transferred
+        return super().track_data_transfer(peer_id, bytes_transferred)
 
 
 class Reachability(Enum):
@@ -89,6 +119,7 @@ class Reach:
                       "private": Reachability.PRIVATE}[cfg.reachability]
         limits = RelayLimits(duration=3600, data=1 << 30, max_circuit_conns=8, max_reservations=cfg.relay_slots)
         self.protocol = CircuitV2Protocol(host, limits=limits, allow_hop=False)  # hop: once we know we are public
+        self.slots = self.protocol.resource_manager = ParticipantSlots(limits, host, counts)
         self.transport = CircuitV2Transport(host, self.protocol, RelayConfig(roles=RelayRole.STOP | RelayRole.CLIENT))
         self.dialback_protocol = TProtocol(f"/sapo/{cfg.profile().namespace}/dialback/1.0.0")
         self.reserved: dict[ID, Multiaddr] = {}  # relay -> our address through it (without /p2p/<us>)
@@ -107,8 +138,7 @@ class Reach:
             return {}
         mine = [str(a).split("/p2p/")[0] for a in self.host.get_addrs() if not is_circuit(a)]
         return {peer: [f"{a}/p2p/{self.host.get_id()}/{CIRCUIT}" for a in mine]
-                for peer in list(self.protocol.resource_manager._reservations)
-                if self.protocol.resource_manager.has_reservation(peer)}
+                for peer in list(self.slots._reservations) if self.slots.has_reservation(peer)}
 
     def dialable(self, info: PeerInfo, own: list[Multiaddr]) -> list[Multiaddr]:
         """Which of a peer-exchange hint's addresses we should dial, given our own addresses.
@@ -178,6 +208,8 @@ class Reach:
                 if any(not any(map(is_circuit, c.get_transport_addresses())) for c in conns)}
 
     async def _reserve(self, relay: ID, nursery: trio.Nursery) -> bool:
+        """Ask `relay` to dial us back first: a relay serves only peers it found it could not reach."""
+        await self._check([relay])
         with trio.move_on_after(DIALBACK_TIMEOUT_S * 2):
             try:
                 stream = await self.host.new_stream(relay, [HOP_PROTOCOL])
@@ -249,6 +281,8 @@ class Reach:
                             reached.append(port)
                         except OSError:
                             pass
+                if ports and not reached:  # it needs a relay: it may reserve a slot with us
+                    self.slots.unreachable.add(asker, trio.current_time())
             await stream.write(msgpack.packb({"reached": reached}))
         except Exception as e:
             log.debug("serving a dial-back failed: %s", e)

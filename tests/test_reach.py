@@ -103,14 +103,16 @@ class FakeStream:
         pass
 
 
-@pytest.mark.parametrize("relayed", [True, False])
-def test_dial_back_is_served_only_over_a_direct_connection(relayed, monkeypatch):
+@pytest.mark.parametrize("relayed, open_ports", [(True, True), (False, True), (False, False)])
+def test_dial_back_is_served_only_over_a_direct_connection(relayed, open_ports, monkeypatch):
     node = reach(Reachability.PUBLIC)
     asker = peer(after=node)
     dialed = []
 
     async def open_tcp_stream(ip: str, port: int):
         dialed.append((ip, port))
+        if not open_ports:
+            raise OSError("refused")
         return SimpleNamespace(aclose=lambda: trio.sleep(0))
 
     monkeypatch.setattr(trio, "open_tcp_stream", open_tcp_stream)
@@ -119,5 +121,24 @@ def test_dial_back_is_served_only_over_a_direct_connection(relayed, monkeypatch)
     if relayed:  # dialing would scan the relay's host for the asker
         assert stream.written == [{"relayed": True}] and dialed == [] and node.counts["dialback_relayed"] == 1
     else:
-        assert stream.written == [{"reached": [22, 80, 7420]}]
+        assert stream.written == [{"reached": [22, 80, 7420] if open_ports else []}]
         assert dialed == [("198.18.1.2", p) for p in (22, 80, 7420)]
+    assert (asker in node.slots.unreachable) == (not relayed and not open_ports)  # only then may it reserve a slot
+
+
+def test_relay_slots_go_only_to_peers_our_dial_back_could_not_reach_and_free_when_they_leave():
+    node = reach(Reachability.PUBLIC)
+    stranger, member = peer(after=node), peer(after=node)
+    slots, connections = node.slots, node.host.get_network().connections
+
+    async def scenario() -> None:
+        assert not slots.can_accept_reservation(stranger) and node.counts["relay_refused"] == 1
+        slots.unreachable.add(member, trio.current_time())  # what serving its dial-back found
+        connections[member] = [object()]
+        assert slots.can_accept_reservation(member)
+        slots.reserve(member)
+        assert slots.has_reservation(member) and list(slots._reservations) == [member]
+        del connections[member]  # it left: its slot is free at once, not in an hour
+        assert slots.can_accept_reservation(member) and not slots._reservations
+
+    trio.run(scenario)
