@@ -267,32 +267,9 @@ def log_lines(probe: ProbeProcess, word: str) -> list[str]:
     return [line for line in probe.log_path.read_text().splitlines() if word in line]
 
 
-def test_peer_exchange_hints_cannot_make_a_node_dial_anywhere(spawn, tmp_path):
-    victim = spawn("victim")  # a live address: every dial to it with a made-up peer id fails the handshake
-    at = victim.addr.split("/p2p/")[0]
-    fake = [ID.from_pubkey(create_new_key_pair().public_key).to_base58() for _ in range(32)]
-
-    async def lie(stream) -> None:
-        await stream.write(msgpack.packb([{"id": pid, "addrs": [at]} for pid in fake]))
-        await stream.close()
-
-    with Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "liar.key", on_message=lambda msg: None) as liar:
-        liar.answer_peer_exchange(lie)
-        node = spawn("node", "--bootstrap", liar.addrs[0])
-        node.wait_for(lambda: node.stats().get("peers", 0) >= 1, 30, "the bootstrap connection")
-        time.sleep(15)  # 5-10 asks at the default pace
-        stats = node.stats()
-    assert stats["dials"] <= 1 + 1  # the bootstrap peer, then one dial of the hinted address (not 32 a time)
-    assert log_lines(node, " ERROR ") == []
-    assert len(log_lines(node, "unreachable")) == 1 and at in log_lines(node, "unreachable")[0]
-
-
-def test_peer_exchange_hints_on_many_ports_of_one_host_cost_a_few_dials(spawn, tmp_path):
-    # 32 made-up peers, each at another closed port of one host: the per-address backoff alone let a liar
-    # aim 4 dials an answer at that host, one answer every 1.5-3 s
-    hints = [{"id": ID.from_pubkey(create_new_key_pair().public_key).to_base58(),
-              "addrs": [f"/ip4/127.0.0.1/tcp/{free_port()}"]} for _ in range(32)]
-
+def stats_after_lies(spawn, tmp_path, hints: list[dict]) -> tuple[ProbeProcess, dict]:
+    """A node that joins through a peer answering every peer-exchange ask with `hints`: its stats after
+    15 s (5-10 asks at the default pace)."""
     async def lie(stream) -> None:
         await stream.write(msgpack.packb(hints))
         await stream.close()
@@ -301,8 +278,28 @@ def test_peer_exchange_hints_on_many_ports_of_one_host_cost_a_few_dials(spawn, t
         liar.answer_peer_exchange(lie)
         node = spawn("node", "--bootstrap", liar.addrs[0])
         node.wait_for(lambda: node.stats().get("peers", 0) >= 1, 30, "the bootstrap connection")
-        time.sleep(15)  # 5-10 asks at the default pace
-        stats = node.stats()
+        time.sleep(15)
+        return node, node.stats()
+
+
+def made_up_peer() -> str:
+    return ID.from_pubkey(create_new_key_pair().public_key).to_base58()
+
+
+def test_peer_exchange_hints_cannot_make_a_node_dial_anywhere(spawn, tmp_path):
+    victim = spawn("victim")  # a live address: every dial to it with a made-up peer id fails the handshake
+    at = victim.addr.split("/p2p/")[0]
+    node, stats = stats_after_lies(spawn, tmp_path, [{"id": made_up_peer(), "addrs": [at]} for _ in range(32)])
+    assert stats["dials"] <= 1 + 1  # the bootstrap peer, then one dial of the hinted address (not 32 a time)
+    assert log_lines(node, " ERROR ") == []
+    assert len(log_lines(node, "unreachable")) == 1 and at in log_lines(node, "unreachable")[0]
+
+
+def test_peer_exchange_hints_on_many_ports_of_one_host_cost_a_few_dials(spawn, tmp_path):
+    # 32 made-up peers, each at another closed port of one host: the per-address backoff alone let a liar
+    # aim 4 dials an answer at that host, one answer every 1.5-3 s
+    node, stats = stats_after_lies(spawn, tmp_path, [{"id": made_up_peer(), "addrs": [f"/ip4/127.0.0.1/tcp/{free_port()}"]}
+                                                     for _ in range(32)])
     assert stats["dials"] <= 1 + HOST_FAILURES  # the bootstrap peer, then the host's failure budget
     assert stats["hints_failed"] == HOST_FAILURES
     assert log_lines(node, " ERROR ") == []
