@@ -94,19 +94,21 @@ def synthetic_groups(rng: random.Random, round_: int, n: int, completions: int, 
     alphabet = string.ascii_letters + string.digits + " "
     task = task or {"dataset": "arith", "config": {}, "seed": 0}
 
-    def completion(index: int, k: int) -> str:
+    def completion(answer: str, k: int) -> str:
         if junk:
             return "".join(rng.choices(alphabet, k=chars))
         right = k < completions // 2 and not wrong
-        answer = regenerate(TaskRef(task["dataset"], task["config"], task["seed"], index)).answer if right \
-            else str(rng.randrange(10**6))
+        answer = answer if right else str(rng.randrange(10**6))
         if wrap is not None:
             return f"{wrap if right else ''}<answer>{answer}</answer>"
         tail = f"<answer>{answer}</answer>"
         return "".join(rng.choices(alphabet, k=max(0, chars - len(tail)))) + tail
 
-    return [WireGroup(**task, index=index, completions=[completion(index, k) for k in range(completions)])
-            for index in range(round_ * n, round_ * n + n)]
+    def group(index: int) -> WireGroup:
+        answer = "" if junk or wrong else regenerate(TaskRef(task["dataset"], task["config"], task["seed"], index)).answer
+        return WireGroup(**task, index=index, completions=[completion(answer, k) for k in range(completions)])
+
+    return [group(index) for index in range(round_ * n, round_ * n + n)]
 
 
 def lying_peer_list(ip: str) -> Callable:
