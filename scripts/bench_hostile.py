@@ -249,7 +249,20 @@ def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: P
             "inspected_per_round": statistics.mean(r.get("external_inspected") or 0 for r in target) if target else 0.0,
             "target_seconds": {phase: statistics.mean(r[f"seconds_{phase}"] for r in target) if target else None
                                for phase in ("generate", "train", "other")},
-            "target_external_dropped": dropped, "target_p2p": last.get("p2p")}
+            "target_external_dropped": dropped, "target_p2p": last.get("p2p"),
+            # the messages the neighbour accepted in the window: the target's forwards of the flood among them
+            "neighbour_accepted": window_delta(neighbour, "accepted"),
+            "target_rejected_no_signal": window_delta(target, "rejected", "no_signal")}
+
+
+def window_delta(rs: list[dict], *path: str) -> int | None:
+    """How much a cumulative p2p counter of a node's metrics rows grew over them."""
+    def value(r: dict) -> int:
+        v = r.get("p2p") or {}
+        for key in path[:-1]:
+            v = v.get(key) or {}
+        return v.get(path[-1]) or 0
+    return value(rs[-1]) - value(rs[0]) if len(rs) > 1 else None
 
 
 def probe_events(events: Path, kind: str = "stats") -> list[dict]:
@@ -419,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(title=f"free identities flooding ({args.flood}, {args.topology}; rule {args.rule}, code {commit}, "
                         f"{args.window:.0f} s windows, {args.seeds} seeds)")
     for col in ("hostile", "honest used / round", "share of 0", "honest offered / round", "all used / round", "inspected / round",
-                "target CPU s / round", "neighbour CPU s / round", "neighbour rounds/s", f"writes wrap (of {SAMPLES})"):
+                "target CPU s / round", "neighbour CPU s / round", "neighbour rounds/s", "neighbour msgs accepted",
+                f"writes wrap (of {SAMPLES})"):
         table.add_column(col)
     summary = []
     base = [r for r in runs if r["hostile"] == 0]
@@ -427,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         arm = [r for r in runs if r["hostile"] == h]
         row = {"hostile": h, **{k: statistics.mean(r[k] for r in arm) for k in (
             "honest_used_per_round", "honest_supply_per_round", "external_used_per_round", "inspected_per_round", "target_rounds_per_s",
-            "neighbour_rounds_per_s", "target_cpu_s_per_round", "neighbour_cpu_s_per_round")}}
+            "neighbour_rounds_per_s", "target_cpu_s_per_round", "neighbour_cpu_s_per_round")},
+               "neighbour_accepted": statistics.mean(r["neighbour_accepted"] or 0 for r in arm)}
         if arm[0]["writes_wrap_of_50"] is not None:  # the most of any node and family, in any seed
             row["writes_wrap_max"] = max(n for r in arm for node in r["writes_wrap_of_50"].values() for n in node.values())
         if base:
@@ -439,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['honest_supply_per_round']:.2f}", f"{row['external_used_per_round']:.2f}",
                       f"{row['inspected_per_round']:.1f}",
                       f"{row['target_cpu_s_per_round']:.2f}", f"{row['neighbour_cpu_s_per_round']:.2f}",
-                      f"{row['neighbour_rounds_per_s']:.2f}", str(row.get("writes_wrap_max", "-")))
+                      f"{row['neighbour_rounds_per_s']:.2f}", f"{row['neighbour_accepted']:.0f}",
+                      str(row.get("writes_wrap_max", "-")))
     Console().print(table)
     return save(args, {"command": " ".join(sys.argv), "code": commit, "attack": args.attack, "flood": args.flood,
                        "rule": args.rule, "topology": args.topology, "summary": summary, "runs": runs})
