@@ -7,6 +7,7 @@ accept is decided by `p2p.policy`; what to do with an accepted message by the `o
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import math
 import random
@@ -34,7 +35,7 @@ from p2p.policy import MessagePolicy
 from p2p.pubsub import CountingGossipSub, GuardedPubsub
 from p2p.reach import Reach, is_circuit
 from p2p.seen import SeenKeys
-from p2p.shards import publish_topics, published_level, shard_topic, shared_bits, topic_level
+from p2p.shards import publish_topics, shard_topic, shared_bits, topic_level
 from p2p.wire import Rejected, WireMessage, decode
 
 log = logging.getLogger(__name__)
@@ -83,9 +84,8 @@ class GossipHost:
         self.n_other_protocol = 0  # connected peers on this network's rollout topics of another protocol version
         self.reading: dict[str, trio.CancelScope] = {}  # every topic subscribed to -> its reader
         self.leaving: dict[str, float] = {}  # topics read but no longer wanted -> when to unsubscribe
-        self._delivered = SeenKeys(DELIVERED_TTL_S, REMEMBERED)  # (author, seqno): a message names up to 3 of our topics
+        self._delivered = SeenKeys(DELIVERED_TTL_S, REMEMBERED)  # payload digests: it comes once per topic we read
         self.bootstrap_ids: set[ID] = set()  # never closed to make room
-        self._last_verdict: tuple[object, bool] = (None, False)  # (message validated last, its verdict)
         announce = [Multiaddr(a) for a in cfg.announce] or None
         self.host = new_host(
             key_pair=key_pair,
@@ -201,20 +201,14 @@ class GossipHost:
     # -- gossip -------------------------------------------------------------------------------
 
     def _validate(self, forwarder: ID, msg) -> bool:
-        """py-libp2p runs the validator of every topic of the message that we listen on, one after the
-        other (two while we move between shards): the same message object gets the first verdict again,
-        not a `duplicate` rejection that would drop it."""
-        if msg is self._last_verdict[0]:
-            return self._last_verdict[1]
-        verdict = True
-        if msg.from_id != self.me.to_bytes():
-            try:
-                self.policy.check(msg.data, ID(msg.from_id).to_base58(), topics=msg.topicIDs)
-            except Rejected as r:
-                log.debug("rejected message from %s via %s: %s", ID(msg.from_id), forwarder, r)
-                verdict = False
-        self._last_verdict = (msg, verdict)
-        return verdict
+        if msg.from_id == self.me.to_bytes():
+            return True
+        try:
+            self.policy.check(msg.data, ID(msg.from_id).to_base58(), topics=list(msg.topicIDs))
+        except Rejected as r:
+            log.debug("rejected message from %s via %s: %s", ID(msg.from_id), forwarder, r)
+            return False
+        return True
 
     async def _read(self, subscription, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with trio.CancelScope() as scope:
@@ -226,12 +220,12 @@ class GossipHost:
 
     def _deliver(self, msg) -> None:
         now = time.time()
-        if (msg.from_id, msg.seqno) in self._delivered:  # a second of our topics it names
+        self.shard.hear(msg.from_id, now, topic_level(self.base, msg.topicIDs[0]))  # one shard topic: `_validate`
+        digest = hashlib.sha256(msg.data).digest()
+        if digest in self._delivered:  # the same payload under a second topic we read (a probe, a move)
             return
         self._delivered.forget_expired(now)
-        self._delivered.add((msg.from_id, msg.seqno), now)
-        if (level := published_level(self.base, msg.topicIDs)) is not None:  # checked by `_validate`
-            self.shard.hear(msg.from_id, now, level)
+        self._delivered.add(digest, now)
         try:
             self.on_message(decode(msg.data, self.cfg.limits))
         except Exception:  # a consumer bug must not stop the gossip layer
@@ -240,7 +234,8 @@ class GossipHost:
     async def _publish_outbox(self) -> None:
         async for data in self.outbox_recv:
             try:
-                await self.pubsub.publish(publish_topics(self.base, self.shard.key, self.shard.level), data)
+                for topic in publish_topics(self.base, self.shard.key, self.shard.level):  # one message each
+                    await self.pubsub.publish([topic], data)
                 self.counts["published"] += 1
             except Exception as e:
                 self.counts["publish_failed"] += 1

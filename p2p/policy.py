@@ -27,7 +27,7 @@ class MessagePolicy:
         self.epoch_s = epoch_s
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
-        self._seen = SeenKeys(ttl=self.remember_s)  # sha256 of message bytes
+        self._seen = SeenKeys(ttl=self.remember_s)  # sha256 of topic and message bytes
         self._lock = threading.Lock()
 
     @property
@@ -44,7 +44,7 @@ class MessagePolicy:
             epochs = sorted({epoch_of(now - skew, self.epoch_s), epoch_of(now + skew, self.epoch_s)})
             if problem := topics_problem(self.topic_base, topics, ID.from_base58(author).to_bytes(), epochs):
                 raise Rejected("wrong_shard", problem)
-            msg = self._check(data, author, now)
+            msg = self._check(data, author, topics[0], now)
         except Rejected as r:
             with self._lock:
                 self.rejected[r.reason] += 1
@@ -53,7 +53,7 @@ class MessagePolicy:
             self.accepted += 1
         return msg
 
-    def _check(self, data: bytes, author: str, now: float) -> WireMessage:
+    def _check(self, data: bytes, author: str, topic: str, now: float) -> WireMessage:
         msg = decode(data, self.limits)
         if msg.peer != author:
             raise Rejected("sender_mismatch", f"payload names {msg.peer[:16]}…, signed by {author[:16]}…")
@@ -61,11 +61,11 @@ class MessagePolicy:
             raise Rejected("from_future", f"created {msg.created - now:.0f} s ahead of this clock")
         if msg.created < now - self.limits.max_message_age_s:
             raise Rejected("too_old", f"created {now - msg.created:.0f} s ago")
-        digest = hashlib.sha256(data).digest()
+        digest = hashlib.sha256(topic.encode() + b"\0" + data).digest()  # an author sends one copy per level
         with self._lock:
             self._seen.forget_expired(now)
             if digest in self._seen:
-                raise Rejected("duplicate", "same bytes seen before")
+                raise Rejected("duplicate", "same bytes under the same topic seen before")
             self._seen.add(digest, now)
         if not any(carries_signal(TaskRef(g.dataset, g.config, g.seed, g.index), g.completions) for g in msg.groups):
             # A group whose completions all score alike is worth nothing to any receiver; a message of

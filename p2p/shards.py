@@ -1,11 +1,13 @@
-"""Rollout topic shards (protocol 2): a node's gossip cost is bounded by the authors of its shard, not
-by the size of the swarm.
+"""Rollout topic shards (protocols 2 and 3): a node's gossip cost is bounded by the authors of its shard,
+not by the size of the swarm.
 
 A peer's shard at level L is the first L bits of its shard key, sha256 of the epoch number and its peer
 id. The keys are redrawn every epoch (the network's `shard_epoch_s`, 30 minutes by default), so a node
 hears a different set of peers each epoch and, over a day, a wide sample of the swarm. An author
-publishes each message once, under its shard's topics at levels L-1, L and L+1 (one GossipSub message
-carrying three topic ids); a receiver subscribes to its shard at its own level L. Neighbouring shards
+publishes each payload under its shard's topics at levels L-1, L and L+1, as one GossipSub message per
+topic (protocol 2 put the three topic ids in one message, which only py-libp2p can sign and verify:
+the pubsub message of go-, rust- and js-libp2p has a single topic); a receiver subscribes to its shard
+at its own level L. Neighbouring shards
 whose nodes sit one level apart therefore still hear each other, and no one needs to agree on a level:
 each node picks its own from the authors it hears (`ShardLevel`). Level 0 is one topic for the whole
 swarm, which is how protocol 1 disseminated.
@@ -24,7 +26,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 MAX_LEVEL = 24  # 16 million shards: far beyond any swarm this protocol expects
-MAX_TOPICS = 3  # levels L-1, L, L+1
 MAX_PROBES = 2  # hinted levels listened to at once, beside our own
 PROBE_AGAIN_WINDOWS = 5  # a level probed in vain is not probed again for this many windows
 EPOCH_S = 1800  # the default shard epoch of a network profile
@@ -49,11 +50,12 @@ def shared_bits(a: bytes, b: bytes) -> int:
 
 
 def shard_topic(base: str, key: bytes, level: int) -> str:
-    """`/sapo/<network>/rollouts/2/s<bits>`: `s` alone is level 0."""
+    """`/sapo/<network>/rollouts/<protocol>/s<bits>`: `s` alone is level 0."""
     return f"{base}/s{prefix(key, level)}"
 
 
 def publish_topics(base: str, key: bytes, level: int) -> list[str]:
+    """The topics an author at `level` publishes each payload under, one GossipSub message each."""
     return [shard_topic(base, key, lv) for lv in (level - 1, level, level + 1) if 0 <= lv <= MAX_LEVEL]
 
 
@@ -65,29 +67,16 @@ def topic_level(base: str, topic: str) -> int | None:
     return len(bits)
 
 
-def published_level(base: str, topics: Sequence[str]) -> int | None:
-    """L when `topics` name the levels L-1, L and L+1 (those of them in 0..MAX_LEVEL) in that order,
-    as an author at level L publishes (section 7), else None."""
-    levels = [topic_level(base, t) for t in topics]
-    if not levels or None in levels:
-        return None
-    return next((lv for lv in (levels[0], levels[0] + 1)
-                 if levels == [x for x in (lv - 1, lv, lv + 1) if 0 <= x <= MAX_LEVEL]), None)
-
-
 def topics_problem(base: str, topics: Sequence[str], author: bytes, epochs: Iterable[int]) -> str | None:
-    """Why a message may not carry these topic ids, or None: they must be its author's (peer id bytes)
-    shards at levels L-1, L, L+1, in that order, of one of `epochs`."""
-    if len(topics) > MAX_TOPICS:
-        return f"names {len(topics)} topics (at most {MAX_TOPICS})"
-    levels = [topic_level(base, t) for t in topics]
-    if None in levels:
-        return f"names {topics[levels.index(None)]!r}, not a rollout shard of this network"
-    level = published_level(base, topics)
+    """Why a message may not carry these topic ids, or None: exactly one, a shard of its author (peer id
+    bytes) at some level, in one of `epochs`."""
+    if len(topics) != 1:
+        return f"names {len(topics)} topics (one is due)"
+    level = topic_level(base, topics[0])
     if level is None:
-        return f"names shard levels {levels}, not L-1, L, L+1 in that order"
-    if not any(list(topics) == publish_topics(base, shard_key(author, e), level) for e in epochs):
-        return f"names shards {', '.join(topics)}, not all its author's in this epoch"
+        return f"names {topics[0]!r}, not a rollout shard of this network"
+    if not any(topics[0] == shard_topic(base, shard_key(author, e), level) for e in epochs):
+        return f"names shard {topics[0]}, not its author's in this epoch"
     return None
 
 
@@ -96,10 +85,10 @@ class ShardLevel:
     """The level a node listens at, chosen only from authors it has heard with valid rollouts, never
     from what peers say about themselves (a subscription costs nothing to fake).
 
-    An author counts at a level when its shard there is ours and it publishes within one level of it
-    (so it is heard on that level's topic), heard within `window_s`; the node itself counts. The node
+    An author counts at a level when its shard there is ours and it was heard within `window_s` on our
+    topic at that level or one level away (it publishes at L-1, L and L+1); the node itself counts. The node
     moves deeper while its shard holds `split_authors` and the child shard `min_authors` (at most one
-    level beyond where its authors publish, so a deeper move waits for them to follow), and one level
+    level beyond where it heard its authors, so a deeper move waits for them to follow), and one level
     shallower after a full window with fewer than `min_authors`. The shards its connected peers
     subscribe to that contain its key, two or more levels away, are only hints of where to look: it
     *probes* up to `MAX_PROBES` of them (listens there for one window, each level at most once every
@@ -122,7 +111,7 @@ class ShardLevel:
     pinned: int | None = None
     level: int = 0
     since: float | None = None  # when this level was taken: a full window is heard before it widens
-    heard: dict[bytes, tuple[float, int]] = field(default_factory=dict)  # author -> (last heard, its level)
+    heard: dict[tuple[bytes, int], float] = field(default_factory=dict)  # (author, level heard at) -> last heard
     probes: dict[int, float] = field(default_factory=dict)  # level probed -> when the probe started
     probed: dict[int, float] = field(default_factory=dict)  # level -> when its last probe started
 
@@ -138,20 +127,21 @@ class ShardLevel:
         return shard_key(peer, self.epoch)
 
     def hear(self, author: bytes, now: float, level: int) -> None:
-        """A valid message of `author`, published at `level` (`published_level` of its topics)."""
-        self.heard[author] = (now, level)
+        """A valid message of `author`, heard on our shard's topic at `level` (it publishes within one
+        level of it)."""
+        self.heard[author, level] = now
 
     def authors(self, now: float, level: int) -> int:
         """Authors (self included) heard within the window that the topic of our shard at `level` hears."""
         mine = prefix(self.key, level)
-        return 1 + sum(1 for p, (t, lv) in self.heard.items()
-                       if t >= now - self.window_s and abs(lv - level) <= 1
-                       and (level == 0 or prefix(self.key_of(p), level) == mine))
+        return 1 + len({p for (p, lv), t in self.heard.items()
+                        if t >= now - self.window_s and abs(lv - level) <= 1
+                        and (level == 0 or prefix(self.key_of(p), level) == mine)})
 
     def update(self, now: float, hinted: Iterable[int] = ()) -> bool:
         """Re-decide the epoch, the level and the probes; True when the shard changed. `hinted`: the
         levels at which connected peers subscribe to a shard of ours (unverified)."""
-        for k in [k for k, (t, _) in self.heard.items() if t < now - self.window_s]:
+        for k in [k for k, t in self.heard.items() if t < now - self.window_s]:
             del self.heard[k]
         if epoch_of(now, self.epoch_s) != self.epoch:
             self.epoch, self.since = epoch_of(now, self.epoch_s), now
@@ -192,7 +182,7 @@ class ShardLevel:
 
     def _deepest_split(self, now: float) -> int:
         """Split as many levels at once as the heard authors allow; an author counts only within one
-        level of where it publishes, so this goes at most one level beyond the deepest of them."""
+        level of the topic it was heard on, so this goes at most one level beyond the deepest of those."""
         level = self.level
         while level < MAX_LEVEL and self.authors(now, level) >= self.split_authors \
                 and self.authors(now, level + 1) >= self.min_authors:

@@ -1,4 +1,4 @@
-"""Wire protocol v2 (docs/PROTOCOL.md): the rollout message, its msgpack codec and its limits.
+"""Wire protocol v3 (docs/PROTOCOL.md): the rollout message, its msgpack codec and its limits.
 
 Nothing here is trusted by the receiver beyond its shape: there is no answer or reward field to
 trust. Every rejection carries one of `REASONS`, so the caller can count it.
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 
 from p2p.config import Limits
 
-VERSION = 2
+VERSION = 3
 INT64 = 2**63 - 1
 
 REASONS = ("too_large", "undecodable", "version", "schema", "too_many_groups", "too_many_completions",

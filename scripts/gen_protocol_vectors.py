@@ -1,7 +1,9 @@
 """Write docs/protocol-vectors.json: conformance vectors for docs/PROTOCOL.md, computed by this code.
 
-Encoded messages with the topic ids they were published under and the receiver's verdict, built-in task references with their question and answer,
-and completions with their reward. tests/test_protocol_vectors.py checks the code against the file (and
+Encoded messages with the topic ids they were published under and the receiver's verdict, signed
+GossipSub envelopes (the bytes signed, the signature and the whole pubsub message, as any libp2p
+implementation builds them), built-in task references with their question and answer, and
+completions with their reward. tests/test_protocol_vectors.py checks the code against the file (and
 an implementation of section 5 written from the text alone against its tasks), so a change to either
 shows up as a failing test; rerun this script only for a deliberate change of the protocol.
 
@@ -10,6 +12,7 @@ shows up as a failing test; rerun this script only for a deliberate change of th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 import sys
@@ -19,23 +22,29 @@ import msgpack
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from libp2p.crypto.ed25519 import create_new_key_pair  # noqa: E402
 from libp2p.peer.id import ID  # noqa: E402
+from libp2p.pubsub.pb import rpc_pb2  # noqa: E402
+from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX  # noqa: E402
 
 from p2p.config import Limits, P2PConfig  # noqa: E402
 from p2p.policy import MessagePolicy  # noqa: E402
-from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key, shard_topic  # noqa: E402
+from p2p.shards import EPOCH_S, epoch_of, prefix, shard_key, shard_topic, shared_bits  # noqa: E402
 from p2p.wire import VERSION, Rejected  # noqa: E402
 from rewards import TaskRef, regenerate, score_completion  # noqa: E402
 
 OUT = ROOT / "docs" / "protocol-vectors.json"
-SIGNER = "12D3KooWC6raWqzRwSPE9BwaYkKr1xW4BUZnUVAnDqzAcBkBgQx8"
+SEED = hashlib.sha256(b"sapo protocol vectors").digest()  # the signer's Ed25519 private key seed
+KEYS = create_new_key_pair(SEED)
+SIGNER = ID.from_pubkey(KEYS.public_key).to_base58()
 NOW = 1_800_000_000.0
 BASE = P2PConfig().rollout_topic_base()
 EPOCH = epoch_of(NOW, EPOCH_S)  # NOW is the first second of this epoch: the previous one is still accepted
 KEY, PREVIOUS = (shard_key(ID.from_base58(SIGNER).to_bytes(), e) for e in (EPOCH, EPOCH - 1))
 PAST = next(k for k in (shard_key(ID.from_base58(SIGNER).to_bytes(), EPOCH - d) for d in range(2, 99))
             if prefix(k, 2) not in (prefix(KEY, 2), prefix(PREVIOUS, 2)))
-TOPICS = publish_topics(BASE, KEY, 1)  # as a signer at level 1 publishes: its shards at levels 0, 1 and 2
+TOPICS = [shard_topic(BASE, KEY, 1)]  # one of the three messages a signer at level 1 publishes (levels 0, 1, 2)
+PREVIOUS_ONLY = shared_bits(KEY, PREVIOUS) + 1  # the first level where last epoch's shard is not this one's
 NOT_ITS_SHARD = f"{BASE}/s" + next(b for b in ("00", "01", "10", "11") if b not in (prefix(KEY, 2), prefix(PREVIOUS, 2)))
 RIGHT = regenerate(TaskRef("arith", {}, 0, 1353)).answer  # "8": the question is 4+4=?
 GROUP = {"dataset": "arith", "config": {}, "seed": 0, "index": 1353,
@@ -58,7 +67,7 @@ MESSAGES: dict[str, bytes] = {
                                                       else packed(v)) for k, v in message().items()),
     "version 1": packed(message(v=1)),
     "version is a bool (true)": packed(message(v=True)),
-    "version 2.0 (a float)": packed(message(v=2.0)),
+    "version 3.0 (a float)": packed(message(v=3.0)),
     "empty payload": b"",
     "round is a bool": packed(message(round=True)),
     "NaN created": packed(message(created=float("nan"))),
@@ -98,17 +107,37 @@ SCORES = [("arith", {}, 0, 1353, c) for c in (
 
 
 TOPIC_CASES: dict[str, list[str]] = {  # the valid message under other topic ids
-    "level 0 topic only (a level-0 author names levels 0 and 1)": [f"{BASE}/s"],
+    "level 0 (every signer's level-0 shard)": [f"{BASE}/s"],
+    "the signer's level-24 shard": [shard_topic(BASE, KEY, 24)],
+    "a shard that is not the signer's": [NOT_ITS_SHARD],
+    "the signer's shard of the previous epoch (its clock a little behind)": [shard_topic(BASE, PREVIOUS, PREVIOUS_ONLY)],
+    "the signer's shard of an epoch long past": [shard_topic(BASE, PAST, 2)],
+    "no topic": [],
     "level 0 twice": [f"{BASE}/s", f"{BASE}/s"],
-    "levels 0 and 8 (not L-1, L, L+1)": [f"{BASE}/s", shard_topic(BASE, KEY, 8)],
-    "levels L+1, L, L-1 (the wrong order)": publish_topics(BASE, KEY, 1)[::-1],
-    "a shard that is not the signer's": [f"{BASE}/s", NOT_ITS_SHARD],
-    "the signer's shards of the previous epoch (its clock a little behind)": publish_topics(BASE, PREVIOUS, 1),
-    "the signer's shards of an epoch long past": publish_topics(BASE, PAST, 1),
-    "four topics": [*TOPICS, shard_topic(BASE, KEY, 3)],
+    "levels 0, 1 and 2 in one message (protocol 2)": [shard_topic(BASE, KEY, lv) for lv in (0, 1, 2)],
+    "a level-25 topic": [shard_topic(BASE, KEY, 24) + "0"],
     "another network's topic": [f"{BASE}/s".replace("/local/", "/testnet/")],
+    "protocol 2 topic": [BASE.rsplit("/", 1)[0] + "/2/s"],
     "protocol 1 topic": [BASE.rsplit("/", 1)[0] + "/1"],
 }
+
+
+def envelope(name: str, topic: str, seqno: int, tamper: bool = False) -> dict:
+    """The valid payload as one signed GossipSub message: `signed` is what the signature covers (the
+    prefix and the message's fields 1-4: from, data, seqno, topic), `message` the whole protobuf (fields
+    5 and 6: signature and the signer's public key). `tamper` flips a bit of the signature."""
+    msg = rpc_pb2.Message(from_id=ID.from_base58(SIGNER).to_bytes(), data=MESSAGES["valid"],
+                          seqno=seqno.to_bytes(8, "big"), topicIDs=[topic])
+    signed = PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString()
+    signature = KEYS.private_key.sign(signed)
+    msg.signature = bytes([signature[0] ^ 1]) + signature[1:] if tamper else signature
+    msg.key = KEYS.public_key.serialize()
+    return {"name": name, "topic": topic, "seqno": msg.seqno.hex(), "signed": signed.hex(), "signature": msg.signature.hex(),
+            "message": msg.SerializeToString().hex(), "signature_valid": not tamper}
+
+
+ENVELOPES = [envelope("level 1 (the signer's own level)", TOPICS[0], 1), envelope("level 0", f"{BASE}/s", 2),
+             envelope("level 2", shard_topic(BASE, KEY, 2), 3), envelope("a bit of the signature flipped", TOPICS[0], 4, True)]
 
 
 def verdict(data: bytes, topics: list[str]) -> str:
@@ -136,17 +165,21 @@ def main() -> int:
                  "scripts/gen_protocol_vectors.py. messages: hex msgpack bytes, signed by `signer`, published under "
                  "`topics` and received at unix time `now` on the network whose rollout topics start with "
                  "`topic_base` (shard epoch `shard_epoch_s`), with the default limits, and the verdict (accepted, or the rejection reason). "
+                 "envelopes: the valid message as GossipSub messages (StrictSign) by the signer whose Ed25519 "
+                 "private key seed is `signer_seed`: the bytes signed, the signature and the protobuf. "
                  "tasks: built-in task references and the question and answer they generate. scores: completions "
                  "and their reward (format weight 0).",
-        "signer": SIGNER, "now": NOW, "topic_base": BASE, "shard_epoch_s": EPOCH_S,
+        "signer": SIGNER, "signer_seed": SEED.hex(), "signer_public_key": KEYS.public_key.serialize().hex(),
+        "now": NOW, "topic_base": BASE, "shard_epoch_s": EPOCH_S,
         "messages": [{"name": name, "hex": data.hex(), "topics": TOPICS, "verdict": verdict(data, TOPICS)}
                      for name, data in MESSAGES.items()]
         + [{"name": name, "hex": MESSAGES["valid"].hex(), "topics": topics, "verdict": verdict(MESSAGES["valid"], topics)}
            for name, topics in TOPIC_CASES.items()],
-        "tasks": tasks, "scores": scores,
+        "envelopes": ENVELOPES, "tasks": tasks, "scores": scores,
     }
     OUT.write_text(json.dumps(vectors, indent=1, ensure_ascii=False) + "\n")
-    print(f"wrote {OUT}: {len(MESSAGES) + len(TOPIC_CASES)} messages, {len(tasks)} tasks, {len(scores)} scores")
+    print(f"wrote {OUT}: {len(MESSAGES) + len(TOPIC_CASES)} messages, {len(ENVELOPES)} envelopes, {len(tasks)} tasks, "
+          f"{len(scores)} scores")
     return 0
 
 

@@ -1,9 +1,9 @@
 r"""Discrete-event model of rollout dissemination: what one node pays per round, and what it gets, in a
-swarm of N nodes, under protocol 2's shards and under one topic for all (shards pinned at level 0,
+swarm of N nodes, under protocol 3's shards and under one topic for all (shards pinned at level 0,
 which is how protocol 1 disseminated).
 
 Real code where it can be: every node's level is chosen by `p2p.shards.ShardLevel` from the authors it
-is delivered, messages name `publish_topics`, each author's topics pass `topics_problem`; the
+is delivered, an author publishes one message on each of its `publish_topics`, each passing `topics_problem`; the
 validation cost is measured here on real signed messages (`MessagePolicy.check` and libp2p's signature
 check); a sample of --pool-nodes nodes keeps a real `RolloutPool` and picks its J external groups in
 `node.selection.fair_order`, inspecting up to `max_inspect` groups, each carrying signal with
@@ -62,10 +62,10 @@ from p2p.config import Limits, P2PConfig, PoolConfig, ShardConfig  # noqa: E402
 from p2p.policy import MessagePolicy  # noqa: E402
 from p2p.pool import RolloutPool  # noqa: E402
 from p2p.probe import synthetic_groups  # noqa: E402
-from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key, shard_topic, topics_problem  # noqa: E402
+from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key, shard_topic, topic_level, topics_problem  # noqa: E402
 from p2p.wire import VERSION, WireGroup, WireMessage, pack_groups  # noqa: E402
 
-BASE = "/sapo/sim/rollouts/2"
+BASE = "/sapo/sim/rollouts/3"
 NEIGHBOURS = 8  # XOR-closest peers whose subscriptions a node sees
 REMESH_S = 10.0
 GOSSIP_BENCH = Path(__file__).resolve().parents[1] / "docs/bench/gossip-20msgs-2cpu.json"
@@ -76,7 +76,7 @@ def measure_validation(args: argparse.Namespace, samples: int = 300) -> dict[str
     plus `MessagePolicy.check`, on real signed messages."""
     keys = create_new_key_pair()
     author = ID.from_pubkey(keys.public_key)
-    topics = publish_topics(BASE, shard_key(author.to_bytes(), epoch_of(time.time(), EPOCH_S)), 3)
+    topics = publish_topics(BASE, shard_key(author.to_bytes(), epoch_of(time.time(), EPOCH_S)), 3)[1:2]  # one a message
     rng = random.Random(0)
     now = time.time()
     payloads = [pack_groups(author.to_base58(), "sim", r, now, synthetic_groups(
@@ -276,7 +276,7 @@ class Swarm:
 
     def publish(self, t: float, i: int, r: int, measured: bool) -> None:
         topics = publish_topics(BASE, self.level[i].key, self.level[i].level)
-        assert topics_problem(BASE, topics, self.ids[i], [self.epoch]) is None
+        assert all(topics_problem(BASE, [topic], self.ids[i], [self.epoch]) is None for topic in topics)
         own, msg, heard = self.topic(i), None, set()  # a listener reading two of its topics takes it once
         for topic in topics:
             if not self.members.get(topic):
@@ -297,10 +297,12 @@ class Swarm:
                 mesh.own[i] += mine
             # every listener hears the author (pinned levels need not: only the tracked nodes' pools do)
             for v in (mesh.members if not self.pinned else self.tracked & self.members[topic]):
-                if v == i or v in heard or mesh.component.get(v) not in reached or v not in self.members[topic]:
+                if v == i or mesh.component.get(v) not in reached or v not in self.members[topic]:
+                    continue
+                self.level[v].hear(self.ids[i], t, topic_level(BASE, topic))
+                if v in heard:
                     continue
                 heard.add(v)
-                self.level[v].hear(self.ids[i], t, self.level[i].level)
                 if v in self.pools and t >= self.warmup_s - PoolConfig().max_age_s:
                     msg = msg or self.message(t, i, r)
                     t0 = time.process_time()

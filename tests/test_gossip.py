@@ -218,7 +218,7 @@ def test_a_listen_port_taken_after_the_preflight_is_still_one_line(tmp_path):
 
 def test_nodes_on_different_networks_never_exchange_rollouts(spawn, tmp_path):
     profile = tmp_path / "lab.toml"
-    profile.write_text('namespace = "lab"\nprotocol = 2\nbootstrap = []\n')
+    profile.write_text('namespace = "lab"\nprotocol = 3\nbootstrap = []\n')
     local = spawn("local", "--rate", "4")
     lab = spawn("lab", "--rate", "4", "--network", str(profile), "--bootstrap", local.addr)
     same = spawn("same", "--rate", "4", "--bootstrap", local.addr)
@@ -231,14 +231,13 @@ def test_nodes_on_different_networks_never_exchange_rollouts(spawn, tmp_path):
     assert not lab.events("received")
 
 
-def test_a_peer_on_the_protocol_1_rollout_topic_is_counted_and_named_once(tmp_path, caplog):
+@pytest.mark.parametrize("old_topic", ["/sapo/local/rollouts/1", "/sapo/local/rollouts/2/s"])  # protocols 1 and 2
+def test_a_peer_on_an_older_protocols_rollout_topic_is_counted_and_named_once(tmp_path, caplog, old_topic):
     """PROTOCOL.md section 7, coexistence: an old node connected to a new one exchanges no rollouts, and the new
     one says so once, naming the peer and the topic, and counts it in its status."""
     from libp2p.pubsub.gossipsub import GossipSub
     from libp2p.pubsub.pubsub import Pubsub
     from libp2p.tools.anyio_service import background_trio_service
-
-    old_topic = "/sapo/local/rollouts/1"  # where a protocol-1 node of the same network publishes
 
     async def old_node(addr: str, node: Gossip) -> dict[str, object]:
         host = raw_host()
@@ -402,7 +401,7 @@ def test_nodes_split_into_shards_and_hear_only_their_own_shards_authors(spawn, t
     # two nodes per 2-bit shard; a shard splits at 4 authors when its child holds 2: all settle at level 2
     shards = ["00", "00", "01", "01", "10", "10", "11", "11"]
     profile = tmp_path / "lab.toml"
-    profile.write_text(f'namespace = "lab"\nprotocol = 2\nshard_epoch_s = {ONE_EPOCH_S}\n')
+    profile.write_text(f'namespace = "lab"\nprotocol = 3\nshard_epoch_s = {ONE_EPOCH_S}\n')
     knobs = ["--shards", json.dumps({"min_authors": 2, "split_authors": 4, "window_s": 10}), "--rate", "2",
              "--groups", "1", "--network", str(profile)]
     keys = keys_in_shards(tmp_path, shards)
@@ -421,33 +420,44 @@ def test_nodes_split_into_shards_and_hear_only_their_own_shards_authors(spawn, t
         assert p.stats()["shard_level"] == 2 and p.stats()["rejected"] == {}
 
 
-def test_a_message_naming_two_topics_we_listen_on_is_accepted_once_and_a_replay_is_not():
-    # while a node moves between shards it listens on two topics, and py-libp2p runs each one's validator
+def test_an_authors_copies_under_two_topics_we_read_are_each_valid_and_handed_on_once_and_a_replay_is_not():
+    # an author publishes each payload once per level (L-1, L, L+1); while a node moves between shards or
+    # probes, it reads two of those topics: each copy is valid (and forwarded on its topic), the payload is
+    # handed on once, and the author is heard at both levels
     cfg = P2PConfig(network="local")
     policy = MessagePolicy(cfg.limits, cfg.rollout_topic_base())
-    host = GossipHost(cfg, create_new_key_pair(), policy, on_message=lambda msg: None)
+    handed: list[object] = []
+    host = GossipHost(cfg, create_new_key_pair(), policy, on_message=handed.append)
     author = ID.from_pubkey(create_new_key_pair().public_key)
     topics = publish_topics(cfg.rollout_topic_base(), shard_key(author.to_bytes(), epoch_of(time.time(), EPOCH_S)), 1)
     for topic in topics[:2]:
         host.pubsub.set_topic_validator(topic, host._validate, False)
     data = pack(raw_message(peer=author.to_base58(), created=time.time()))
 
-    def validate(seqno: int) -> None:
-        msg = rpc_pb2.Message(from_id=author.to_bytes(), data=data, seqno=seqno.to_bytes(8, "big"), topicIDs=topics)
+    def message(seqno: int, topic: str) -> rpc_pb2.Message:
+        msg = rpc_pb2.Message(from_id=author.to_bytes(), data=data, seqno=seqno.to_bytes(8, "big"), topicIDs=[topic])
         trio.run(host.pubsub.validate_msg, author, msg)
+        return msg
 
-    validate(1)
-    assert policy.stats() == {"accepted": 1, "rejected": {}}
+    for seqno, topic in enumerate(topics[:2], 1):
+        host._deliver(message(seqno, topic))
+    assert policy.stats() == {"accepted": 2, "rejected": {}}
+    assert len(handed) == 1
+    assert {level for (who, level) in host.shard.heard if who == author.to_bytes()} == {0, 1}
     with pytest.raises(ValidationError):
-        validate(2)  # the same bytes under a new seqno: a replay
-    assert policy.stats() == {"accepted": 1, "rejected": {"duplicate": 1}}
+        message(3, topics[0])  # the same bytes under the same topic and a new seqno: a replay
+    assert policy.stats() == {"accepted": 2, "rejected": {"duplicate": 1}}
+    with pytest.raises(ValidationError):
+        trio.run(host.pubsub.validate_msg, author, rpc_pb2.Message(  # protocol 2's three topic ids in one message
+            from_id=author.to_bytes(), data=data, seqno=(4).to_bytes(8, "big"), topicIDs=topics))
+    assert policy.stats()["rejected"] == {"duplicate": 1, "wrong_shard": 1}
 
 
 def test_peers_that_only_subscribe_to_deep_shards_move_no_level(spawn, tmp_path):
     # three honest nodes at level 0 (too few authors to split); six strangers connect to the first and only
     # subscribe: three to level 24 of their own shards, three to every level of the first node's own shard
     profile = tmp_path / "lab.toml"
-    profile.write_text(f'namespace = "lab"\nprotocol = 2\nshard_epoch_s = {ONE_EPOCH_S}\n')
+    profile.write_text(f'namespace = "lab"\nprotocol = 3\nshard_epoch_s = {ONE_EPOCH_S}\n')
     net = ["--network", str(profile)]
     knobs = [*net, "--shards", json.dumps({"window_s": 10}), "--rate", "1", "--groups", "1"]
     first = spawn("n0", *knobs)

@@ -17,29 +17,29 @@ def write(tmp_path, text):
 
 def test_local_and_testnet_ship_and_name_their_topics():
     assert {"local", "testnet"} <= set(shipped_networks())
-    assert P2PConfig().rollout_topic_base() == "/sapo/local/rollouts/2"
+    assert P2PConfig().rollout_topic_base() == "/sapo/local/rollouts/3"
     cfg = P2PConfig(network="testnet")
-    assert cfg.rollout_topic_base() == "/sapo/testnet/rollouts/2"
+    assert cfg.rollout_topic_base() == "/sapo/testnet/rollouts/3"
     assert cfg.peer_exchange_protocol() == "/sapo/testnet/peers/1.0.0"
-    assert load_network("testnet").protocol == 2
+    assert load_network("testnet").protocol == 3
 
 
 def test_a_profile_file_adds_its_bootstrap_peers_after_the_given_ones(tmp_path):
     other = PEER.replace("203.0.113.7", "203.0.113.8")
-    path = write(tmp_path, f'namespace = "lab"\nprotocol = 2\nbootstrap = ["{PEER}", "{other}"]\n')
+    path = write(tmp_path, f'namespace = "lab"\nprotocol = 3\nbootstrap = ["{PEER}", "{other}"]\n')
     cfg = P2PConfig(network=path, bootstrap=[other])
-    assert cfg.rollout_topic_base() == "/sapo/lab/rollouts/2"
+    assert cfg.rollout_topic_base() == "/sapo/lab/rollouts/3"
     assert cfg.bootstrap_peers() == [other, PEER]
 
 
 @pytest.mark.parametrize("text, message", [
-    ('namespace = "lab"\nprotocol = 3\n', "speaks protocol 3; this sapo-node speaks 2 (upgrade sapo-node"),
-    ('namespace = "lab"\nprotocol = 1\n', "speaks protocol 1; this sapo-node speaks 2 (an older network"),
-    ('namespace = "Lab Net"\nprotocol = 2\n', "namespace: String should match pattern"),
-    ('namespace = "lab"\nprotocol = 2\nbootstrap = ["/ip4/1.2.3.4/tcp/1"]\n', "has no /p2p/<peer id> part"),
-    ('namespace = "lab"\nprotocol = 2\nbootstrp = []\n', "bootstrp: Extra inputs are not permitted"),
+    ('namespace = "lab"\nprotocol = 4\n', "speaks protocol 4; this sapo-node speaks 3 (upgrade sapo-node"),
+    ('namespace = "lab"\nprotocol = 2\n', "speaks protocol 2; this sapo-node speaks 3 (an older network"),
+    ('namespace = "Lab Net"\nprotocol = 3\n', "namespace: String should match pattern"),
+    ('namespace = "lab"\nprotocol = 3\nbootstrap = ["/ip4/1.2.3.4/tcp/1"]\n', "has no /p2p/<peer id> part"),
+    ('namespace = "lab"\nprotocol = 3\nbootstrp = []\n', "bootstrp: Extra inputs are not permitted"),
     ('namespace = "lab\n', "cannot read network profile"),
-    ('namespace = "lab"\nprotocol = 2\nshard_epoch_s = -5\n',  # the field's value, not the file's name
+    ('namespace = "lab"\nprotocol = 3\nshard_epoch_s = -5\n',  # the field's value, not the file's name
      "shard_epoch_s: Input should be greater than or equal to 60 (got -5)"),
 ])
 def test_a_bad_profile_file_names_the_problem(tmp_path, text, message):

@@ -7,8 +7,14 @@ import hashlib
 import json
 
 import pytest
+import trio
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX, signature_validator
 
-from p2p.config import Limits
+from p2p.config import Limits, P2PConfig
+from p2p.host import GossipHost
 from p2p.policy import MessagePolicy
 from p2p.wire import Rejected
 from rewards import TaskRef, regenerate, score_completion
@@ -26,6 +32,35 @@ def test_each_message_vector_gets_its_verdict(case):
     except Rejected as r:
         verdict = r.reason
     assert verdict == case["verdict"]
+
+
+@pytest.mark.parametrize("case", VECTORS["envelopes"], ids=lambda c: c["name"])
+def test_each_envelope_vector_is_what_a_node_signs_and_verifies(case):
+    # what another libp2p implementation must produce and accept: StrictSign over one topic
+    keys = create_new_key_pair(bytes.fromhex(VECTORS["signer_seed"]))
+    assert ID.from_pubkey(keys.public_key).to_base58() == VECTORS["signer"]
+    assert keys.public_key.serialize().hex() == VECTORS["signer_public_key"]
+    msg = rpc_pb2.Message.FromString(bytes.fromhex(case["message"]))
+    assert list(msg.topicIDs) == [case["topic"]] and msg.seqno.hex() == case["seqno"]
+    assert bytes.fromhex(case["signed"]) == PUBSUB_SIGNING_PREFIX.encode() + rpc_pb2.Message(
+        from_id=msg.from_id, data=msg.data, seqno=msg.seqno, topicIDs=msg.topicIDs).SerializeToString()
+    assert signature_validator(msg) is case["signature_valid"]
+    if not case["signature_valid"]:
+        return
+    # the node's own publishing path (GossipHost's pubsub, StrictSign) builds these very bytes
+    cfg = P2PConfig(network="local")
+    host = GossipHost(cfg, keys, MessagePolicy(cfg.limits, cfg.rollout_topic_base()), on_message=lambda m: None)
+    sent: list[rpc_pb2.Message] = []
+
+    async def capture(forwarder, message):
+        sent.append(message)
+
+    host.pubsub._next_seqno = lambda: bytes.fromhex(case["seqno"])
+    host.pubsub.push_msg = capture
+    trio.run(host.pubsub.publish, [case["topic"]], msg.data)
+    assert sent[0].SerializeToString().hex() == case["message"]
+    policy = MessagePolicy(Limits(), VECTORS["topic_base"], VECTORS["shard_epoch_s"])
+    policy.check(msg.data, ID(msg.from_id).to_base58(), list(msg.topicIDs), now=VECTORS["now"])  # accepted
 
 
 @pytest.mark.parametrize("case", VECTORS["scores"], ids=lambda c: repr(c["completion"]))

@@ -11,11 +11,11 @@ import pytest
 from pydantic import ValidationError
 
 from p2p.config import P2PConfig, ShardConfig
-from p2p.shards import (MAX_LEVEL, PROBE_AGAIN_WINDOWS, epoch_of, prefix, publish_topics, published_level, shard_key,
-                        shard_topic, topic_level, topics_problem)
+from p2p.shards import (MAX_LEVEL, PROBE_AGAIN_WINDOWS, epoch_of, prefix, publish_topics, shard_key, shard_topic,
+                        topic_level, topics_problem)
 from tests.conftest import ROOT
 
-BASE = "/sapo/local/rollouts/2"
+BASE = "/sapo/local/rollouts/3"
 EPOCH_S = 1000.0  # the tests' clock runs from 0 to 999 within epoch 0, unless they move it on
 
 
@@ -29,7 +29,7 @@ def keys_with_prefix(bits: str, n: int) -> list[bytes]:
     return [shard_key(p, 0) for p in peers_with_prefix(bits, n)]
 
 
-def test_topics_name_the_key_prefix_and_publishing_names_three_levels():
+def test_topics_name_the_key_prefix_and_an_author_publishes_at_three_levels():
     k = keys_with_prefix("101", 1)[0]
     assert shard_topic(BASE, k, 0) == f"{BASE}/s"
     assert shard_topic(BASE, k, 3) == f"{BASE}/s101"
@@ -40,38 +40,31 @@ def test_topics_name_the_key_prefix_and_publishing_names_three_levels():
 
 
 @pytest.mark.parametrize("topic", [f"{BASE}/s2", f"{BASE}/x1", "/sapo/local/rollouts/1", f"{BASE}/s" + "0" * 25,
-                                   "/sapo/testnet/rollouts/2/s", f"{BASE}/s/s1"])
+                                   "/sapo/testnet/rollouts/3/s", "/sapo/local/rollouts/2/s", f"{BASE}/s/s1"])
 def test_anything_else_is_not_a_shard_topic(topic):
     assert topic_level(BASE, topic) is None
 
 
-def test_an_author_may_only_name_its_own_shards_and_at_most_three():
+def test_a_message_names_one_topic_a_shard_of_its_author_at_any_level():
+    # protocol 3: one GossipSub message per topic, as stock libp2p pubsub (one `topic` field) can sign
     peer = peers_with_prefix("01", 1)[0]
     k = shard_key(peer, 0)
-    assert topics_problem(BASE, publish_topics(BASE, k, 1), peer, [0]) is None
-    assert topics_problem(BASE, [f"{BASE}/s", f"{BASE}/s0"], peer, [0]) is None
-    assert "not all its author's" in topics_problem(BASE, [f"{BASE}/s", f"{BASE}/s1"], peer, [0])
-    assert "at most 3" in topics_problem(BASE, [shard_topic(BASE, k, lv) for lv in range(4)], peer, [0])
+    assert all(topics_problem(BASE, [shard_topic(BASE, k, lv)], peer, [0]) is None for lv in range(MAX_LEVEL + 1))
+    assert "not its author's" in topics_problem(BASE, [f"{BASE}/s1"], peer, [0])
+    assert "not its author's" in topics_problem(BASE, [f"{BASE}/s00"], peer, [0])
+    assert "names 2 topics (one is due)" in topics_problem(BASE, publish_topics(BASE, k, 0), peer, [0])
+    assert "names 3 topics" in topics_problem(BASE, publish_topics(BASE, k, 1), peer, [0])
+    assert "names 0 topics" in topics_problem(BASE, [], peer, [0])
     assert "not a rollout shard" in topics_problem(BASE, ["/sapo/local/rollouts/1"], peer, [0])
+    assert "not a rollout shard" in topics_problem(BASE, ["/sapo/local/rollouts/2/s"], peer, [0])  # protocol 2
 
 
-def test_an_author_may_name_the_shards_of_any_accepted_epoch_but_not_a_mix():
+def test_an_author_may_name_its_shard_of_any_accepted_epoch():
     peer = next(p for p in (str(i).encode() for i in range(10**6))
                 if prefix(shard_key(p, 0), 2) == "00" and prefix(shard_key(p, 1), 2) == "11")
-    old, new = (publish_topics(BASE, shard_key(peer, e), 2) for e in (0, 1))
-    assert topics_problem(BASE, old, peer, [0, 1]) is None and topics_problem(BASE, new, peer, [0, 1]) is None
-    assert "not all its author's" in topics_problem(BASE, old, peer, [1, 2])  # an epoch no longer accepted
-    assert "not all its author's" in topics_problem(BASE, [old[0], old[1], new[2]], peer, [0, 1])
-
-
-@pytest.mark.parametrize("levels", [[0, 0], [0, 8], [1, 0], [2, 3, 1], [0], [3], [1, 3]])
-def test_topics_must_be_levels_l_minus_1_l_l_plus_1_in_that_order(levels):
-    peer = peers_with_prefix("0101", 1)[0]
-    k = shard_key(peer, 0)
-    topics = [shard_topic(BASE, k, lv) for lv in levels]
-    assert published_level(BASE, topics) is None
-    assert "not L-1, L, L+1 in that order" in topics_problem(BASE, topics, peer, [0])
-    assert [published_level(BASE, publish_topics(BASE, k, lv)) for lv in (0, 1, 5, MAX_LEVEL)] == [0, 1, 5, MAX_LEVEL]
+    old, new = (shard_topic(BASE, shard_key(peer, e), 2) for e in (0, 1))
+    assert topics_problem(BASE, [old], peer, [0, 1]) is None and topics_problem(BASE, [new], peer, [0, 1]) is None
+    assert "not its author's" in topics_problem(BASE, [old], peer, [1, 2])  # an epoch no longer accepted
 
 
 def level(**knobs):
@@ -105,18 +98,20 @@ def test_a_node_moves_up_when_its_shard_is_too_small_and_not_below_zero():
     assert not shard.update(40.0, [])
 
 
-def test_authors_count_only_within_the_window_and_within_one_level_of_where_they_publish():
+def test_authors_count_only_within_the_window_and_within_one_level_of_the_topic_they_were_heard_on():
     shard = level()
     hear_all(shard, peers_with_prefix("0", 5), 0.0, 0)
     assert shard.authors(5.0, 0) == 6
     assert shard.authors(10.5, 0) == 1
     shard.update(10.5, [])
     assert not shard.heard  # forgotten, not kept forever
-    hear_all(shard, peers_with_prefix(prefix(shard.key, 5), 4), 11.0, 3)  # heard on our topics at levels 2, 3, 4
+    hear_all(shard, peers_with_prefix(prefix(shard.key, 5), 4), 11.0, 3)  # heard on our level-3 topic
     assert [shard.authors(11.0, lv) for lv in range(6)] == [1, 1, 5, 5, 5, 1]
+    hear_all(shard, peers_with_prefix(prefix(shard.key, 5), 4), 11.0, 4)  # the same authors' copies at level 4
+    assert [shard.authors(11.0, lv) for lv in range(6)] == [1, 1, 5, 5, 5, 5]  # each counts once
 
 
-def test_a_split_goes_at_most_one_level_beyond_where_its_authors_publish():
+def test_a_split_goes_at_most_one_level_beyond_the_topics_its_authors_were_heard_on():
     shard = level()
     shard.update(0.0, [])
     authors = peers_with_prefix("000", 4, skip=10**4) + peers_with_prefix("001", 4, skip=10**4) \
@@ -125,9 +120,9 @@ def test_a_split_goes_at_most_one_level_beyond_where_its_authors_publish():
     # mine is "00...": 27 authors at level 0 and 15 at level 1; at level 2 none of them would be heard
     assert [shard.authors(10.0, lv) for lv in range(3)] == [27, 15, 1]
     assert shard.update(10.0, []) and shard.level == 1
-    hear_all(shard, authors, 12.0, 1)  # they split too and now publish at level 1
+    hear_all(shard, authors, 12.0, 1)  # they split too: heard on our level-1 topic
     assert [shard.authors(12.0, lv) for lv in range(4)] == [27, 15, 9, 1]
-    assert shard.update(12.0, []) and shard.level == 2  # not 3: none of them publishes within a level of it
+    assert shard.update(12.0, []) and shard.level == 2  # not 3: none of them was heard within a level of it
 
 
 def test_subscriptions_alone_never_move_a_level_and_probes_are_bounded():

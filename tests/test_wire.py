@@ -11,7 +11,7 @@ from libp2p.peer.id import ID
 
 from p2p.config import Limits, P2PConfig
 from p2p.policy import MessagePolicy
-from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key
+from p2p.shards import EPOCH_S, epoch_of, prefix, shard_key, shard_topic
 from rewards import TaskRef, regenerate
 from p2p.wire import REASONS, VERSION, Rejected, WireGroup, WireMessage, decode, encode, pack_groups
 
@@ -21,8 +21,8 @@ BASE = P2PConfig().rollout_topic_base()
 
 
 def topics_of(author: str, now: float) -> list[str]:
-    """What `author` names at level 0 at unix time `now`: level 0 (every author's) and its level-1 shard."""
-    return publish_topics(BASE, shard_key(ID.from_base58(author).to_bytes(), epoch_of(now, EPOCH_S)), 0)
+    """The topic ids of `author`'s message to level 0 at unix time `now` (every author's level-0 shard)."""
+    return [shard_topic(BASE, shard_key(ID.from_base58(author).to_bytes(), epoch_of(now, EPOCH_S)), 0)]
 
 
 TOPICS = topics_of(ME, NOW)
@@ -99,7 +99,7 @@ def bad_payloads(author: str, now: float) -> dict[str, tuple[bytes, list[str]]]:
     }
     topics = topics_of(author, now)
     return {**{reason: (data, topics) for reason, data in cases.items()},
-            "wrong_shard": (msg(), [*topics, not_my_shard(author, now)])}
+            "wrong_shard": (msg(), [*topics, not_my_shard(author, now)])}  # two topics, one not its shard
 
 
 CASES = bad_payloads(ME, NOW)
