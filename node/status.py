@@ -160,6 +160,8 @@ def prometheus(s: dict) -> str:
            "back and could not reach", [({}, p2p.get("relay_refused", 0))])
     metric("relayed_bytes_total", "counter", "bytes this node relayed between peers behind NAT",
            [({}, p2p.get("relayed_bytes", 0))])
+    metric("relay_paced_seconds_total", "counter", "seconds relayed circuits waited for p2p.relay_kib_per_s",
+           [({}, p2p.get("relay_paced_s", 0))])
     metric("peers_other_protocol", "gauge", "connected peers gossiping rollouts under another protocol version",
            [({}, p2p.get("peers_other_protocol"))])
     metric("round_seconds", "gauge", "seconds the last round spent per phase",

@@ -51,7 +51,7 @@ class ParticipantSlots(RelayResourceManager):
     connection within `UNREACHABLE_S` and reached none of its ports: it speaks the sapo protocols and
     needs a relay. A slot is freed when its holder disconnects. Before, any peer id got a slot that it
     kept for the reservation's hour after leaving (32 of 34 strangers got one; the next real asks were
-    refused). Refusals and relayed bytes are counted."""
+    refused). Refusals are counted (relayed bytes by `RelayMeter`)."""
 
     def __init__(self, limits: RelayLimits, host: IHost, counts: Counter[str]):
         super().__init__(limits, host)
@@ -70,9 +70,53 @@ class ParticipantSlots(RelayResourceManager):
         for peer in [p for p in self._reservations if not self._is_peer_connected(p)]:
             del self._reservations[peer]
 
-    def track_data_transfer(self, peer_id: ID, bytes_transferred: int) -> bool:
-        self.counts["relayed_bytes"] += bytes_transferred
-        return super().track_data_transfer(peer_id, bytes_transferred)
+
+class RelayMeter:
+    """Every byte this node relays, counted, and paced to `bytes_per_s` over all circuits together (a
+    token bucket holding one second's worth): relaying costs a pure-Python node CPU it needs for its
+    rounds. One meter serves the trio thread's circuits, which never run at once."""
+
+    def __init__(self, bytes_per_s: int, counts: Counter[str]):
+        self.rate, self.counts = bytes_per_s, counts
+        self.tokens, self.at = float(bytes_per_s), None
+
+    async def take(self, n: int) -> None:
+        now = trio.current_time()
+        if self.at is not None:
+            self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        self.tokens -= n
+        self.counts["relayed_bytes"] += n
+        if self.tokens < 0:
+            self.counts["relay_paced_s"] += -self.tokens / self.rate
+            await trio.sleep(-self.tokens / self.rate)
+
+
+class MeteredStream:
+    """A relayed stream whose reads pass through the meter; all else is the stream's own."""
+
+    def __init__(self, stream, meter: RelayMeter):
+        self._stream, self._meter = stream, meter
+
+    async def read(self, n: int | None = None) -> bytes:
+        data = await self._stream.read(n)
+        await self._meter.take(len(data))
+        return data
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+class MeteredRelay(CircuitV2Protocol):
+    """py-libp2p's relay with every relayed byte counted and paced (`RelayMeter`); its own per-circuit
+    caps stay: py-libp2p counts nothing once a circuit has a data cap."""
+
+    def __init__(self, host: IHost, limits: RelayLimits, meter: RelayMeter):
+        super().__init__(host, limits=limits, allow_hop=False)  # hop: once we know we are public
+        self.meter = meter
+
+    async def _relay_data(self, src_stream, dst_stream, peer_id, deadline=None, circuit_data_limit=None) -> None:
+        await super()._relay_data(MeteredStream(src_stream, self.meter), dst_stream, peer_id, deadline, circuit_data_limit)
 
 
 class Reachability(Enum):
@@ -117,8 +161,9 @@ class Reach:
         self.counts = counts
         self.state = {"auto": Reachability.UNKNOWN, "public": Reachability.PUBLIC,
                       "private": Reachability.PRIVATE}[cfg.reachability]
-        limits = RelayLimits(duration=3600, data=1 << 30, max_circuit_conns=8, max_reservations=cfg.relay_slots)
-        self.protocol = CircuitV2Protocol(host, limits=limits, allow_hop=False)  # hop: once we know we are public
+        limits = RelayLimits(duration=cfg.relay_circuit_s, data=cfg.relay_circuit_mib << 20, max_circuit_conns=8,
+                             max_reservations=cfg.relay_slots)
+        self.protocol = MeteredRelay(host, limits, RelayMeter(cfg.relay_kib_per_s << 10, counts))
         self.slots = self.protocol.resource_manager = ParticipantSlots(limits, host, counts)
         self.transport = CircuitV2Transport(host, self.protocol, RelayConfig(roles=RelayRole.STOP | RelayRole.CLIENT))
         self.dialback_protocol = TProtocol(f"/sapo/{cfg.profile().namespace}/dialback/1.0.0")

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import msgpack
 import pytest
 import trio
+from trio.testing import MockClock
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
@@ -142,3 +143,51 @@ def test_relay_slots_go_only_to_peers_our_dial_back_could_not_reach_and_free_whe
         assert slots.can_accept_reservation(member) and not slots._reservations
 
     trio.run(scenario)
+
+
+class Pipe:
+    """One side of a relayed circuit: `chunks` to read, then end of stream; what is written is kept."""
+
+    def __init__(self, chunks: list[bytes] = ()):
+        self.chunks, self.written, self.reset_called = list(chunks), [], False
+
+    async def read(self, n: int | None = None) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+    async def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    async def reset(self) -> None:
+        self.reset_called = True
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("circuit_kib, relayed_kib", [(1024, 100), (50, 50)])
+def test_relayed_bytes_are_counted_and_paced_and_a_circuit_stops_at_its_cap(circuit_kib, relayed_kib):
+    # py-libp2p counts nothing once a circuit has a data cap; the meter counts every byte and paces all
+    # circuits together to relay_kib_per_s, while the circuit's own cap still ends it
+    cfg = P2PConfig(relay_kib_per_s=20, relay_circuit_mib=1)
+    node = Reach(cfg, new_host(key_pair=create_new_key_pair()), Counter())
+    src, dst = Pipe([b"x" * 10240] * 10), Pipe()
+
+    async def relay() -> float:
+        start = trio.current_time()
+        await node.protocol._relay_data(src, dst, peer(after=node), None, [circuit_kib << 10])
+        return trio.current_time() - start
+
+    took = trio.run(relay, clock=MockClock(autojump_threshold=0))
+    assert sum(map(len, dst.written)) == relayed_kib << 10
+    assert src.reset_called == (relayed_kib < 100)
+    counted = node.counts["relayed_bytes"]
+    assert counted in (relayed_kib << 10, (relayed_kib + 10) << 10)  # the chunk past the cap was read, not sent
+    assert took == pytest.approx((counted / 1024 - 20) / 20)  # the first second's worth at once, then 20 KiB/s
+    assert node.counts["relay_paced_s"] == pytest.approx(took)
+
+
+def test_relay_caps_come_from_the_config():
+    node = Reach(P2PConfig(relay_circuit_s=30, relay_circuit_mib=2, relay_slots=3),
+                 new_host(key_pair=create_new_key_pair()), Counter())
+    limits = node.protocol.limits
+    assert (limits.duration, limits.data, limits.max_reservations) == (30, 2 << 20, 3)
