@@ -3,25 +3,36 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# Test-only system tools: Chromium drives the dashboard test in a real headless browser.
-if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+
+# apt_install WHY WITHOUT PKG...: Debian packages some tests need, installed when we are root with apt-get;
+# otherwise one line saying what runs without them.
+apt_install() {
+  local why=$1 without=$2
+  shift 2
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "test: installing chromium (the dashboard test's headless browser)" >&2
-    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+    echo "test: installing $* ($why)" >&2
+    apt-get update -qq && apt-get install -y -qq "$@" >/dev/null
   else
-    echo "test: no chromium: the dashboard test is skipped (fails under CI=true); on Debian/Ubuntu: sudo apt-get install chromium" >&2
+    echo "test: no $*: $without; on Debian/Ubuntu: sudo apt-get install $*" >&2
   fi
+}
+
+# Chromium drives the dashboard test in a real headless browser.
+if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+  apt_install "the dashboard test's headless browser" "the dashboard test is skipped (fails under CI=true)" chromium
 fi
 # The network lab (tests/netlab.py): namespaces and veth pairs (iproute2), a masquerading NAT (nftables).
 missing_net=()
 command -v ip >/dev/null || missing_net+=(iproute2)
 command -v nft >/dev/null || missing_net+=(nftables)
 if [ ${#missing_net[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "test: installing ${missing_net[*]} (the network lab's namespaces and NAT)" >&2
-    apt-get update -qq && apt-get install -y -qq "${missing_net[@]}" >/dev/null
-  else
-    echo "test: no ${missing_net[*]}: the network-lab tests are skipped; on Debian/Ubuntu: sudo apt-get install ${missing_net[*]}" >&2
-  fi
+  apt_install "the network lab's namespaces and NAT" "the network-lab tests are skipped" "${missing_net[@]}"
+fi
+# The js-libp2p interop test (tests/test_interop.py) runs a Node.js peer and installs its npm packages itself.
+missing_js=()
+command -v node >/dev/null || missing_js+=(nodejs)
+command -v npm >/dev/null || missing_js+=(npm)
+if [ ${#missing_js[@]} -gt 0 ]; then
+  apt_install "the js-libp2p interop test's peer" "the interop test is skipped (fails under CI=true)" "${missing_js[@]}"
 fi
 exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,188 @@
+"""Interoperability with a second libp2p implementation: a js-libp2p peer (tests/interop/peer.mjs) and a training
+sapo node exchange wire protocol 3 rollouts over TCP + Noise + yamux + GossipSub (StrictSign) on 127.0.0.1.
+
+Protocol 3 puts one topic in each GossipSub message so that libp2p implementations other than py-libp2p can publish
+and verify rollouts (docs/PROTOCOL.md sections 1 and 7); this is the test that they do."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from libp2p.peer.id import ID
+
+from node.swarm import free_port, wait_listening
+from p2p.identity import load_or_create, peer_id
+from p2p.shards import epoch_of, shard_key, shard_topic
+from rewards import TaskRef, regenerate
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+INTEROP = ROOT / "tests" / "interop"
+MIN_NODE_MAJOR = 20  # js-libp2p 3.x with tests/interop/polyfill.mjs; Debian bookworm's nodejs is 18
+LEVEL = 1  # pinned, so that the node reads one topic that is not every author's: `wrong_shard` can be sent there
+EPOCH_S = 10**9  # shards are not redrawn during the test (the current epoch began in 2001)
+BASE = "/sapo/interop/rollouts/3"
+# Every rejection the js peer provokes, one message each; each reason is a rule of docs/PROTOCOL.md section 4.
+REASONS = ("version", "sender_mismatch", "no_signal", "too_old", "from_future", "wrong_shard")
+JS_LIMIT_S = 300  # the js peer exits by itself after this
+WAIT_S = 280  # for everything the test needs to see, from the js peer's start
+TASKS = 150  # distinct task references the js peer publishes, one valid message a second
+
+
+def _toolchain_missing(why: str) -> None:
+    """Outside CI a machine without Node.js skips this test; CI must have it (scripts/test.sh installs it)."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{why}; CI=true requires it (scripts/test.sh installs Debian's nodejs and npm as root)")
+    pytest.skip(f"{why} (Debian/Ubuntu: sudo apt-get install nodejs npm)")
+
+
+@pytest.fixture(scope="session")
+def js_peer() -> list[str]:
+    """The command that starts tests/interop/peer.mjs, its packages installed from package-lock.json (`npm ci`) once
+    per session."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        _toolchain_missing("node and npm are not installed: the js-libp2p interop test needs them")
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    major = re.match(r"v(\d+)\.", version)
+    if major is None or int(major[1]) < MIN_NODE_MAJOR:
+        _toolchain_missing(f"Node.js {version or '?'} is older than {MIN_NODE_MAJOR}, which js-libp2p 3.x needs")
+    r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=INTEROP, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"npm ci in {INTEROP} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    return [node, str(INTEROP / "peer.mjs")]
+
+
+def tasks() -> list[dict]:
+    """Task references of a dataset and config the tiny-a node draws itself (`arith`, `{}`), with the answer
+    this repository's own regeneration gives: the js peer needs no implementation of section 5."""
+    refs = [TaskRef("arith", {}, seed=4242, index=i) for i in range(TASKS)]
+    return [{"dataset": r.dataset, "config": {}, "seed": r.seed, "index": r.index, "answer": regenerate(r).answer}
+            for r in refs]
+
+
+def read_lines(path: Path) -> list[dict]:
+    """JSON lines written so far; a line still being written is left for the next read."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def stop(proc: subprocess.Popen, grace: float) -> int:
+    """SIGTERM, then SIGKILL past `grace` seconds; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def test_a_js_libp2p_peer_and_a_training_node_exchange_verify_and_reject_rollouts(js_peer, tiny_a, cache_dir, tmp_path):
+    out, port = tmp_path / "node", free_port()
+    out.mkdir()
+    node_id = peer_id(load_or_create(out / "node.key"))  # the node runs with this key: its address is known up front
+    profile = tmp_path / "interop.toml"
+    profile.write_text(f'namespace = "interop"\nprotocol = 3\nshard_epoch_s = {EPOCH_S}\n')
+    epoch = epoch_of(time.time(), EPOCH_S)
+    node_key = shard_key(ID.from_base58(node_id).to_bytes(), epoch)
+    # the node publishes under its shards at levels L-1, L and L+1; the js peer reads the first two
+    node_topics = {shard_topic(BASE, node_key, lv) for lv in (LEVEL - 1, LEVEL)}
+    node_log, js_events, js_log = out / "node.log", tmp_path / "js.events.jsonl", tmp_path / "js.log"
+    with open(node_log, "wb") as log_file:  # it trains until SIGTERM once the test has seen what it needs
+        node = subprocess.Popen(
+            [sys.executable, "-m", "node.cli", "run", "--out", str(out), "--model.cache_dir", str(cache_dir),
+             "--rounds", "1000", "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--network", str(profile),
+             "--p2p.shards.level", str(LEVEL), "--run.wait_for_peers", "1", "--local", "2",
+             "--generation.completions_per_group", "4", "--tasks.eval_size", "10", "--run.eval_every", "1000",
+             "--run.checkpoint_every", "1000"],
+            cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+    js: subprocess.Popen | None = None
+    try:
+        assert wait_listening(port, node, timeout=240), f"the node did not listen:\n{node_log.read_text()[-3000:]}"
+        with open(js_events, "wb") as events_file, open(js_log, "wb") as err_file:
+            js = subprocess.Popen(
+                [*js_peer, "--bootstrap", f"/ip4/127.0.0.1/tcp/{port}/p2p/{node_id}",
+                 "--seconds", str(JS_LIMIT_S), "--topic-base", BASE, "--epoch-s", str(EPOCH_S), "--level", str(LEVEL),
+                 "--tasks", json.dumps(tasks()), "--invalid", ",".join(REASONS)],
+                cwd=INTEROP, stdout=events_file, stderr=err_file)
+
+        def seen() -> tuple[list[dict], list[dict]]:
+            return read_lines(js_events), read_lines(out / "metrics.jsonl")
+
+        def done(events: list[dict], rows: list[dict]) -> bool:
+            ready = [e for e in events if e["event"] == "ready"]
+            received = {e["topic"] for e in events if e["event"] == "received" and e["from"] == node_id}
+            rejected = (rows[-1].get("p2p") or {}).get("rejected") if rows else None
+            trained = bool(ready) and any(ready[0]["peer"] in (r.get("external_sources") or {}) and r["n_external_used"]
+                                          for r in rows)
+            return trained and received == node_topics and rejected == {r: 1 for r in REASONS}
+
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and not done(*seen()):
+            assert node.poll() is None, f"the node exited ({node.returncode}):\n{node_log.read_text()[-3000:]}"
+            assert js.poll() is None, f"the js peer exited ({js.returncode}):\n{js_events.read_text()[-3000:]}" \
+                                      f"\n{js_log.read_text()[-3000:]}"
+            time.sleep(1)
+        js_rc = stop(js, 10)
+        node_rc = stop(node, 120)
+    finally:
+        for proc in (js, node):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    events, rows = seen()
+    why = (f"\njs peer:\n{js_events.read_text()[-3000:]}\n{js_log.read_text()[-2000:]}"
+           f"\nnode:\n{node_log.read_text()[-3000:]}")
+    assert js_rc == 0 and (events[-1]["event"], events[-1].get("reason")) == ("stopped", "SIGTERM"), why
+    assert node_rc == 0 and "Traceback" not in node_log.read_text() and " ERROR " not in node_log.read_text(), why
+    ready = next(e for e in events if e["event"] == "ready")
+    js_id = ready["peer"]
+    # the js peer computed the node's shard key (section 7) as the node does, and saw the node subscribe to its topic
+    assert (ready["epoch"], ready["node_shard_key"]) == (epoch, node_key.hex()), why
+    assert ready["topic"] in node_topics and set(ready["subscribed"]) == node_topics, why
+    assert {e["by"] for e in events if e["event"] == "node_subscribed"} == {js_id, ready["stranger"]}, why
+
+    published = [e for e in events if e["event"] == "published"]
+    assert not [e for e in events if e["event"] == "publish_failed"], why
+    assert all(e["recipients"] == [node_id] for e in published), why  # each message went to the node itself
+    assert sorted(e["kind"] for e in published if e["kind"] != "valid") == sorted(REASONS), why
+    valid = [e for e in published if e["kind"] == "valid"]
+
+    # the node accepted the js peer's valid messages (signature, topic, schema: every check of section 4) ...
+    p2p = rows[-1]["p2p"]
+    assert 0 < p2p["accepted"] <= len(valid), why
+    # ... rejected each invalid one under the spec's reason, and nothing else ...
+    assert p2p["rejected"] == {r: 1 for r in REASONS}, why
+    # ... re-scored the js peer's groups and trained on them (the stranger's never got in)
+    from_js = [r for r in rows if (r.get("external_sources") or {}).get(js_id)]
+    assert sum(r["n_external_received"] for r in rows) > 0, why
+    assert any(r["n_external_used"] > 0 for r in from_js), why
+    assert all(set(r.get("external_sources") or {}) <= {js_id} for r in rows), why
+
+    # the js peer received the node's own rollouts: signatures verified by js gossipsub (StrictSign), payloads decoded
+    # and checked by the js peer (v, peer == signer, topic == the signer's shard)
+    received = [e for e in events if e["event"] == "received"]
+    assert received and {e["from"] for e in received} == {node_id}, why
+    assert all(e["valid"] and e["v"] == 3 and e["peer"] == e["from"] and e["groups"] > 0 for e in received), why
+    assert {e["topic"] for e in received} == node_topics, why  # under each of its shard levels the js peer reads
+    assert len({e["round"] for e in received}) >= 2, why
+    assert {d for e in received for d in e["datasets"]} <= {"arith", "reverse", "count"}, why  # tiny-a's own mix
