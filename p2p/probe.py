@@ -226,6 +226,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def json_lines(path: Path) -> list[dict]:
+    """The JSON lines a running process (a probe's events, a node's metrics.jsonl) has written so far; a line
+    still being written, or torn by a kill, is left out."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
 class ProbeProcess:
     """Harness side: one probe in a child process, its events read back from its JSON-lines file."""
 
@@ -244,17 +256,7 @@ class ProbeProcess:
         self._ready: dict | None = None
 
     def events(self, kind: str | None = None) -> list[dict]:
-        if not self.events_path.exists():
-            return []
-        out = []
-        for line in self.events_path.read_text().splitlines():
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:  # a line still being written
-                continue
-            if kind is None or event["event"] == kind:
-                out.append(event)
-        return out
+        return [e for e in json_lines(self.events_path) if kind is None or e["event"] == kind]
 
     def wait_for(self, what: Callable[[], object], timeout: float, describe: str) -> object:
         deadline = time.monotonic() + timeout

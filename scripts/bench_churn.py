@@ -36,6 +36,7 @@ from node.lifecycle import exit_on_sigterm  # noqa: E402
 from node.swarm import free_port, wait_listening  # noqa: E402
 from p2p.config import PoolConfig  # noqa: E402
 from p2p.identity import load_or_create, peer_id  # noqa: E402
+from p2p.probe import json_lines  # noqa: E402
 
 SURVIVORS = 3  # nodes 0..2 are never killed
 SAMPLE_S = 5.0
@@ -62,15 +63,7 @@ class Node:
         self.proc.wait()
 
     def rows(self) -> list[dict]:
-        path = self.out / "metrics.jsonl"
-        lines = path.read_text().splitlines() if path.exists() else []
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line torn by SIGKILL
-                continue
-        return out
+        return json_lines(self.out / "metrics.jsonl")
 
     def checkpoint_round(self) -> int:
         done = [int(p.name.split("-")[1]) for p in (self.out / "checkpoints").glob("round-*") if p.name[6:].isdigit()]

@@ -72,6 +72,7 @@ from node.argtypes import bounded, count, positive  # noqa: E402
 from node.lifecycle import exit_on_sigterm  # noqa: E402
 from node.selection import RULES  # noqa: E402
 from node.swarm import free_port  # noqa: E402
+from p2p.probe import json_lines  # noqa: E402
 from trainer.config import default_cache_dir  # noqa: E402
 
 WARMUP_ROUNDS = 5
@@ -101,16 +102,7 @@ def tree_cpu_s(pid: int) -> float:
 
 
 def rows(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
-    if not path.exists():
-        return []
-    found = []
-    for line in path.read_text().splitlines():
-        try:
-            found.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written
-            pass
-    return found[1:]
+    return json_lines(out / "metrics.jsonl")[1:]
 
 
 def writes_wrap(out: Path, cache: Path, wrap: str, seed: int) -> dict[str, int]:
@@ -267,15 +259,7 @@ def window_delta(rs: list[dict], *path: str) -> int | None:
 
 def probe_events(events: Path, kind: str = "stats") -> list[dict]:
     """A gossip probe's events of one kind, oldest first."""
-    found = []
-    for line in events.read_text().splitlines() if events.exists() else []:
-        try:
-            e = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if e.get("event") == kind:
-            found.append(e)
-    return found
+    return [e for e in json_lines(events) if e.get("event") == kind]
 
 
 def run_px_aim(size: int, hostile: int, window: float, code: Path, work: Path) -> dict:

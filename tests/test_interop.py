@@ -21,6 +21,7 @@ from libp2p.peer.id import ID
 
 from node.swarm import free_port, wait_listening
 from p2p.identity import load_or_create, peer_id
+from p2p.probe import json_lines
 from p2p.shards import epoch_of, shard_key, shard_topic
 from rewards import TaskRef, regenerate
 from tests.conftest import ROOT
@@ -70,19 +71,6 @@ def tasks() -> list[dict]:
             for r in refs]
 
 
-def read_lines(path: Path) -> list[dict]:
-    """JSON lines written so far; a line still being written is left for the next read."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
 def stop(proc: subprocess.Popen, grace: float) -> int:
     """SIGTERM, then SIGKILL past `grace` seconds; the exit code."""
     if proc.poll() is None:
@@ -125,7 +113,7 @@ def test_a_js_libp2p_peer_and_a_training_node_exchange_verify_and_reject_rollout
                 cwd=INTEROP, stdout=events_file, stderr=err_file)
 
         def seen() -> tuple[list[dict], list[dict]]:
-            return read_lines(js_events), read_lines(out / "metrics.jsonl")
+            return json_lines(js_events), json_lines(out / "metrics.jsonl")
 
         def done(events: list[dict], rows: list[dict]) -> bool:
             ready = [e for e in events if e["event"] == "ready"]
