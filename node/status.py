@@ -193,8 +193,9 @@ def prometheus(s: dict) -> str:
     metric("messages_rejected_total", "counter", "gossip messages rejected, by reason",
            [({"reason": r}, rejected.get(r, 0)) for r in sorted({*WIRE_REASONS, *rejected})])
     metric("gossip_dropped_total", "counter", "gossip traffic dropped below the message checks: messages not forwarded "
-           "past the per-neighbour rate limit, RPCs over py-libp2p's inbound size cap, RPCs that do not parse",
-           [({"reason": r}, p2p.get(f"dropped_{r}") or 0) for r in ("rate_limit", "rpc_too_large", "bad_rpc")])
+           "past the per-neighbour rate limit, RPCs over py-libp2p's inbound size cap, RPCs that do not parse, "
+           "messages on a topic this node does not read",
+           [({"reason": r}, p2p.get(f"dropped_{r}") or 0) for r in ("rate_limit", "rpc_too_large", "bad_rpc", "unsubscribed")])
     metric("rollout_groups_received_total", "counter", "rollout groups received from peers", [({}, pool.get("received"))])
     metric("rollout_groups_accepted_total", "counter", "rollout groups that entered the pool", [({}, pool.get("accepted"))])
     dropped = Counter(pool.get("dropped") or {})

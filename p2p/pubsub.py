@@ -35,7 +35,8 @@ class CountingGossipSub(GossipSub):
 
 
 class GuardedPubsub(Pubsub):
-    """Pubsub that writes one RPC at a time per stream and survives a peer's garbage.
+    """Pubsub that writes one RPC at a time per stream, survives a peer's garbage and counts what it drops
+    unread.
 
     py-libp2p lets several tasks (forwarding, heartbeat control) write to a peer's stream at once, and
     yamux sends a message larger than a frame or than the send window in several frames, so two RPCs
@@ -47,6 +48,13 @@ class GuardedPubsub(Pubsub):
         super().__init__(*args, **kwargs)
         self.counts = counts
         self._write_locks: weakref.WeakKeyDictionary[INetStream, trio.Lock] = weakref.WeakKeyDictionary()
+
+    def _is_subscribed_to_msg(self, msg: rpc_pb2.Message) -> bool:
+        """py-libp2p drops a message on a topic we do not read before any validator sees it; count it."""
+        if super()._is_subscribed_to_msg(msg):
+            return True
+        self.counts["dropped_unsubscribed"] += 1
+        return False
 
     async def write_msg(self, stream: INetStream, rpc_msg: rpc_pb2.RPC) -> bool:
         async with self._write_locks.setdefault(stream, trio.Lock()):

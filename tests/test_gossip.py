@@ -452,6 +452,11 @@ def test_an_authors_copies_under_two_topics_we_read_are_each_valid_and_handed_on
         trio.run(host.pubsub.validate_msg, author, rpc_pb2.Message(  # protocol 2's three topic ids in one message
             from_id=author.to_bytes(), data=data, seqno=(4).to_bytes(8, "big"), topicIDs=topics))
     assert policy.stats()["rejected"] == {"duplicate": 1, "wrong_shard": 1}
+    host.pubsub.subscribed_topics_receive[topics[0]] = None  # as a subscription to our level-0 topic leaves it
+    read, unread = (rpc_pb2.Message(from_id=author.to_bytes(), data=data, seqno=(5).to_bytes(8, "big"), topicIDs=[t])
+                    for t in (topics[0], topics[2]))
+    assert host.pubsub._is_subscribed_to_msg(read) and host.counts["dropped_unsubscribed"] == 0
+    assert not host.pubsub._is_subscribed_to_msg(unread) and host.counts["dropped_unsubscribed"] == 1  # never validated
 
 
 def test_peers_that_only_subscribe_to_deep_shards_move_no_level(spawn, tmp_path):
