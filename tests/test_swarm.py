@@ -34,8 +34,13 @@ def pool_with(*groups: WireGroup, peer: str = PEER) -> RolloutPool:
 
 
 def take_external(pool: RolloutPool, j: int, tasks: TasksConfig = TasksConfig(), **selection):
-    """The uniform rule's pick: every usable group, whatever its rewards."""
-    pick = Selector(SelectionConfig(external_groups=j, rule="uniform", **selection), tasks).external(pool, random.Random(0), 1)
+    """The uniform rule's pick: every usable group, whatever its rewards. The selector is closed after, as the
+    node closes it: its untrusted-task worker is a process of its own."""
+    selector = Selector(SelectionConfig(external_groups=j, rule="uniform", **selection), tasks)
+    try:
+        pick = selector.external(pool, random.Random(0), 1)
+    finally:
+        selector.close()
     return pick.groups, pick.dropped
 
 
