@@ -39,6 +39,10 @@ from p2p.wire import WireGroup, WireMessage, pack_groups
 log = logging.getLogger("sapo.probe")
 
 
+class ProbeError(RuntimeError):
+    """A probe loop failed (a task reference it cannot build, a publish that raised)."""
+
+
 def _peer_id(text: str) -> ID:
     try:
         peer = ID.from_base58(text)
@@ -183,17 +187,16 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
             emit("stats", **usage(), **gossip.stats())
 
     tasks = [asyncio.create_task(c()) for c in (receive, publish, report)]
-    try:
-        if args.duration > 0:
-            await asyncio.wait_for(stop.wait(), args.duration)
-        else:
-            await stop.wait()
-    except asyncio.TimeoutError:
-        pass
-    finally:
+    stopped = asyncio.create_task(stop.wait())
+    try:  # the loops only end by failing: the first failure stops the probe, loudly
+        await asyncio.wait([stopped, *tasks], timeout=args.duration or None, return_when=asyncio.FIRST_COMPLETED)
         for t in tasks:
+            if t.done() and t.exception():
+                raise ProbeError(f"{t.get_coro().__name__} failed: {t.exception()!r}") from t.exception()
+    finally:
+        for t in (stopped, *tasks):
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(stopped, *tasks, return_exceptions=True)
         await asyncio.to_thread(gossip.stop)
         while not inbox.empty():  # messages that crossed the bridge before the stop
             emit_received(*inbox.get_nowait())
@@ -217,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             uvloop.run(run(args, cfg, out))
         except ImportError:
             asyncio.run(run(args, cfg, out))
-    except (IdentityError, P2PError) as e:
+    except (IdentityError, P2PError, ProbeError) as e:
         print(f"probe: {e}", file=sys.stderr)
         return 1
     finally:

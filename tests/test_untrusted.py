@@ -164,10 +164,22 @@ def test_a_round_takes_honest_groups_past_runaway_ones_within_its_budget():
     assert selector.untrusted.sandbox.restarts == 2 and time.monotonic() - started < 60
 
 
+def test_a_probe_that_cannot_build_its_groups_stops_with_one_line_not_silently(tmp_path):
+    # Seed 1's first SLOW task fails inside reasoning-gym; the probe used to keep running and publish nothing.
+    proc = subprocess.run([sys.executable, "-m", "p2p.probe", "--key", str(tmp_path / "k"), "--rate", "2",
+                           "--events", str(tmp_path / "events"),
+                           "--task", json.dumps({"dataset": "rg/basic_arithmetic", "config": SLOW, "seed": 1})],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1] == "probe: publish failed: IndexError('Cannot choose from an empty sequence')"
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.slow
 def test_a_node_flooded_with_runaway_tasks_keeps_training_and_checkpoints_on_stop(tiny_a, cache_dir, tmp_path):
+    # --wrong: the probe itself could not build these tasks' answers in time (some indices fail outright)
     hostile = ProbeProcess(tmp_path, "hostile", "--rate", "2", "--groups", "2", "--completions", "4", "--chars", "30",
-                           "--task", json.dumps({"dataset": "rg/basic_arithmetic", "config": SLOW, "seed": 1}))
+                           "--wrong", "--task", json.dumps({"dataset": "rg/basic_arithmetic", "config": SLOW, "seed": 1}))
     out = tmp_path / "node"
     proc = subprocess.Popen(
         [sys.executable, "-m", "node.cli", "run", "--model.cache_dir", str(cache_dir), "--out", str(out),
