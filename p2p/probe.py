@@ -29,6 +29,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from pydantic import ValidationError
 
+from p2p import attacks
 from p2p.config import P2PConfig
 from p2p.config_errors import describe
 from p2p.identity import IdentityError
@@ -72,6 +73,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "claiming to listen where the target would hear it")
     p.add_argument("--lie-peers", metavar="IP", help="answer peer exchange with 32 made-up peers, each at another "
                    "port of this IP: a peer aiming the swarm's dials at a host")
+    p.add_argument("--squat", action="store_true", help="ask the first bootstrap peer for a relay slot at once, "
+                   "without the dial-back a participant asks first, and hold it: a stranger squatting a relay")
+    p.add_argument("--sink", action="store_true", help="count the bytes peers send to the lab's sink protocol")
+    p.add_argument("--flood-through", metavar="CIRCUIT", help="send random bytes as fast as they go to the sink of "
+                   "the peer at this relayed address (<relay addr>/p2p-circuit/p2p/<peer>): a relay abused as a pipe")
+    p.add_argument("--ask-dialback", metavar="CIRCUIT", help="reach the peer at this relayed address and ask it to "
+                   "dial us back at --ports: a dial-back pointed at the relay's host")
+    p.add_argument("--ports", type=int, nargs="+", default=[4001, 22, 80, 443], help="--ask-dialback: ports asked for")
     p.add_argument("--max-peers", type=int, default=P2PConfig.model_fields["max_peers"].default,
                    help="stop dialing discovered peers beyond this many connections")
     p.add_argument("--task", type=json.loads, default={"dataset": "arith", "config": {}, "seed": 0},
@@ -81,7 +90,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--shards", type=json.loads, default={},
                    help='JSON of p2p.shards knobs, e.g. {"level": 0} (one topic for all) or {"window_s": 10}')
     p.add_argument("--mesh-degree", type=int, default=P2PConfig.model_fields["mesh_degree"].default, help="GossipSub D")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.squat and not args.bootstrap:
+        p.error("--squat needs --bootstrap: the relay whose slot it takes")
+    return args
 
 
 def synthetic_groups(rng: random.Random, round_: int, n: int, completions: int, chars: int,
@@ -161,6 +173,15 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
     if args.lie_peers:
         await asyncio.to_thread(gossip.answer_peer_exchange, lying_peer_list(args.lie_peers))
     emit("ready", peer_id=gossip.peer_id, addrs=gossip.addrs)
+    if args.sink:
+        await asyncio.to_thread(gossip.call, attacks.serve_sink)
+    if args.squat:
+        relay = ID.from_base58(args.bootstrap[0].rsplit("/p2p/", 1)[1])
+        emit("squat", relay=str(relay), granted=await asyncio.to_thread(gossip.call, attacks.reserve_slot, relay))
+    if args.ask_dialback:
+        emit("dialback", reply=await asyncio.to_thread(gossip.call, attacks.ask_dialback, args.ask_dialback, args.ports))
+    if args.flood_through:
+        gossip.spawn(attacks.flood_through, args.flood_through)
 
     async def receive() -> None:
         while True:
@@ -169,7 +190,7 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
     async def publish() -> None:
         rng = random.Random(gossip.peer_id)
         start, k = time.monotonic(), 0
-        while args.rate > 0:
+        while True:
             await asyncio.sleep(max(0.0, start + k / args.rate - time.monotonic()))
             created = time.time()
             payloads, _ = pack_groups(gossip.peer_id, "probe", k, created,
@@ -186,7 +207,7 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
             await asyncio.sleep(1.0)
             emit("stats", **usage(), **gossip.stats())
 
-    tasks = [asyncio.create_task(c()) for c in (receive, publish, report)]
+    tasks = [asyncio.create_task(c()) for c in (receive, report, *([publish] if args.rate > 0 else []))]
     stopped = asyncio.create_task(stop.wait())
     try:  # the loops only end by failing: the first failure stops the probe, loudly
         await asyncio.wait([stopped, *tasks], timeout=args.duration or None, return_when=asyncio.FIRST_COMPLETED)
@@ -244,9 +265,10 @@ def json_lines(path: Path) -> list[dict]:
 class ProbeProcess:
     """Harness side: one probe in a child process, its events read back from its JSON-lines file."""
 
-    def __init__(self, workdir: Path, name: str, *args: str, key: Path | None = None, prefix: Sequence[str] = ()):
+    def __init__(self, workdir: Path, name: str, *args: str, key: Path | None = None, prefix: Sequence[str] = (),
+                 cwd: Path | None = None):
         """`prefix` runs the probe under another command, e.g. `ip netns exec NS` (which execs, so the
-        child's PID stays the probe's)."""
+        child's PID stays the probe's); `cwd` runs another checkout's probe."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.events_path = workdir / f"{name}.events.jsonl"
@@ -255,7 +277,7 @@ class ProbeProcess:
         with open(self.log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
                 [*prefix, sys.executable, "-m", "p2p.probe", "--key", str(self.key), "--events", str(self.events_path), *args],
-                stdout=subprocess.DEVNULL, stderr=log_file)
+                stdout=subprocess.DEVNULL, stderr=log_file, cwd=cwd)
         self._ready: dict | None = None
 
     def events(self, kind: str | None = None) -> list[dict]:
