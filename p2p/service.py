@@ -12,8 +12,9 @@ import logging
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import trio
 from libp2p.custom_types import TProtocol
@@ -25,6 +26,7 @@ from p2p.policy import MessagePolicy
 from p2p.wire import WireMessage
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class P2PError(RuntimeError):
@@ -41,6 +43,7 @@ class Gossip:
         self._host: GossipHost | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
+        self._tasks: trio.Nursery | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._thread_main, name="sapo-p2p", daemon=True)
@@ -81,6 +84,20 @@ class Gossip:
         (p2p.probe plays one; levels must not follow such claims)."""
         for topic in topics:
             trio.from_thread.run(self._host.pubsub.subscribe, topic, trio_token=self._token)
+
+    def call(self, fn: Callable[..., Awaitable[T]], *args) -> T:
+        """Run `fn(host, *args)` on the trio thread and return its result (p2p.probe's lab behaviours)."""
+        return trio.from_thread.run(fn, self._host, *args, trio_token=self._token)
+
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args) -> None:
+        """Run `fn(host, *args)` on the trio thread until it returns or the host stops."""
+        async def until_stopped() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fn, self._host, *args)
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+
+        self._token.run_sync_soon(self._tasks.start_soon, until_stopped)
 
     def answer_peer_exchange(self, handler: Callable | None) -> None:
         """Answer peer exchange with `handler` (an async stream handler) instead of the node's own list,
@@ -131,6 +148,7 @@ class Gossip:
         self._stop = trio.Event()
         self._host = GossipHost(self.cfg, self.key_pair, self.policy, self._on_message)
         async with trio.open_nursery() as nursery:
+            self._tasks = nursery  # what `spawn` starts ends with the host
             await nursery.start(self._host.serve, self._stop)
             self._started.set()
 
@@ -177,20 +195,24 @@ class _Libp2pLogFilter(logging.Filter):
 
 
 RPC_TOO_LARGE = "Inbound pubsub RPC from peer %s exceeded size limit: %s"  # py-libp2p's record for its size cap
-LIBP2P_DROPS: Counter[str] = Counter()  # drops py-libp2p reports only in its logs; process-wide
+LIBP2P_DROPS: Counter[str] = Counter()  # what py-libp2p reports only in its logs; process-wide
+RELAY_LOGGER = "libp2p.relay.circuit_v2.protocol"
 
 
-class _CountLibp2pDrops(logging.Filter):
-    """Counts the RPCs py-libp2p drops for its inbound size cap (it tells nobody but its log), and
-    lets the record through only at the level libp2p logs at here."""
+class _CountLibp2pRecords(logging.Filter):
+    """Counts records py-libp2p logs for events it tells nobody else about, and lets a record through only
+    at the level libp2p logs at here (`passes`). On pubsub: RPCs dropped for its inbound size cap. On
+    the relay: every error its hop and stop handlers log, all caused by what a peer did on the stream
+    (reset it, sent a malformed or unexpected message, a stranger refused a slot) and each peer can cause
+    any number of them; counted as `relay_stream_errors`, logged only when the node logs at DEBUG."""
 
-    def __init__(self, level: int):
+    def __init__(self, level: int, counted: Callable[[logging.LogRecord], str | None]):
         super().__init__()
-        self.level = level
+        self.level, self.counted = level, counted
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg == RPC_TOO_LARGE:
-            LIBP2P_DROPS["dropped_rpc_too_large"] += 1
+        if name := self.counted(record):
+            LIBP2P_DROPS[name] += 1
         return record.levelno >= self.level
 
 
@@ -205,9 +227,14 @@ def quiet_libp2p_logs() -> None:
     lib = logging.getLogger("libp2p")
     lib.propagate = True
     lib.setLevel(level)
-    pubsub = logging.getLogger("libp2p.pubsub.pubsub")
-    pubsub.setLevel(min(level, logging.WARNING))  # its size-cap record is a warning: counted, then filtered
-    pubsub.filters = [f for f in pubsub.filters if not isinstance(f, _CountLibp2pDrops)] + [_CountLibp2pDrops(level)]
+    counted = {"libp2p.pubsub.pubsub": (level, lambda r: "dropped_rpc_too_large" if r.msg == RPC_TOO_LARGE else None),
+               RELAY_LOGGER: (level if level < logging.ERROR else logging.CRITICAL,
+                              lambda r: "relay_stream_errors" if r.levelno >= logging.ERROR else None)}
+    for name, (passes, count) in counted.items():
+        logger = logging.getLogger(name)
+        logger.setLevel(min(level, logging.WARNING))  # the size-cap record is a warning: counted, then filtered
+        logger.filters = [f for f in logger.filters if not isinstance(f, _CountLibp2pRecords)] + \
+            [_CountLibp2pRecords(passes, count)]
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, _Libp2pLogFilter) for f in handler.filters):
             handler.addFilter(_Libp2pLogFilter(level))

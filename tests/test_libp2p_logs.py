@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from p2p.service import _Libp2pLogFilter
+from p2p.service import LIBP2P_DROPS, RELAY_LOGGER, _Libp2pLogFilter, quiet_libp2p_logs
 
 PEER = "12D3KooWDaCNFeSck173CYJ69sKf9uSCKmCfX3A1R7bXhHGsVtbn"
 
@@ -29,3 +29,23 @@ def test_other_libp2p_errors_and_our_own_records_pass():
                               f"Error in handle_incoming for peer {PEER}: ValueError: bad frame"))
     assert keep.filter(record("p2p.host", logging.INFO, "MultiselectClient handshake: read failed"))
     assert not keep.filter(record("libp2p.pubsub", logging.WARNING, "a warning below the level"))
+
+
+@pytest.mark.parametrize("node_level, shown", [(logging.INFO, False), (logging.DEBUG, True)])
+def test_relay_errors_a_peer_causes_are_counted_and_shown_only_at_debug(node_level, shown):
+    root = logging.getLogger()
+    handler, old_level = logging.Handler(), root.level
+    seen: list[logging.LogRecord] = []
+    handler.emit = seen.append
+    root.addHandler(handler)
+    root.setLevel(node_level)
+    try:
+        quiet_libp2p_logs()
+        before = LIBP2P_DROPS["relay_stream_errors"]
+        logging.getLogger(RELAY_LOGGER).error(f"Unexpected error handling hop stream from {PEER}: ")
+        logging.getLogger(RELAY_LOGGER).error("Error sending status message: Cannot write to stream; stream is reset")
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+    assert LIBP2P_DROPS["relay_stream_errors"] == before + 2
+    assert len(seen) == (2 if shown else 0)
