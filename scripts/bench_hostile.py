@@ -72,7 +72,8 @@ from node.argtypes import bounded, count, positive  # noqa: E402
 from node.lifecycle import exit_on_sigterm  # noqa: E402
 from node.selection import RULES  # noqa: E402
 from node.swarm import free_port  # noqa: E402
-from p2p.probe import json_lines  # noqa: E402
+from p2p.probe import ProbeProcess, json_lines  # noqa: E402
+from tests import netlab  # noqa: E402
 from trainer.config import default_cache_dir  # noqa: E402
 
 WARMUP_ROUNDS = 5
@@ -80,11 +81,11 @@ WRAPS = {"masked": "zzzzzz"}  # the wrap of each flood that carries signal; `wra
 SAMPLES = 50  # per task family, from each node's final weights
 
 
-def node_args(out: Path, port: int, seed: int, cache: Path, rule: str) -> list[str]:
+def node_args(out: Path, port: int, seed: int, cache: Path, rule: str, ip: str = "127.0.0.1") -> list[str]:
     return ["--out", str(out), "--rounds", "1000000", "--model.cache_dir", str(cache), "--tasks.eval_size", "10",
             "--selection.rule", rule,
             "--run.eval_every", "1000000", "--run.checkpoint_every", "1000000", "--run.seed", str(seed),
-            "--status.listen", "127.0.0.1:0", "--listen", f"/ip4/127.0.0.1/tcp/{port}",
+            "--status.listen", "127.0.0.1:0", "--listen", f"/ip4/{ip}/tcp/{port}",
             "--run.torch_threads", "1"]  # no idle threads spinning on a shared machine: CPU per round stays the node's
 
 
@@ -133,7 +134,7 @@ def peer_id(code: Path, out: Path, env: dict, listen: str) -> tuple[str, str]:
     """The node's peer id and full address (its key is created on first use)."""
     ident = subprocess.run([sys.executable, "-m", "node.cli", "id", "--out", str(out), "--listen", listen],
                            cwd=code, env=env, capture_output=True, text=True, check=True)
-    addr = next(line for line in ident.stdout.split() if line.startswith("/ip4/127.0.0.1/"))
+    addr = next(line for line in ident.stdout.split() if line.startswith(f"{listen}/p2p/"))
     return addr.rsplit("/p2p/", 1)[1], addr
 
 
@@ -145,11 +146,19 @@ class Procs:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, *args: str, cwd: Path | None = None) -> subprocess.Popen:
+    def start(self, name: str, *args: str, cwd: Path | None = None, prefix: list[str] = ()) -> subprocess.Popen:
+        """`python -m ARGS` from `cwd` (the checkout under test by default), inside `prefix` (a lab
+        namespace's `ip netns exec`) if given."""
         with open(self.work / f"{name}.log", "w") as log:
-            self.procs[name] = subprocess.Popen([sys.executable, "-m", *args], cwd=cwd or self.code, env=self.env,
-                                                stdout=subprocess.DEVNULL, stderr=log)
+            self.procs[name] = subprocess.Popen([*prefix, sys.executable, "-m", *args], cwd=cwd or self.code,
+                                                env=self.env, stdout=subprocess.DEVNULL, stderr=log)
         return self.procs[name]
+
+    def probe(self, name: str, *args: str, cwd: Path | None = None, prefix: list[str] = ()) -> ProbeProcess:
+        """A gossip probe of the checkout under test (or `cwd`'s), inside `prefix` if given."""
+        probe = ProbeProcess(self.work, name, *args, prefix=prefix, cwd=cwd or self.code)
+        self.procs[name] = probe.proc
+        return probe
 
     def stop(self, names: list[str] | None = None) -> None:
         chosen = [self.procs[n] for n in (names if names is not None else list(self.procs))]
@@ -170,21 +179,26 @@ class Procs:
                 raise RuntimeError(f"the swarm did not start (see {self.work})")
             time.sleep(0.5)
 
-    def three_windows(self, window: float, hostile: int, addr: str, liar_args) -> dict[str, tuple[float, float]]:
-        """Before, during and after an attack: `hostile` probes (`liar_args(h)` each) join through `addr` for
-        the middle window, then leave. Returns each window's (start, end)."""
+    def three_windows(self, window: float, hostile: int, addr: str, liar_args, prefix: list[str] = (),
+                      on_mark=lambda: None) -> dict[str, tuple[float, float]]:
+        """Before, during and after an attack: `hostile` probes (`liar_args(h)` each, inside `prefix`) join
+        through `addr` for the middle window, then leave. `on_mark()` runs at each window's edge. Returns
+        each window's (start, end)."""
         marks = [time.time()]
+        on_mark()
         time.sleep(window)
         marks.append(time.time())
+        on_mark()
         liars = [f"liar{h}" for h in range(hostile)]
         for h, name in enumerate(liars):
-            self.start(name, "p2p.probe", "--key", str(self.work / f"{name}.key"), "--bootstrap", addr, *liar_args(h),
-                       cwd=ROOT)
+            self.probe(name, "--bootstrap", addr, *liar_args(h), cwd=ROOT, prefix=prefix)
         time.sleep(window)
         self.stop(liars)
         marks.append(time.time())
+        on_mark()
         time.sleep(window)
         marks.append(time.time())
+        on_mark()
         return dict(zip(("before", "attack", "after"), zip(marks, marks[1:])))
 
     def errors(self, name: str) -> int:
@@ -337,6 +351,129 @@ def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Pa
             "window_s": window, "phases": out, "errors": {n: procs.errors(n) for n in trainers}}
 
 
+RELAY_PORT = 4001
+
+
+def relay_node(procs: Procs, lab, out: Path, *extra: str, train: tuple[int, Path, str] | None = None) -> str:
+    """A public lab host running the checkout under test's node at RELAY_PORT, a bootstrap-only one or, with
+    `train` (seed, cache, rule), a tiny-a training node; `extra`: more run flags. Returns its full address."""
+    host = lab.add_host()
+    listen = f"/ip4/{host.ip}/tcp/{RELAY_PORT}"
+    _, addr = peer_id(procs.code, out, procs.env, listen)
+    run_args = node_args(out, RELAY_PORT, *train, ip=host.ip) if train else \
+        ["--bootstrap-only", "--out", str(out), "--listen", listen]
+    procs.start("relay", "node.cli", "run", *run_args, "--p2p.reachability", "public", *extra, prefix=host.cmd())
+    return addr
+
+
+def run_relay_squat(hostile: int, slots: int, window: float, code: Path, work: Path) -> dict:
+    """H strangers ask a relay with `slots` slots for one each, straight away, and stay; then they leave and
+    two honest nodes behind NAT start: which of them gets a slot within `window`."""
+    procs = Procs(work, code)
+    with netlab.Lab(work / "lab") as lab:
+        try:
+            addr = relay_node(procs, lab, work / "relay", "--p2p.relay_slots", str(slots))
+            host = lab.add_host()
+            strangers = [procs.probe(f"stranger{h}", "--listen", f"/ip4/{host.ip}/tcp/{RELAY_PORT + 1 + h}",
+                                     "--bootstrap", addr, "--squat", cwd=ROOT, prefix=host.cmd()) for h in range(hostile)]
+            granted = [s.wait_for(lambda s=s: s.events("squat"), 120, "an answer to its ask")[0]["granted"]
+                       for s in strangers]
+            procs.stop([s.name for s in strangers])
+            homes = []
+            for name in ("home0", "home1"):
+                home = lab.add_host(nat=True)
+                homes.append(procs.probe(name, "--listen", f"/ip4/{home.ip}/tcp/{RELAY_PORT}", "--bootstrap", addr,
+                                         prefix=home.cmd()))
+            started, got = time.monotonic(), {}
+            while time.monotonic() - started < window and len(got) < len(homes):
+                got.update({h.name: time.monotonic() - started for h in homes
+                            if h.name not in got and h.stats().get("relays", 0) > 0})
+                time.sleep(0.5)
+        finally:
+            procs.stop()
+    return {"attack": "relay-squat", "hostile": hostile, "relay_slots": slots, "window_s": window,
+            "strangers_granted": sum(granted), "homes_with_slot": len(got), "seconds_to_slot": got,
+            "errors": {n: procs.errors(n) for n in ("relay", "home0", "home1")}}
+
+
+def run_relay_abuse(hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path, rule: str) -> dict:
+    """A training node serves as the relay for a peer behind NAT; for the middle window `hostile` strangers
+    send it random bytes through that relay as fast as they go. Per window: the relay's seconds and CPU
+    seconds per round, and the bytes that arrived."""
+    procs = Procs(work, code)
+    with netlab.Lab(work / "lab") as lab:
+        try:
+            addr = relay_node(procs, lab, work / "relay", train=(seed, cache, rule))
+            home = lab.add_host(nat=True)
+            sink = procs.probe("sink", "--listen", f"/ip4/{home.ip}/tcp/{RELAY_PORT}", "--bootstrap", addr, "--sink",
+                               cwd=ROOT, prefix=home.cmd())
+            sink.wait_for(lambda: sink.stats().get("relays", 0) > 0, 120, "a relay slot")
+            procs.wait_started([work / "relay"])
+            relay_pid, cpu, strangers = procs.procs["relay"].pid, [], lab.add_host()
+            phases = procs.three_windows(
+                window, hostile, addr, lambda h: ["--listen", f"/ip4/{strangers.ip}/tcp/{RELAY_PORT + 1 + h}",
+                                                  "--flood-through", f"{addr}/p2p-circuit/p2p/{sink.peer_id}"],
+                prefix=strangers.cmd(), on_mark=lambda: cpu.append(tree_cpu_s(relay_pid)))
+        finally:
+            procs.stop()
+    out = {}
+    for (phase, (a, b)), cpu0, cpu1 in zip(phases.items(), cpu, cpu[1:]):
+        rs = [r for r in rows(work / "relay") if a <= r["time"] <= b]
+        got = [e.get("sink_bytes", 0) for e in sink.events("stats") if a <= e["t"] <= b]
+        out[phase] = {"rounds": len(rs), "seconds_per_round": (b - a) / max(1, len(rs)),
+                      "cpu_s_per_round": (cpu1 - cpu0) / max(1, len(rs)),
+                      "relayed_mib_per_s": (got[-1] - got[0]) / 2**20 / (b - a) if got else 0.0}
+    return {"attack": "relay-abuse", "hostile": hostile, "seed": seed, "window_s": window, "phases": out,
+            "round_time_ratio": out["attack"]["seconds_per_round"] / out["before"]["seconds_per_round"],
+            "errors": {"relay": procs.errors("relay")}}
+
+
+def run_dialback_relayed(window: float, code: Path, work: Path, ports: list[int]) -> dict:
+    """A node behind NAT holds a slot on a public relay; a stranger reaches it through that relay and asks it
+    to dial back `ports` (the relay listens on the first): the answer names the relay host's open ports
+    unless the node refuses to dial over a relay."""
+    procs = Procs(work, code)
+    with netlab.Lab(work / "lab") as lab:
+        try:
+            addr = relay_node(procs, lab, work / "relay")
+            home_host = lab.add_host(nat=True)
+            home = procs.probe("home", "--listen", f"/ip4/{home_host.ip}/tcp/{RELAY_PORT}", "--bootstrap", addr,
+                               prefix=home_host.cmd())
+            home.wait_for(lambda: home.stats().get("relays", 0) > 0, window, "a relay slot")
+            host = lab.add_host()
+            stranger = procs.probe("stranger", "--listen", f"/ip4/{host.ip}/tcp/{RELAY_PORT}", "--bootstrap", addr,
+                                   "--ask-dialback", f"{addr}/p2p-circuit/p2p/{home.peer_id}", "--ports", *map(str, ports),
+                                   cwd=ROOT, prefix=host.cmd())
+            reply = stranger.wait_for(lambda: stranger.events("dialback"), 120, "a dial-back answer")[0]["reply"]
+        finally:
+            procs.stop()
+    return {"attack": "dialback-relayed", "ports_asked": ports, "relay_listens_on": RELAY_PORT, "reply": reply,
+            "relay_ports_reported_open": reply.get("reached", []),
+            "errors": {n: procs.errors(n) for n in ("relay", "home")}}
+
+
+RELAY_ATTACKS = ("relay-squat", "relay-abuse", "dialback-relayed")
+
+
+def relay_report(runs: list[dict], commit: str, window: float) -> None:
+    table = Table(title=f"{runs[0]['attack']} (code {commit}, {window:.0f} s windows)")
+    for col in ("strangers", "outcome", "ERROR lines"):
+        table.add_column(col)
+    for r in runs:
+        if r["attack"] == "relay-squat":
+            outcome = (f"{r['strangers_granted']} of {r['hostile']} strangers got a slot of {r['relay_slots']}; "
+                       f"{r['homes_with_slot']} of 2 homes behind NAT got one after they left")
+        elif r["attack"] == "relay-abuse":
+            ph = r["phases"]
+            outcome = ("relayed MiB/s " + " / ".join(f"{ph[k]['relayed_mib_per_s']:.2f}" for k in ph) +
+                       "; relay s/round " + " / ".join(f"{ph[k]['seconds_per_round']:.2f}" for k in ph) +
+                       f" (before / attack / after: x{r['round_time_ratio']:.2f})")
+        else:
+            outcome = f"answer {r['reply']}: relay ports reported open {r['relay_ports_reported_open']}"
+        table.add_row(str(r.get("hostile", 1)), outcome, str(sum(r["errors"].values())))
+    Console().print(table)
+
+
 def level_hijack_report(runs: list[dict], commit: str, window: float) -> list[dict]:
     table = Table(title=f"subscribe-only strangers at one node (code {commit}, {window:.0f} s windows)")
     for col in ("nodes", "strangers", "seed", "deepest level before / attack / after",
@@ -371,9 +508,12 @@ def px_aim_report(runs: list[dict], commit: str, window: float) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--attack", choices=("flood", "level-hijack", "px-aim"), default="flood",
+    p.add_argument("--attack", choices=("flood", "level-hijack", "px-aim", *RELAY_ATTACKS), default="flood",
                    help="flood: useless or hostile groups into the pool; level-hijack: subscribe-only strangers; "
-                   "px-aim: peer-exchange answers aiming dials at one host")
+                   "px-aim: peer-exchange answers aiming dials at one host; relay-squat: strangers taking relay "
+                   "slots; relay-abuse: strangers pushing bytes through a training node's relay; dialback-relayed: "
+                   "a dial-back asked through a relay (the last three in a network lab of namespaces: root)")
+    p.add_argument("--slots", type=count, default=4, help="relay-squat: the relay's p2p.relay_slots")
     p.add_argument("--sizes", type=bounded(int, ge=3), nargs="+", default=[3, 9], help="level-hijack, px-aim: honest nodes")
     p.add_argument("--hostile", type=bounded(int, ge=0), nargs="+", default=[0, 1, 6], help="hostile identities per arm (0: baseline)")
     p.add_argument("--window", type=positive, default=60.0, help="seconds measured per run, after the warm-up")
@@ -392,6 +532,21 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.code, capture_output=True,
                             text=True).stdout.strip()
+    if args.attack in RELAY_ATTACKS:
+        if why := netlab.unavailable():
+            p.error(f"--attack {args.attack} needs the network lab: {why}")
+        runs = []
+        for seed in range(args.seeds):
+            for h in args.hostile:
+                with tempfile.TemporaryDirectory(prefix="sapo-hostile-") as work:
+                    runs.append(run_relay_squat(h, args.slots, args.window, args.code, Path(work))
+                                if args.attack == "relay-squat" else
+                                run_relay_abuse(h, args.window, seed, args.code, args.cache, Path(work), args.rule)
+                                if args.attack == "relay-abuse" else
+                                run_dialback_relayed(args.window, args.code, Path(work), [RELAY_PORT, 22, 80, 443]))
+                print(json.dumps(runs[-1]), flush=True)
+        relay_report(runs, commit, args.window)
+        return save(args, {"command": " ".join(sys.argv), "code": commit, "attack": args.attack, "runs": runs})
     if args.attack in ("level-hijack", "px-aim"):
         runs = []
         for seed in range(args.seeds):
