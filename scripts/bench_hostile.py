@@ -202,9 +202,13 @@ class Procs:
         return dict(zip(("before", "attack", "after"), zip(marks, marks[1:])))
 
     def errors(self, name: str) -> int:
-        """ERROR lines and tracebacks in a process's log."""
-        text = (self.work / f"{name}.log").read_text(errors="replace")
-        return sum(" ERROR " in line or line.startswith("Traceback") for line in text.splitlines())
+        """ERROR lines and tracebacks in a process's log, each printed with the lines after it (the log
+        goes with the run's temporary folder)."""
+        lines = (self.work / f"{name}.log").read_text(errors="replace").splitlines()
+        found = [i for i, line in enumerate(lines) if " ERROR " in line or line.startswith("Traceback")]
+        for i in found:
+            print(f"{name}.log: " + "\n    ".join(lines[i:i + 8]), file=sys.stderr)
+        return len(found)
 
 
 def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path, flood: str,
