@@ -101,6 +101,39 @@ def test_two_nodes_behind_nat_find_that_out_and_connect_through_a_bootstrap_only
         assert [line for line in p.log_path.read_text().splitlines() if " ERROR " in line] == []
 
 
+def test_a_stranger_gets_no_relay_slot_and_no_dial_back_through_the_relay_while_a_home_gets_its_slot(lab, tmp_path):
+    """Over the wire, what tests/test_reach.py checks of the rules: a stranger that asks a public node for a
+    relay slot at once (no dial-back first) is refused, a node behind NAT is not, and a dial-back asked
+    through the relay is answered `relayed` instead of scanning the relay's host."""
+    public, home_host, stranger_host = lab.add_host(), lab.add_host(nat=True), lab.add_host()
+    key = tmp_path / "relay.key"
+    addr = f"/ip4/{public.ip}/tcp/4001/p2p/{peer_id(load_or_create(key))}"
+    relay = subprocess.Popen(public.cmd(sys.executable, "-m", "node.cli", "run", "--bootstrap-only", "--out",
+                                        str(tmp_path / "relay"), "--listen", f"/ip4/{public.ip}/tcp/4001",
+                                        "--p2p.key_file", str(key), "--p2p.reachability", "public"),
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "relay.log", "wb"))
+    probes = []
+    try:
+        probes.append(squatter := ProbeProcess(tmp_path, "squatter", "--listen", f"/ip4/{stranger_host.ip}/tcp/4001",
+                                               "--bootstrap", addr, "--squat", prefix=stranger_host.cmd()))
+        assert squatter.wait_for(lambda: squatter.events("squat"), 60, "an answer")[0]["granted"] is False
+        probes.append(home := ProbeProcess(tmp_path, "home", "--listen", f"/ip4/{home_host.ip}/tcp/4001",
+                                           "--bootstrap", addr, prefix=home_host.cmd()))
+        home.wait_for(lambda: home.stats().get("relays", 0) > 0, 60, "a relay slot")
+        probes.append(asker := ProbeProcess(tmp_path, "asker", "--listen", f"/ip4/{stranger_host.ip}/tcp/4002",
+                                            "--bootstrap", addr, "--ask-dialback",
+                                            f"{addr}/p2p-circuit/p2p/{home.peer_id}", "--ports", "4001", "22",
+                                            prefix=stranger_host.cmd()))
+        assert asker.wait_for(lambda: asker.events("dialback"), 60, "an answer")[0]["reply"] == {"relayed": True}
+    finally:
+        for p in probes:
+            p.stop()
+        relay.send_signal(signal.SIGINT)
+        relay.wait(30)
+    assert "Traceback" not in (tmp_path / "relay.log").read_text()
+    assert all(" ERROR " not in p.log_path.read_text() for p in probes)
+
+
 def written_rows(out) -> list[dict]:
     """The metrics lines a running node has finished writing."""
     path = out / "metrics.jsonl"
