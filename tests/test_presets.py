@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.base_deps import run_with_base_deps
 from tests.conftest import cached_preset, run_sapo
 from trainer import presets
 from trainer.pretrained import PRETRAINED, PretrainedPreset, build, preset_dir
@@ -109,10 +110,12 @@ def test_smollm2_builds_from_the_registry_and_a_node_trains_on_it(request, cache
 
     # The untuned instruct model rarely closes the answer tags, so its rewards are mostly all equal; the
     # step is forced (drop_uniform_groups off) to run the optimizer and the weight push on the real model.
-    r = run_sapo("run", "--model", "smollm2-135m", "--model.cache_dir", str(cache_dir), "--out", str(tmp_path),
-                 "--rounds", "1", "--local", "1", "--external", "0", "--generation.completions_per_group", "2",
-                 "--generation.max_new_tokens", "16", "--tasks.eval_size", "2", "--run.eval_every", "1",
-                 "--grpo.drop_uniform_groups", "false", timeout=600)
+    # with only the base dependencies, as after a plain `pip install -e .` (tests/base_deps.py)
+    r = run_with_base_deps("node.cli", "run", "--model", "smollm2-135m", "--model.cache_dir", str(cache_dir),
+                           "--out", str(tmp_path), "--rounds", "1", "--local", "1", "--external", "0",
+                           "--generation.completions_per_group", "2", "--generation.max_new_tokens", "16",
+                           "--tasks.eval_size", "2", "--run.eval_every", "1", "--grpo.drop_uniform_groups", "false",
+                           timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["round"] for m in rows] == [0, 1]
