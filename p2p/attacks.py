@@ -24,6 +24,11 @@ CHUNK = 64 << 10
 CONNECT_TIMEOUT_S = 30.0
 
 
+def peer_of(addr: str) -> ID:
+    """The peer an address ends in (`.../p2p/<id>`, a circuit address's included)."""
+    return ID.from_base58(addr.rsplit("/p2p/", 1)[1])
+
+
 async def _connected(gh: GossipHost, peer: ID) -> bool:
     with trio.move_on_after(CONNECT_TIMEOUT_S):
         while peer not in gh.host.get_connected_peers():
@@ -66,7 +71,7 @@ async def flood_through(gh: GossipHost, circuit: str) -> None:
     """Send random bytes as fast as the path takes them to the sink of the peer at `circuit`
     (`<relay addr>/p2p-circuit/p2p/<peer>`), redialing when the relay ends the circuit; runs until
     cancelled."""
-    peer = ID.from_base58(circuit.rsplit("/p2p/", 1)[1])
+    peer = peer_of(circuit)
     chunk = os.urandom(CHUNK)
     while True:
         try:
@@ -85,7 +90,7 @@ async def flood_through(gh: GossipHost, circuit: str) -> None:
 async def ask_dialback(gh: GossipHost, circuit: str, ports: list[int]) -> dict:
     """Reach the peer at `circuit` through its relay and ask it to dial us back at `ports`: over a relay
     the address it sees us at is the relay's, so an honest answer would be a scan of the relay's host."""
-    peer = ID.from_base58(circuit.rsplit("/p2p/", 1)[1])
+    peer = peer_of(circuit)
     with trio.move_on_after(CONNECT_TIMEOUT_S):
         try:
             await gh.reach.transport.dial(Multiaddr(circuit))

@@ -176,7 +176,7 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
     if args.sink:
         await asyncio.to_thread(gossip.call, attacks.serve_sink)
     if args.squat:
-        relay = ID.from_base58(args.bootstrap[0].rsplit("/p2p/", 1)[1])
+        relay = attacks.peer_of(args.bootstrap[0])
         emit("squat", relay=str(relay), granted=await asyncio.to_thread(gossip.call, attacks.reserve_slot, relay))
     if args.ask_dialback:
         emit("dialback", reply=await asyncio.to_thread(gossip.call, attacks.ask_dialback, args.ask_dialback, args.ports))
