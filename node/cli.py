@@ -40,6 +40,15 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
                            help=help_text.replace("%", "%%"))
 
 
+def _config_argv(args: argparse.Namespace) -> list[str]:
+    """The config flags given, as a command line for a child `sapo run`."""
+    argv = ["--config", str(args.config)] if args.config else []
+    for dotted, raw in vars(args).items():
+        if "." in dotted:
+            argv += [f"--{dotted}", raw]
+    return argv
+
+
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Nest dotted CLI values; JSON lists/objects are parsed, 'null' means None, the rest stays text for pydantic."""
     nested: dict[str, Any] = {}
@@ -128,8 +137,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     if args.card is not None and args.card <= 0:
         raise ConfigError(f"--card: GB must be positive (got {args.card})")
+    if args.bench_rounds < 3:
+        raise ConfigError(f"--bench-rounds: at least 3 (a warm-up round, a measured one, a last one with an evaluation; got {args.bench_rounds})")
     cfg = load_config(args.config, _overrides(args))
     _setup_logging("WARNING")
+    if args.bench:
+        from node.bench import bench
+
+        return bench(_config_argv(args), cfg.model.name, args.bench_rounds, args.bench_out, args.bench_timeout)
     try:
         return report(cfg, args.card)
     except ModelLoadError as e:
@@ -277,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "plan `sapo run` with the same flags would choose here, and why")
     doctor.add_argument("--card", type=float, metavar="GB", help="plan for a CUDA card with this many GB free instead "
                         "of this machine's device (e.g. 8, 24)")
+    doctor.add_argument("--bench", action="store_true", help="run a few real rounds of the configured model on each "
+                        "generation backend installed here (no gossip) and compare rounds/min, peak memory and weight-push "
+                        "time with the plan; saves a JSON to attach to a bug report (loads the weights)")
+    doctor.add_argument("--bench-rounds", type=int, default=5, metavar="N", help="rounds per backend (at least 3)")
+    doctor.add_argument("--bench-out", type=Path, default=Path("sapo-bench.json"), metavar="PATH", help="where --bench saves its JSON")
+    doctor.add_argument("--bench-timeout", type=float, default=1800.0, metavar="S", help="give up on a backend after S seconds")
     _add_config_flags(doctor)
     doctor.set_defaults(func=cmd_doctor)
 

@@ -92,6 +92,7 @@ class Node:
         if resumed:
             self._restore(resumed)
         (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+        (out / "plan.json").write_text(json.dumps(self.plan.record(), indent=2))
         self.memory.start()
 
     def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
@@ -204,7 +205,7 @@ class Node:
 
         t0 = time.perf_counter()
         local = self.selector.local(groups, slots)
-        stats = self._train(r, local + pick.groups)
+        stats, seconds_push = self._train(r, local + pick.groups)
         seconds_train = time.perf_counter() - t0
         self.selector.observe_own(stats.local_logprobs)
 
@@ -221,7 +222,7 @@ class Node:
             eval_accuracy=eval_acc, eval_by_dataset=eval_by_dataset, n_local=len(groups), n_external=len(pick.groups),
             tokens_generated=sum(len(ids) for g in sampled for ids in g.completion_ids or []),
             seconds_generate=seconds_generate, seconds_train=seconds_train, seconds_other=seconds_other,
-            groups_trained=stats.groups_used, groups_dropped_uniform=stats.groups_dropped_uniform,
+            seconds_push=seconds_push, groups_trained=stats.groups_used, groups_dropped_uniform=stats.groups_dropped_uniform,
             local_informative=sum(map(informative, groups)), external_inspected=pick.inspected,
             external_informative=pick.informative,
             loss=stats.loss if trained else None, kl=stats.kl if trained else None,
@@ -252,16 +253,17 @@ class Node:
             return None
         return groups
 
-    def _train(self, r: int, groups: list[RolloutGroup]) -> StepStats:
-        """One GRPO step, then the new weights into the generator."""
+    def _train(self, r: int, groups: list[RolloutGroup]) -> tuple[StepStats, float]:
+        """One GRPO step, then the new weights into the generator; the step's stats and the push's seconds."""
         self.generator.release()
         try:
             stats = self.trainer.step(groups)
         except Exception as e:  # noqa: BLE001 - a step may have half-applied: stop without a checkpoint of it
             raise ComponentFailed(f"training step of round {r} failed: {describe(e)}", resumable=False) from e
+        started = time.perf_counter()
         if stats.optimizer_steps:
             self.generator.load_weights(export_weights(self.policy.model))
-        return stats
+        return stats, time.perf_counter() - started
 
     def _restart_gossip(self, stop: StopSignal) -> None:
         """The p2p thread ended under us: start a new one with the same identity (the pool is kept)."""

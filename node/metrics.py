@@ -24,6 +24,7 @@ class RoundMetrics:
     seconds_generate: float
     seconds_train: float
     seconds_other: float
+    seconds_push: float = 0.0  # of seconds_train, pushing the new weights into the generator
     eval_by_dataset: dict[str, float] | None = None
     groups_trained: int = 0
     groups_dropped_uniform: int = 0

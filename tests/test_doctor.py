@@ -52,3 +52,49 @@ def test_doctor_says_what_a_card_too_small_would_need(tiny_a, tmp_path):
 def test_doctor_refuses_a_bad_card_in_one_line():
     r = run_sapo("doctor", "--card", "-3")
     assert r.returncode == 2 and r.stderr.strip() == "sapo: config error: --card: GB must be positive (got -3.0)"
+
+
+def test_doctor_bench_runs_real_rounds_and_compares_the_peak_with_the_plan(tiny_a, cache_dir, tmp_path):
+    from node.bench import judge
+
+    out = tmp_path / "bench.json"
+    r = run_sapo("doctor", "--bench", "--bench-rounds", "3", "--bench-out", str(out), "--model.cache_dir", str(cache_dir),
+                 "--run.torch_threads", "1")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["model"] == "tiny-a" and report["machine"]["cuda"].startswith("none")
+    assert [b["backend"] for b in report["backends"]] == ["transformers"]  # vLLM is not installed in this stage
+    (b,) = report["backends"]
+    assert b["ok"] and b["rounds"] == 3 and b["steady_rounds"] == [2]  # round 1 warms up, round 3 evaluates
+    assert b["rounds_per_minute"] > 0 and b["generate_s"] > 0 and b["train_s"] > b["push_s"] > 0
+    assert b["micro_batch"] == [b["plan"]["micro_batch"]] * 3 and "--run.torch_threads" in b["command"]
+    assert b["planned_peak_gb"] == b["plan"]["peak_gb"] > 0 and b["peak_gb"] > 0
+    assert b["verdict_line"] == judge(b["peak_gb"], b["planned_peak_gb"]).line
+    assert f"transformers: {b['verdict_line']}" in " ".join(r.stdout.split())
+    assert f"saved {out}" in r.stdout and "Traceback" not in r.stdout + r.stderr
+
+
+def test_doctor_bench_reports_a_run_that_fails_in_one_line_with_its_log(tmp_path):
+    out = tmp_path / "bench.json"
+    r = run_sapo("doctor", "--bench", "--model", str(tmp_path / "no-such-model"), "--bench-out", str(out))
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr
+    (b,) = json.loads(out.read_text())["backends"]
+    assert not b["ok"] and b["error"].startswith("exited with 2: sapo: config error: model.name:")
+    assert any("no-such-model" in line for line in b["log_tail"])
+    assert "transformers: failed: exited with 2: sapo: config error: model.name:" in " ".join(r.stdout.split())
+
+
+def test_doctor_bench_refuses_too_few_rounds_in_one_line():
+    r = run_sapo("doctor", "--bench", "--bench-rounds", "2")
+    assert r.returncode == 2 and r.stderr.strip().startswith("sapo: config error: --bench-rounds: at least 3")
+
+
+@pytest.mark.parametrize("peak, kind, words", [(1.5, "under", "past the 1.00 GB it planned (+50%)"),
+                                               (0.3, "over", "it planned 1.00 GB and a round used 0.30 GB (30%)"),
+                                               (0.8, "held", "the plan held: peak 0.80 GB of the 1.00 GB planned"),
+                                               (None, "unknown", "cannot be read")])
+def test_bench_verdict_says_plainly_which_way_the_plan_was_wrong(peak, kind, words):
+    from node.bench import judge
+
+    v = judge(peak, 1.0)
+    assert v.kind == kind and words in v.line

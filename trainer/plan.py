@@ -86,6 +86,12 @@ class Plan:
                 + "".join(f", {e}" for e in extra) + f"; expected peak {self.peak_bytes / GB:.1f} GB of "
                 f"{self.budget_bytes / GB:.1f} GB usable")
 
+    def record(self) -> dict:
+        """What the plan chose and expected, in GB, for a run folder's plan.json and `sapo doctor --bench`."""
+        return {"summary": self.summary(), "device": str(self.device), "backend": self.backend, "dtype": self.dtype,
+                "lora": self.lora, "micro_batch": self.micro_batch, "peak_gb": round(self.peak_bytes / GB, 3),
+                "budget_gb": round(self.budget_bytes / GB, 3), "parts_gb": {k: round(v / GB, 3) for k, v in self.parts.items()}}
+
 
 def budget_of(device: Device) -> float:
     """What plans may fill: on a GPU the free memory less a reserve for what the estimate leaves out."""
