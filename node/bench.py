@@ -49,9 +49,10 @@ def judge(peak_gb: float | None, planned_gb: float) -> Verdict:
     return Verdict("held", f"the plan held: peak {peak_gb:.2f} GB of the {planned_gb:.2f} GB planned")
 
 
-def summarize(rows: list[dict], plan: dict) -> dict:
+def summarize(rows: list[dict], plan: dict, completions: int, max_new_tokens: int) -> dict:
     """A backend's figures from its run's metrics rows (round 0, the warm-up round 1 and rounds with an
-    evaluation are left out of the steady figures)."""
+    evaluation are left out of the steady figures). A plan is made for the worst round, every completion
+    running to max_new_tokens; the rounds measured say how far from it they were."""
     trained = [r for r in rows if r["round"] >= 1]
     steady = [r for r in trained[1:] if r["eval_accuracy"] is None] or trained[1:] or trained
 
@@ -62,9 +63,16 @@ def summarize(rows: list[dict], plan: dict) -> dict:
     peaks = [r["memory_peak_gb"] for r in trained if r.get("memory_peak_gb") is not None]
     peak = max(peaks) if peaks else None
     verdict = judge(peak, plan["peak_gb"])
+    groups = mean("n_local") + mean("n_external")
+    length = mean("tokens_generated") / max(groups * completions, 1)
+    line = verdict.line
+    if verdict.kind == "over" and length < 0.9 * max_new_tokens:
+        line += (f" (the plan is for completions of {max_new_tokens} tokens; these averaged {length:.0f}, so "
+                 "longer answers need more of it)")
     return {
         "rounds": len(trained), "steady_rounds": [r["round"] for r in steady],
-        "groups_per_round": round(mean("n_local") + mean("n_external"), 2),
+        "groups_per_round": round(groups, 2), "completions_per_group": completions, "max_new_tokens": max_new_tokens,
+        "tokens_per_completion": round(length, 1),
         "first_round_s": round(sum(trained[0][k] for k in ("seconds_generate", "seconds_train", "seconds_other")), 2),
         "round_s": round(round_s, 3), "rounds_per_minute": round(60 / round_s, 3),
         "generate_s": round(mean("seconds_generate"), 3), "train_s": round(mean("seconds_train"), 3),
@@ -73,7 +81,7 @@ def summarize(rows: list[dict], plan: dict) -> dict:
                                         / max(sum(r["seconds_generate"] for r in steady), 1e-9), 1),
         "micro_batch": [r["micro_batch"] for r in trained],
         "peak_gb": None if peak is None else round(peak, 3), "planned_peak_gb": plan["peak_gb"],
-        "plan": plan, "verdict": verdict.kind, "verdict_line": verdict.line,
+        "plan": plan, "verdict": verdict.kind, "verdict_line": line,
     }
 
 
@@ -119,10 +127,8 @@ def run_backend(argv: list[str], backend: str, rounds: int, folder: Path, timeou
             _failure(child.returncode, log_text)
         return {**result, "ok": False, "error": why, "log_tail": log_text.splitlines()[-LOG_TAIL:]}
     plan = json.loads((folder / "plan.json").read_text())
-    ran = json.loads((folder / "config.json").read_text())  # the config the node ran, the plan's choices in it
-    shape = {"completions_per_group": ran["generation"]["completions_per_group"],
-             "max_new_tokens": ran["generation"]["max_new_tokens"]}
-    return {**result, "ok": True, **shape, **summarize(rows, plan)}
+    ran = json.loads((folder / "config.json").read_text())["generation"]  # as the node ran it, the plan applied
+    return {**result, "ok": True, **summarize(rows, plan, ran["completions_per_group"], ran["max_new_tokens"])}
 
 
 def bench(argv: list[str], model: str, rounds: int, out: Path, timeout_s: float, console: Console | None = None) -> int:

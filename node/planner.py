@@ -34,18 +34,27 @@ def wants_of(cfg: NodeConfig) -> Wants:
         backend=None if g.backend == "auto" else g.backend, dtype=None if m.dtype == "auto" else m.dtype,
         lora=None if m.lora.enabled == "auto" else m.lora.enabled,
         checkpointing=None if m.gradient_checkpointing == "auto" else m.gradient_checkpointing,
-        micro_batch=cfg.grpo.micro_batch,
+        micro_batch=cfg.grpo.micro_batch, generation_batch="batch_size" in g.model_fields_set,
         vllm_share=None if g.vllm.gpu_memory_utilization == "auto" else g.vllm.gpu_memory_utilization,
         vllm_sleep=g.vllm.sleep_mode, lora_r=m.lora.r, lora_targets=tuple(m.lora.target_modules),
         vllm_installed=importlib.util.find_spec("vllm") is not None,
         peft_installed=importlib.util.find_spec("peft") is not None)
 
 
+def generated_groups(cfg: NodeConfig) -> int:
+    """The most groups a round samples: its local ones, the external slots it fills locally when the pool is
+    short (a node alone samples all of them: the first GPU run planned 32 decoding rows and decoded 64), and
+    the control experiment's own stand-ins for external groups."""
+    s = cfg.selection
+    return cfg.run.local_groups + (s.external_groups if s.when_short == "fill_local" else 0) + (
+        s.external_groups if s.self_external else 0)
+
+
 def round_shape(cfg: NodeConfig, prompt_tokens: int) -> memory.RoundShape:
     g = cfg.generation.completions_per_group
     return memory.RoundShape(
         rows=-(-(cfg.run.local_groups + cfg.selection.external_groups) * g // cfg.grpo.minibatches),
-        generation_rows=min(cfg.generation.batch_size, max(cfg.run.local_groups * g, cfg.tasks.eval_size)),
+        generation_rows=min(cfg.generation.batch_size, max(generated_groups(cfg) * g, cfg.tasks.eval_size)),
         prompt_tokens=prompt_tokens, completion_tokens=cfg.generation.max_new_tokens)
 
 
@@ -151,7 +160,8 @@ def applied(cfg: NodeConfig, p: Plan) -> NodeConfig:
     model = cfg.model.model_copy(update={"device": p.device.kind, "dtype": p.dtype, "gradient_checkpointing": p.checkpointing,
                                          "lora": lora})
     vllm = cfg.generation.vllm.model_copy(update={} if p.vllm_share is None else {"gpu_memory_utilization": p.vllm_share})
-    generation = cfg.generation.model_copy(update={"backend": p.backend, "vllm": vllm})
+    batch = {} if p.backend == "vllm" else {"batch_size": p.generation_rows}
+    generation = cfg.generation.model_copy(update={"backend": p.backend, "vllm": vllm, **batch})
     grpo = cfg.grpo.model_copy(update={"micro_batch": p.micro_batch})
     return cfg.model_copy(update={"model": model, "generation": generation, "grpo": grpo})
 

@@ -56,7 +56,7 @@ def test_the_estimate_errs_high_but_close_on_the_measured_smollm2_step():
 
 @pytest.mark.parametrize("gb, model, how", [
     (8, "0.5B", "lora"), (8, "1.5B", None), (8, "7B", None),
-    (12, "0.5B", "lora"), (12, "1.5B", "lora"), (12, "7B", None),
+    (12, "0.5B", "lora"), (12, "1.5B", {False: "smaller generation batch", True: "lora"}), (12, "7B", None),
     (16, "0.5B", "lora"), (16, "1.5B", "lora"), (16, "7B", None),
     (24, "0.5B", "full"), (24, "1.5B", "lora"), (24, "7B", None),
     (80, "0.5B", "full"), (80, "1.5B", "full"), (80, "7B", "lora"),
@@ -65,6 +65,13 @@ def test_the_estimate_errs_high_but_close_on_the_measured_smollm2_step():
 def test_home_and_datacenter_cards_get_a_plan_that_fits_or_the_change_that_would(gb, model, how, vllm):
     card = Device.card(gb)
     wants = Wants(vllm_installed=vllm)
+    how = how[vllm] if isinstance(how, dict) else how
+    if how == "smaller generation batch":  # the generator decodes the round's 64 rows in turns; a user's batch stands
+        p = plan(card, QWEN[model], PAPER_ROUND, wants)
+        assert p.lora and p.generation_rows == 32 and "decodes 32 sequences at a time, not all 64" in " ".join(p.why)
+        with pytest.raises(MemoryPlanError, match=r"generating needs about .* set generation.batch_size to 32$"):
+            plan(card, QWEN[model], PAPER_ROUND, replace(wants, generation_batch=True))
+        return
     if how is None:
         with pytest.raises(MemoryPlanError) as refused:
             plan(card, QWEN[model], PAPER_ROUND, wants)
@@ -101,8 +108,10 @@ def test_what_the_user_set_stands_and_a_refusal_names_the_one_change_that_fits()
         plan(Device.card(24), QWEN["0.5B"], PAPER_ROUND, Wants(lora=False, checkpointing=False, micro_batch=64))
     fits = int(str(e.value).split("set grpo.micro_batch to ")[1].split()[0])
     assert plan(Device.card(24), QWEN["0.5B"], PAPER_ROUND, Wants(lora=False, checkpointing=False, micro_batch=fits))
-    with pytest.raises(MemoryPlanError, match=r"set generation.batch_size to (\d+)"):
-        plan(cpu(3.3), SMOLLM2, RoundShape(rows=8, generation_rows=4096, prompt_tokens=57, completion_tokens=128), Wants())
+    huge = RoundShape(rows=8, generation_rows=4096, prompt_tokens=57, completion_tokens=128)
+    with pytest.raises(MemoryPlanError, match=r"set generation.batch_size to (\d+)"):  # the user's batch stands
+        plan(cpu(3.3), SMOLLM2, huge, Wants(generation_batch=True))
+    assert plan(cpu(3.3), SMOLLM2, huge, Wants()).generation_rows < 4096  # left to it, the planner decodes in turns
 
 
 def test_bfloat16_full_fine_tuning_is_allowed_when_asked_with_the_reason_it_is_not_the_default():
@@ -160,3 +169,13 @@ def test_the_readme_quotes_the_planner_word_for_word():
     with pytest.raises(MemoryPlanError) as refused:
         plan(Device.card(24), QWEN["7B"], PAPER_ROUND, Wants())
     assert quoted == f"no plan fits: {refused.value}"
+
+
+@pytest.mark.parametrize("selection, rows", [({}, 64), ({"when_short": "fewer"}, 32), ({"self_external": True}, 96)])
+def test_the_plan_counts_every_row_a_round_can_decode(selection, rows):
+    """A node alone fills its external slots with local groups: the first GPU run planned 32 rows and decoded 64."""
+    from node.config import load_config
+    from node.planner import round_shape
+
+    cfg = load_config(overrides={"selection": selection, "tasks": {"eval_size": 8}})
+    assert round_shape(cfg, 100).generation_rows == rows  # 4 local groups (+ 4 external slots) of 8 completions

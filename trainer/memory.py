@@ -8,8 +8,10 @@ cache of a generation batch, and per training token the activations autograd kee
 of the hidden and MLP widths) plus the vocabulary-wide logits of completion tokens in float32. The
 multiples are calibrated on SmolLM2-135M on this project's CPU machine: peak RSS 5.56 GB at micro-batch 8
 and 8.64 GB at 16, with every row running its own prompt (docs/bench/round-smollm2-135m-2cpu.json as of
-commit a08e13a; shared prompts need less, so the estimate stays high). Nothing here has been measured on a
-GPU.
+commit a08e13a; shared prompts need less, so the estimate stays high). On a GPU, one H200 run of SmolLM2-135M
+(docs/bench/doctor-bench-h200) found the transformers generator's cache needs more than its size on a card
+(`trainer.plan.CUDA_CACHE_GROWTH`) and no trained round near the training term, which no worst-case step
+has yet checked there.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ from trainer.memory import GB, MemoryPlanError, ModelShape, RoundShape
 
 DeviceKind = Literal["cuda", "mps", "cpu"]
 CUDA_RESERVE = 1.0e9  # CUDA context, cuBLAS workspaces and allocator fragmentation, beyond the estimate
+# transformers' KV cache grows a step at a time, and on a card the caching allocator keeps the outgrown
+# blocks: SmolLM2-135M decoding 64 rows to 512 tokens on an H200 reserved 2.6x its cache in float32 and
+# 1.9x in bfloat16 above the weights (docs/bench/doctor-bench-h200/long-{full,8gb}.json)
+CUDA_CACHE_GROWTH = 2.6
 VLLM_OVERHEAD = 1.5e9  # vLLM's activations, sampler and CUDA graphs inside its share
 GOOD_MICRO = 8  # a plan with at least this micro-batch (or the whole step) beats one that saves memory below it
 # The micro-batch that runs a step fastest, where measured: SmolLM2-135M's step on 2 CPU cores took 55.5 / 27.8 /
@@ -54,6 +58,7 @@ class Wants:
     lora: bool | None = None
     checkpointing: bool | None = None
     micro_batch: int = 0  # 0: the planner's
+    generation_batch: bool = False  # the user set generation.batch_size: the transformers generator's rows stand
     vllm_share: float | None = None
     vllm_sleep: bool = True
     lora_r: int = 16
@@ -70,6 +75,7 @@ class Plan:
     lora: bool
     checkpointing: bool
     micro_batch: int
+    generation_rows: int  # sequences the generator decodes at once (transformers: generation.batch_size)
     vllm_share: float | None  # of the card's total memory; None off CUDA or without vLLM
     vllm_sleep: bool
     parts: dict[str, float]  # what the peak is made of
@@ -89,7 +95,7 @@ class Plan:
     def record(self) -> dict:
         """What the plan chose and expected, in GB, for a run folder's plan.json and `sapo doctor --bench`."""
         return {"summary": self.summary(), "device": str(self.device), "backend": self.backend, "dtype": self.dtype,
-                "lora": self.lora, "micro_batch": self.micro_batch, "peak_gb": round(self.peak_bytes / GB, 3),
+                "lora": self.lora, "micro_batch": self.micro_batch, "generation_rows": self.generation_rows, "peak_gb": round(self.peak_bytes / GB, 3),
                 "budget_gb": round(self.budget_bytes / GB, 3), "parts_gb": {k: round(v / GB, 3) for k, v in self.parts.items()}}
 
 
@@ -125,7 +131,7 @@ def estimate(device: Device, m: ModelShape, r: RoundShape, backend: str, micro: 
         parts["generator"] = 0.0
     else:  # the transformers generator (and vLLM's CPU build) keeps its own copy of the weights
         parts["generator"] = memory.weights_bytes(m)
-        generation = memory.kv_cache_bytes(m, r)
+        generation = memory.kv_cache_bytes(m, r) * (CUDA_CACHE_GROWTH if device.kind == "cuda" else 1.0)
     parts["training"], parts["generation"] = training, generation
     return parts
 
@@ -180,22 +186,25 @@ def _fit(device: Device, config: dict, r: RoundShape, wants: Wants, backend: str
     on_vllm_gpu = backend == "vllm" and device.kind == "cuda"
     sleep = wants.vllm_sleep and on_vllm_gpu
     budget = budget_of(device)
-    # vLLM's share: room for every sequence of the round at once if that fits, else for fewer (it then
-    # runs them in turns); the user's share stands
-    kv_rows = [r.generation_rows, *_halvings(r.generation_rows)] if on_vllm_gpu and wants.vllm_share is None else [0]
-    for rows in kv_rows:
-        share = (wants.vllm_share or vllm_share_needed(device, m, replace(r, generation_rows=rows))) if on_vllm_gpu else None
+    # vLLM's share, or the transformers generator's batch: room for every sequence of the round (and of the
+    # held-out evaluation) at once if that fits, else for fewer, decoded in turns; what the user set stands
+    chooses_rows = wants.vllm_share is None if on_vllm_gpu else not wants.generation_batch
+    for rows in [r.generation_rows, *_halvings(r.generation_rows)] if chooses_rows else [r.generation_rows]:
+        decoding = replace(r, generation_rows=rows)
+        share = (wants.vllm_share or vllm_share_needed(device, m, decoding)) if on_vllm_gpu else None
         best = next((b for b in range(max(r.rows, wants.micro_batch), 0, -1)
-                     if peak(estimate(device, m, r, backend, b, share, sleep)) <= budget), 0)
+                     if peak(estimate(device, m, decoding, backend, b, share, sleep)) <= budget), 0)
         if best:
             break
     micro = wants.micro_batch or min(best, r.rows, FASTEST_MICRO.get(device.kind, r.rows)) or 1
-    parts = estimate(device, m, r, backend, micro, share, sleep)
+    parts = estimate(device, m, decoding, backend, micro, share, sleep)
     reasons = [why] if why else []
     if on_vllm_gpu and wants.vllm_share is None:
         reasons.append(f"vLLM gets {share:.2f} of the card: its weights, the KV cache of {rows} sequences "
                        f"of {r.tokens} tokens at once, and {VLLM_OVERHEAD / GB:.1f} GB for its own work")
-    return Plan(device, backend, dtype, lora, ckpt, micro, share, sleep, parts, peak(parts), budget, reasons), best
+    elif rows < r.generation_rows:
+        reasons.append(f"the generator decodes {rows} sequences at a time, not all {r.generation_rows}: more would not fit")
+    return Plan(device, backend, dtype, lora, ckpt, micro, rows, share, sleep, parts, peak(parts), budget, reasons), best
 
 
 def _smallest_change(device: Device, config: dict, r: RoundShape, wants: Wants, tried: tuple[Plan, int]) -> str:
@@ -212,7 +221,7 @@ def _smallest_change(device: Device, config: dict, r: RoundShape, wants: Wants, 
         return (f"grpo.micro_batch {wants.micro_batch} needs about {gb(last.peak_bytes)} ({last.backend} backend, {how}), "
                 f"{gb(last.budget_bytes)} usable on {device}: set grpo.micro_batch to {best} or less (0 chooses)")
     changes = []
-    if last.backend == "transformers":
+    if last.backend == "transformers" and wants.generation_batch:
         changes += [("generation.batch_size", k, replace(r, generation_rows=k), wants)
                     for k in _halvings(r.generation_rows)]
     changes += [("generation.max_new_tokens", t, replace(r, completion_tokens=t), wants) for t in _halvings(r.completion_tokens, 32)]
