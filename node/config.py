@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import to_jsonable_python
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from node.selection import SelectionConfig
+from node.selection_config import SelectionConfig
 from node.status import StatusConfig
 from p2p.config import P2PConfig
 from p2p.config_errors import describe

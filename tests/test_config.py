@@ -1,9 +1,10 @@
 import re
+import sys
 
 import pytest
 
 from node.config import ConfigError, load_config
-from tests.conftest import run_sapo
+from tests.conftest import ROOT, run_sapo
 
 
 def test_defaults_work_without_any_input():
@@ -116,14 +117,12 @@ def test_config_reference_is_up_to_date():
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
 
     r = subprocess.run([sys.executable, "scripts/gen_config_docs.py", "--check"], cwd=ROOT)
     assert r.returncode == 0, "docs/CONFIG.md is stale: run scripts/gen_config_docs.py"
 
 
 def test_the_shipped_gpu_config_is_valid_and_set_up_like_the_paper():
-    from tests.conftest import ROOT
 
     cfg = load_config(ROOT / "docs/configs/paper-qwen2.5-0.5b.toml")
     assert cfg.model.name == "Qwen/Qwen2.5-0.5B-Instruct" and cfg.grpo.kl_coef == 0
@@ -146,3 +145,16 @@ def test_a_real_models_recipe_fills_only_what_the_user_left_unset(tmp_path, monk
     assert (mine.generation.temperature, mine.generation.max_new_tokens, mine.grpo.lr) == (1.0, 200, 3e-6)
     assert [d.name for d in mine.tasks.datasets] == ["arith"] and mine.generation.top_p == recipe["generation"]["top_p"]
     assert load_config(overrides={"model": {"name": "tiny-a"}}).generation.temperature == 1.0  # no recipe
+
+
+def test_reading_a_config_and_the_cli_help_load_neither_torch_nor_transformers():
+    """A bad flag or `sapo --help` answers in under a second, not after 6 s of imports (node/selection_config.py)."""
+    import subprocess
+
+    code = ("import sys, contextlib, io\nimport node.config, node.cli\nnode.config.load_config()\n"
+            "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+            "    node.cli.main(['--help'])\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'libp2p') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]"
