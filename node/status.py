@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -19,7 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from node.selection import DROP_REASONS as SELECTION_DROPS
+from node.selection_config import DROP_REASONS as SELECTION_DROPS
+from node.supervise import describe
 from p2p.pool import DROP_REASONS as POOL_DROPS
 from p2p.wire import REASONS as WIRE_REASONS
 from trainer.memory import GB
@@ -239,6 +241,17 @@ class StatusError(RuntimeError):
     """The status endpoint could not start (for example: its port is taken)."""
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up before the answer is written (a health check that reads only the status line)
+        is routine: one DEBUG line, not http.server's traceback on stderr. Anything else: one WARNING line."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError):
+            log.debug("status: %s hung up before the answer was written (%s)", client_address[0], type(error).__name__)
+        else:
+            log.warning("status: answering %s failed: %s", client_address[0], describe(error))
+
+
 class StatusServer:
     """Owns the HTTP server thread from start to join."""
 
@@ -246,7 +259,7 @@ class StatusServer:
         """`sock`: a socket already bound and listening (`node.preflight`), served instead of binding `cfg.listen`."""
         handler = type("Handler", (_Handler,), {"board": board})
         try:
-            self._server = ThreadingHTTPServer(cfg.address(), handler, bind_and_activate=sock is None)
+            self._server = _Server(cfg.address(), handler, bind_and_activate=sock is None)
         except OSError as e:
             raise StatusError(f"cannot serve the status endpoint on {cfg.listen}: {e.strerror or e} "
                               "(choose another with --status.listen, or --status.enabled false)") from None

@@ -111,6 +111,31 @@ def test_every_label_of_a_labelled_counter_is_exported_at_zero_from_the_first_sc
     assert TaskError.reason in UNTRUSTED_DROPS and set(SANDBOX_FAILURES) <= set(UNTRUSTED_DROPS) <= set(SELECTION_DROPS)
 
 
+def test_a_client_that_hangs_up_mid_answer_leaves_no_traceback_and_the_server_answers_on(caplog, capfd):
+    """A health check that closes its connection before reading the answer made every container log start with
+    http.server's BrokenPipe traceback."""
+    import socket
+    import struct
+
+    from node.status import StatusServer
+
+    with StatusServer(StatusConfig(listen="127.0.0.1:0"), StatusBoard("trainer", {}, history=10)) as server:
+        host, port = server._server.server_address[:2]
+        with caplog.at_level("DEBUG", logger="node.status"):
+            try:
+                raise BrokenPipeError(32, "Broken pipe")
+            except BrokenPipeError:
+                server._server.handle_error(None, ("10.0.0.9", 1))
+            for _ in range(20):  # real hang-ups: the dashboard page, answered into a reset connection
+                with socket.create_connection((host, port), timeout=5) as s:
+                    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with RST
+            with urllib.request.urlopen(f"{server.url}status", timeout=5) as r:
+                assert json.loads(r.read())["role"] == "trainer"
+    assert "10.0.0.9 hung up before the answer was written (BrokenPipeError)" in caplog.text
+    assert "Traceback" not in capfd.readouterr().err and not [r for r in caplog.records if r.levelno >= 30]
+
+
 def test_a_running_node_without_a_completed_round_for_too_long_is_stalled_and_unhealthy():
     board = StatusBoard("trainer", {}, history=10, stall_after_s=0.3)
     board.set_state("running")
