@@ -43,6 +43,22 @@ def check_multiaddrs(addrs: list[str], need_peer_id: bool) -> list[str]:
     return addrs
 
 
+def read_bootstrap_file(path: Path) -> list[str]:
+    """An operator's bootstrap list: one full multiaddr per line, `#` comments; ValueError names the bad line."""
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    addrs = []
+    for number, line in enumerate(lines, 1):
+        if text := line.split("#", 1)[0].strip():
+            try:
+                addrs += check_multiaddrs([text], need_peer_id=True)
+            except ValueError as e:
+                raise ValueError(f"{path} line {number}: {e}") from None
+    return addrs
+
+
 class Limits(Section):
     """What a message may hold. Receivers enforce these; publishers split to stay inside them."""
 
@@ -97,6 +113,8 @@ class P2PConfig(Section):
     announce: AddrList = Field(default_factory=list,
                                 description="addresses to tell peers instead of the listen ones (a public IP or DNS name)")
     bootstrap: AddrList = Field(default_factory=list, description="full multiaddrs (with /p2p/<id>) of peers to join through")
+    bootstrap_file: Path | None = Field(None, description="a file of more bootstrap multiaddrs, one per line (# comments): "
+                                        "a network operator's list, read at start, so a new list needs no new release")
     key_file: Path | None = Field(None, description="Ed25519 identity, created on first run (default: <run.out_dir>/node.key)")
     reachability: Literal["auto", "public", "private"] = Field(
         "auto", description="whether peers can dial this node: auto asks peers to dial it back; a node they "
@@ -131,6 +149,18 @@ class P2PConfig(Section):
     def _valid_bootstrap(cls, v: list[str]) -> list[str]:
         return check_multiaddrs(v, need_peer_id=True)
 
+    @field_validator("bootstrap_file", mode="before")
+    @classmethod
+    def _unset_when_empty(cls, v: Any) -> Any:
+        return None if isinstance(v, str) and not v.strip() else v  # SAPO_P2P__BOOTSTRAP_FILE= (empty) unsets it
+
+    @field_validator("bootstrap_file")
+    @classmethod
+    def _readable_list(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            read_bootstrap_file(v)
+        return v
+
     @field_validator("network")
     @classmethod
     def _known_network(cls, v: str) -> str:
@@ -141,8 +171,9 @@ class P2PConfig(Section):
         return load_network(self.network)
 
     def bootstrap_peers(self) -> list[str]:
-        """Peers given here, then the network's own: any one of them is enough to join."""
-        return list(dict.fromkeys([*self.bootstrap, *self.profile().bootstrap]))
+        """Peers given here, then the operator's list, then the network's own: any one of them is enough to join."""
+        listed = read_bootstrap_file(self.bootstrap_file) if self.bootstrap_file else []
+        return list(dict.fromkeys([*self.bootstrap, *listed, *self.profile().bootstrap]))
 
     def mesh_low(self) -> int:
         """GossipSub D_lo: below this many mesh peers the heartbeat grafts more."""

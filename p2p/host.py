@@ -277,6 +277,10 @@ class GossipHost:
         """Dial every bootstrap peer; redial lost ones with exponential backoff and jitter."""
         infos = [i for i in (info_from_p2p_addr(Multiaddr(a)) for a in self.cfg.bootstrap_peers()) if i.peer_id != self.me]
         self.bootstrap_ids = {i.peer_id for i in infos}
+        if not infos and self.cfg.network != "local":
+            log.warning("network %r: no bootstrap peer besides this node: peers that know its address can join through "
+                        "it, but it finds none itself; give the operator's list (--p2p.bootstrap_file, or "
+                        "SAPO_P2P__BOOTSTRAP) or --bootstrap", self.cfg.network)
         delay = {i.peer_id: 1.0 for i in infos}
         due = {i.peer_id: 0.0 for i in infos}
         while True:

