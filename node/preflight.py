@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import fcntl
 import logging
 import os
 import socket
@@ -18,6 +19,7 @@ from node.config import ConfigError, NodeConfig
 
 log = logging.getLogger(__name__)
 
+LOCK_FILE = ".node.lock"
 STATUS_PORT_TRIES = 20  # a busy status port gives way to the next free one among this many
 HUB_PROBE_S = 3.0
 
@@ -27,10 +29,13 @@ class Preflight:
     """What the checks hold on to for the node: the status endpoint's socket, bound (so a second node
     started at the same moment cannot take the same port) but not yet served."""
     status_socket: socket.socket | None
+    out_lock: int | None = None  # the run folder's lock, held while the node runs
 
     def close(self) -> None:
         if self.status_socket is not None:
             self.status_socket.close()
+        if self.out_lock is not None:
+            os.close(self.out_lock)
 
 
 def check(cfg: NodeConfig, model: bool = True) -> Preflight:
@@ -42,9 +47,31 @@ def check(cfg: NodeConfig, model: bool = True) -> Preflight:
         for addr in cfg.p2p.listen:
             _check_listen(addr)
     _check_out_dir(cfg.run.out_dir)
-    if cfg.p2p.enabled:  # with no network a node has no identity to keep
-        _check_key(cfg)
-    return Preflight(bind_status(cfg) if cfg.status.enabled else None)
+    out_lock = lock_out_dir(cfg.run.out_dir)
+    try:
+        if cfg.p2p.enabled:  # with no network a node has no identity to keep
+            _check_key(cfg)
+        return Preflight(bind_status(cfg) if cfg.status.enabled else None, out_lock)
+    except BaseException:
+        os.close(out_lock)
+        raise
+
+
+def lock_out_dir(out: Path) -> int:
+    """An exclusive lock on the run folder for as long as this process lives (the kernel drops it at any exit):
+    a second node on the same folder would resume from the first one's checkpoint, take its identity and
+    interleave its metrics. The holder's pid is written in the lock file, for the refusal's message."""
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(f"run.out_dir: {out} is in use by another node (pid {holder}): stop that node, or choose "
+                          "another --out") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def _check_out_dir(out: Path) -> None:

@@ -106,6 +106,31 @@ def test_a_stop_signal_checkpoints_exits_zero_and_the_restart_resumes(sig, tiny_
     assert rounds == list(range(last + 3))
 
 
+def test_a_second_node_on_a_running_nodes_folder_is_refused_in_one_line_and_touches_nothing(tiny_a, cache_dir, tmp_path):
+    """Two nodes on one run folder resumed each other's checkpoints, shared one identity and interleaved their metrics."""
+    proc = subprocess.Popen([sys.executable, "-m", "node.cli", *small_run(cache_dir, tmp_path, 100000)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and not ((tmp_path / "metrics.jsonl").exists() and len(metrics(tmp_path)) >= 2):
+            assert proc.poll() is None, proc.communicate()[1]
+            time.sleep(0.2)
+        key = (tmp_path / "node.key").read_bytes()
+        r = run_sapo(*small_run(cache_dir, tmp_path, 5), "--listen", "/ip4/127.0.0.1/tcp/0", "--status.listen", "127.0.0.1:0")
+        assert r.returncode == 2 and r.stderr.strip() == (f"sapo: config error: run.out_dir: {tmp_path} is in use by "
+                                                          f"another node (pid {proc.pid}): stop that node, or choose another --out")
+        assert proc.poll() is None and (tmp_path / "node.key").read_bytes() == key
+    finally:
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 0, err
+    last = metrics(tmp_path)[-1]["round"]
+    assert [m["round"] for m in metrics(tmp_path)] == list(range(last + 1))  # one writer: no round twice
+    r = run_sapo(*small_run(cache_dir, tmp_path, last + 1))  # the lock went with its node
+    assert r.returncode == 0, r.stderr
+    assert [m["round"] for m in metrics(tmp_path)] == list(range(last + 2))
+
+
 def test_tiny_presets_differ_in_size_and_tokenizer_and_start_with_room_to_learn(tiny_a, tiny_b):
     from transformers import AutoConfig
 
