@@ -95,8 +95,9 @@ class Plan:
     def record(self) -> dict:
         """What the plan chose and expected, in GB, for a run folder's plan.json and `sapo doctor --bench`."""
         return {"summary": self.summary(), "device": str(self.device), "backend": self.backend, "dtype": self.dtype,
-                "lora": self.lora, "micro_batch": self.micro_batch, "generation_rows": self.generation_rows, "peak_gb": round(self.peak_bytes / GB, 3),
-                "budget_gb": round(self.budget_bytes / GB, 3), "parts_gb": {k: round(v / GB, 3) for k, v in self.parts.items()}}
+                "lora": self.lora, "micro_batch": self.micro_batch, "generation_rows": self.generation_rows,
+                "peak_gb": round(self.peak_bytes / GB, 3), "budget_gb": round(self.budget_bytes / GB, 3),
+                "parts_gb": {k: round(v / GB, 3) for k, v in self.parts.items()}}
 
 
 def budget_of(device: Device) -> float:
@@ -188,7 +189,7 @@ def _fit(device: Device, config: dict, r: RoundShape, wants: Wants, backend: str
     budget = budget_of(device)
     # vLLM's share, or the transformers generator's batch: room for every sequence of the round (and of the
     # held-out evaluation) at once if that fits, else for fewer, decoded in turns; what the user set stands
-    chooses_rows = wants.vllm_share is None if on_vllm_gpu else not wants.generation_batch
+    chooses_rows = wants.vllm_share is None if on_vllm_gpu else backend == "transformers" and not wants.generation_batch
     for rows in [r.generation_rows, *_halvings(r.generation_rows)] if chooses_rows else [r.generation_rows]:
         decoding = replace(r, generation_rows=rows)
         share = (wants.vllm_share or vllm_share_needed(device, m, decoding)) if on_vllm_gpu else None
