@@ -26,6 +26,7 @@ from rich.table import Table
 EVAL_TASKS = 8  # the run's held-out evaluation (round 0 and the last round) is not what is measured: keep it short
 TOLERANCE_UNDER = 0.5  # a peak below this share of the plan: the planner asks far more than a round needs
 LOG_TAIL = 40
+STOP_WAIT_S = 120  # a node's step may take this long to finish after it is asked to stop
 
 
 @dataclass
@@ -103,28 +104,28 @@ def run_backend(argv: list[str], backend: str, rounds: int, folder: Path, timeou
            "--run.out_dir", str(folder)]
     log_path, metrics = folder / "bench.log", folder / "metrics.jsonl"
     folder.mkdir(parents=True)
-    started = time.monotonic()
+    started, timed_out = time.monotonic(), False
     with open(log_path, "w") as log, console.status(f"{backend}: starting") as status:
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200"})
         try:
-            while child.poll() is None:
-                if time.monotonic() - started > timeout_s:
-                    child.terminate()
-                    child.wait(60)
-                    break
+            while child.poll() is None and not (timed_out := time.monotonic() - started > timeout_s):
                 done = len(metrics.read_text().splitlines()) - 1 if metrics.exists() else -1
                 status.update(f"{backend}: {'loading the model' if done < 0 else f'round {done} of {rounds} done'}")
                 time.sleep(0.5)
+            if timed_out:
+                child.terminate()  # the node's own stop: its step ends and a checkpoint is written (discarded here)
         finally:
-            if child.poll() is None:  # Ctrl-C while waiting: the child got it too; give it its stop time
+            try:  # after a timeout or a Ctrl-C (which the child got too): its stop time, then no more
+                child.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
                 child.wait()
     seconds = round(time.monotonic() - started, 1)
     log_text = log_path.read_text(errors="replace")
     result = {"backend": backend, "seconds": seconds, "command": cmd[1:]}
     rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
-    if child.returncode != 0 or not any(r["round"] >= 1 for r in rows):
-        why = f"no round within {timeout_s:.0f} s" if time.monotonic() - started > timeout_s else \
-            _failure(child.returncode, log_text)
+    if timed_out or child.returncode != 0 or not any(r["round"] >= 1 for r in rows):
+        why = f"not done within {timeout_s:.0f} s" if timed_out else _failure(child.returncode, log_text)
         return {**result, "ok": False, "error": why, "log_tail": log_text.splitlines()[-LOG_TAIL:]}
     plan = json.loads((folder / "plan.json").read_text())
     ran = json.loads((folder / "config.json").read_text())["generation"]  # as the node ran it, the plan applied

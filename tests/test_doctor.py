@@ -86,6 +86,15 @@ def test_doctor_bench_reports_a_run_that_fails_in_one_line_with_its_log(tmp_path
     assert "transformers: failed: exited with 2: sapo: config error: model.name:" in " ".join(r.stdout.split())
 
 
+def test_doctor_bench_stops_a_backend_that_runs_past_its_time(tiny_a, cache_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    r = run_sapo("doctor", "--bench", "--bench-timeout", "1", "--bench-out", str(out), "--model.cache_dir", str(cache_dir))
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr
+    (b,) = json.loads(out.read_text())["backends"]
+    assert not b["ok"] and b["error"] == "not done within 1 s" and b["seconds"] < 120
+    assert "transformers: failed: not done within 1 s" in r.stdout
+
+
 def test_doctor_bench_refuses_too_few_rounds_in_one_line():
     r = run_sapo("doctor", "--bench", "--bench-rounds", "2")
     assert r.returncode == 2 and r.stderr.strip().startswith("sapo: config error: --bench-rounds: at least 3")
