@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import shutil
@@ -334,13 +335,27 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--seed", type=int, default=0, help="initialisation seed; the same seed builds the same model "
                       "(`sapo run --model tiny-a` uses seed 0)")
     init.set_defaults(func=cmd_init_model)
+    for name, command in sub.choices.items():  # for the nearest flag to a misspelt one
+        command.set_defaults(command_flags=[f for action in command._actions for f in action.option_strings])
     return parser
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, or exit 2 with one line naming the first unknown flag and the nearest known one."""
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:
+        flag = next((u for u in unknown if u.startswith("-")), unknown[0])
+        close = difflib.get_close_matches(flag.split("=", 1)[0], args.command_flags, n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]}?)" if close else f" (sapo {args.command} --help lists them)"
+        print(f"sapo: error: unknown {'flag' if flag.startswith('-') else 'argument'} {flag}{hint}", file=sys.stderr)
+        sys.exit(2)
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from trainer.presets import PresetError
 
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         return args.func(args)
     except ConfigError as e:

@@ -118,7 +118,7 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     try:
         return NodeConfig(**(overrides or {}))
     except ValidationError as e:
-        raise ConfigError(describe(e)) from None
+        raise ConfigError(describe(e, NodeConfig)) from None
     except ValueError as e:  # pydantic-settings reports undecodable env values as SettingsError
         raise ConfigError(str(e)) from None
     finally:

@@ -4,9 +4,10 @@ errors, so that every surface words a bad value the same way."""
 
 from __future__ import annotations
 
+import difflib
 import json
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 UNION_TAGS = {"bool", "int", "float", "str", "none"}  # how pydantic names the members of a union in a location
 
@@ -19,13 +20,27 @@ def _field_of(loc: tuple) -> str:
     return ".".join(parts) or "config"
 
 
-def describe(e: ValidationError) -> str:
+def known_names(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The setting names a model accepts where `loc` points (its last part is the name tried)."""
+    for part in loc[:-1]:
+        inner = model.model_fields.get(str(part))
+        if inner is None or not (isinstance(inner.annotation, type) and issubclass(inner.annotation, BaseModel)):
+            return []
+        model = inner.annotation
+    return list(model.model_fields)
+
+
+def describe(e: ValidationError, model: type[BaseModel] | None = None) -> str:
     """One line per problem: 'grpo.lr: Input should be greater than 0 (got -1)'; a value no member of a
     union takes ('auto' or a number) is one problem: 'Input should be 'auto' or less than or equal to 0.95'.
-    The value is not repeated where the message already names it."""
+    The value is not repeated where the message already names it. Given the `model` that was validated, an
+    unknown name ('[grpoo]', 'grpo.lrr') gets the nearest known one."""
     problems: dict[str, tuple[list[str], str]] = {}
     for err in e.errors():
         got, msg = err.get("input"), err["msg"].removeprefix("Value error, ")  # our validators' own words
+        if err["type"] == "extra_forbidden" and model is not None:
+            close = difflib.get_close_matches(str(err["loc"][-1]), known_names(model, err["loc"]), n=1)
+            msg = "unknown setting" + (f" (did you mean {'.'.join(map(str, (*err['loc'][:-1], close[0])))}?)" if close else "")
         repeated = isinstance(got, (dict, list)) or err["type"] == "missing" or str(got) in msg
         shown = "" if repeated else f" (got {json.dumps(got, default=str)})"
         messages, _ = problems.setdefault(_field_of(err["loc"]), ([], shown))

@@ -94,9 +94,28 @@ def test_cli_reports_a_bad_env_value_with_status_2():
     assert r.returncode == 2 and "run.rounds" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_cli_rejects_unknown_flags_with_status_2():
-    r = run_sapo("run", "--grpo.nope", "1")
-    assert r.returncode == 2 and "unrecognized arguments: --grpo.nope" in r.stderr
+@pytest.mark.parametrize("argv, line", [
+    (["run", "--grpo.nope", "1"], "sapo: error: unknown flag --grpo.nope (sapo run --help lists them)"),
+    (["run", "--roundz", "3"], "sapo: error: unknown flag --roundz (did you mean --rounds?)"),
+    (["doctor", "--grpo.lrr=2"], "sapo: error: unknown flag --grpo.lrr=2 (did you mean --grpo.lr?)"),
+    (["config", "stray"], "sapo: error: unknown argument stray (sapo config --help lists them)"),
+])
+def test_cli_rejects_unknown_flags_with_status_2_and_the_nearest_flag(argv, line):
+    r = run_sapo(*argv)
+    assert r.returncode == 2 and r.stderr.strip() == line
+
+
+@pytest.mark.parametrize("toml, env, line", [
+    ("[grpoo]\nlr = 0.1\n", {}, "grpoo: unknown setting (did you mean grpo?)"),
+    ("[grpo]\nlrr = 0.1\n", {}, "grpo.lrr: unknown setting (did you mean grpo.lr?) (got 0.1)"),
+    ("", {"SAPO_P2P__LIMITS__MAX_GROUPZ": "3"}, 'p2p.limits.max_groupz: unknown setting (did you mean p2p.limits.max_groups?) (got "3")'),
+    ("[zzz]\na = 1\n", {}, "zzz: unknown setting"),
+])
+def test_a_misspelt_setting_in_a_file_or_the_environment_names_the_nearest_one(toml, env, line, tmp_path):
+    path = tmp_path / "node.toml"
+    path.write_text(toml)
+    r = run_sapo("config", "--config", str(path), env=env)
+    assert r.returncode == 2 and r.stderr.strip() == f"sapo: config error: {line}"
 
 
 def test_cli_flags_env_and_file_reach_the_config(tmp_path):
