@@ -60,7 +60,7 @@ class Node:
         out.mkdir(parents=True, exist_ok=True)
         self.checkpoints = out / "checkpoints"
         self.metrics = MetricsLog(out / "metrics.jsonl")
-        self.progress = progress or Progress(cfg.run.rounds)
+        self.progress = progress or Progress(cfg.run.rounds, out.resolve().name)
 
         resumed = checkpoint.load_latest(self.checkpoints)
         if resumed and resumed.state.get("model") != cfg.model.name:

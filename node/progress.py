@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 
 from node.metrics import RoundMetrics
 
 
 class Progress:
-    def __init__(self, total_rounds: int, console: Console | None = None):
+    def __init__(self, total_rounds: int, name: str = "", console: Console | None = None):
+        """`name`: the run folder's, so that nodes sharing a terminal say which wrote each line."""
         self.total = total_rounds
+        self.name = name
         self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
 
     def round(self, m: RoundMetrics) -> None:
         width = len(str(self.total))
-        parts = [f"[bold]round {m.round:>{width}}/{self.total}[/]"]
+        parts = [f"[bold]{escape(f'[{self.name}] ') if self.name else ''}round {m.round:>{width}}/{self.total}[/]"]
         if m.reward_mean is not None:
             parts.append(f"reward {m.reward_mean:5.3f}  train acc {m.accuracy_train:5.3f}")
         if m.eval_accuracy is not None:
