@@ -55,7 +55,7 @@ def load_network(name: str) -> NetworkProfile:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"cannot read network profile {path}: {e}") from None
     except ValidationError as e:
-        raise ValueError(f"network profile {path}: {describe(e)}") from None
+        raise ValueError(f"network profile {path}: {describe(e, NetworkProfile)}") from None
     from p2p.wire import VERSION  # p2p.wire needs p2p.config, which needs this module
 
     if profile.protocol != VERSION:

@@ -37,7 +37,7 @@ def test_a_profile_file_adds_its_bootstrap_peers_after_the_given_ones(tmp_path):
     ('namespace = "lab"\nprotocol = 2\n', "speaks protocol 2; this sapo-node speaks 3 (an older network"),
     ('namespace = "Lab Net"\nprotocol = 3\n', "namespace: String should match pattern"),
     ('namespace = "lab"\nprotocol = 3\nbootstrap = ["/ip4/1.2.3.4/tcp/1"]\n', "has no /p2p/<peer id> part"),
-    ('namespace = "lab"\nprotocol = 3\nbootstrp = []\n', "bootstrp: Extra inputs are not permitted"),
+    ('namespace = "lab"\nprotocol = 3\nbootstrp = []\n', "bootstrp: unknown setting (did you mean bootstrap?)"),
     ('namespace = "lab\n', "cannot read network profile"),
     ('namespace = "lab"\nprotocol = 3\nshard_epoch_s = -5\n',  # the field's value, not the file's name
      "shard_epoch_s: Input should be greater than or equal to 60 (got -5)"),
