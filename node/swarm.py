@@ -228,7 +228,7 @@ def total(rows: list[dict], key: str) -> int:
 
 
 def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _state(c: Child) -> str:
@@ -238,18 +238,24 @@ def _state(c: Child) -> str:
 
 
 def table(children: list[Child], rounds: int) -> Table:
-    t = Table(title="sapo swarm", caption="Ctrl-C stops every node with a checkpoint")
-    for col in ("node", "model", "round", "reward", "eval acc", "peers", "out (msgs)", "in (groups)",
-                "ext inspected/informative/used", "local informative", "state", "dashboard"):
-        t.add_column(col, justify="right" if col not in ("node", "model", "state", "dashboard") else "left")
+    """One row per node. Short headers, spelt out in the caption, and the dashboards under the table: at 80
+    columns every cell still reads whole."""
+    dashboards = "; ".join(f"{c.name} {c.dashboard}" for c in children)
+    t = Table(title="sapo swarm", box=None, padding=(0, 1), pad_edge=False, collapse_padding=True, show_edge=False,
+              header_style="bold underline",
+              caption=f"out: messages published, in: groups received, ext: external groups used/inspected, local: "
+                      f"share of local groups with signal. Dashboards: {dashboards}. Ctrl-C stops every node with a "
+                      "checkpoint", caption_justify="left")
+    for col in ("node", "model", "round", "reward", "eval", "peers", "out", "in", "ext", "local", "state"):
+        t.add_column(col, justify="left" if col in ("node", "model", "state") else "right", no_wrap=True)
     for c in children:
         rows = c.rows
         p2p = _last(rows, "p2p") or {}
         t.add_row(c.name, c.preset, f"{rows[-1]['round'] if rows else 0}/{'-' if c.companion else rounds}", _fmt(_last(rows, "reward_mean")),
                   _fmt(_last(rows, "eval_accuracy")), str(_last(rows, "peers") or 0), str(p2p.get("published", 0)),
                   str(total(rows, "n_external_received")),
-                  "/".join(str(total(rows, k)) for k in ("external_inspected", "external_informative", "n_external_used")),
-                  f"{total(rows, 'local_informative')}/{total(rows, 'n_local')}", _state(c), c.dashboard)
+                  f"{total(rows, 'n_external_used')}/{total(rows, 'external_inspected')}",
+                  f"{total(rows, 'local_informative') / max(total(rows, 'n_local'), 1):.0%}", _state(c))
     return t
 
 

@@ -134,9 +134,36 @@ def test_a_swarm_with_a_baseline_runs_the_same_nodes_alone_and_reports_the_diffe
     assert f"the same nodes alone ({summary['cumulative_reward_mean']:.2f} vs " in r.stdout
     # piped output (as in CI logs): plain progress lines from the start, and the final table at full width
     assert "] node0 (tiny-a) round 0/3" in r.stderr and "] silo1 (tiny-a) round " in r.stderr
-    header = next(line for line in r.stderr.splitlines() if "ext inspected/informative/used" in line)
-    assert "local informative" in header and "dashboard" in header and len(header) > 120
-    assert "exit 0" in r.stderr.split("ext inspected/informative/used")[-1]
+    header = next(line for line in r.stderr.splitlines() if line.split()[:3] == ["node", "model", "round"])
+    assert header.split()[-3:] == ["ext", "local", "state"]
+    final = r.stderr.split(header)[-1]
+    assert "exit 0" in final and "Dashboards: node0 http://127.0.0.1:" in " ".join(final.split())
+
+
+def test_the_live_table_reads_whole_at_80_columns(tmp_path):
+    """At 80 columns the table used to cut every cell to three characters."""
+    import subprocess
+    import sys
+
+    from rich.console import Console
+
+    from node.swarm import Child, table
+
+    row = {"round": 120, "reward_mean": 0.53125, "eval_accuracy": 0.41, "peers": 12, "p2p": {"published": 1200},
+           "n_external_received": 4800, "external_inspected": 9000, "external_informative": 4700, "n_external_used": 4550,
+           "local_informative": 3000, "n_local": 4800}
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        children = [Child(f"node{k}", preset, tmp_path, proc, f"http://127.0.0.1:{8080 + k}/", rows=[row])
+                    for k, preset in enumerate(["tiny-a", "smollm2-135m", "tiny-b"])]
+        console = Console(width=80, record=True)
+        console.print(table(children, 300))
+    finally:
+        proc.kill()
+        proc.wait()
+    text = console.export_text()
+    assert "…" not in text and "smollm2-135m 120/300 0.53 0.41 12 1200 4800 4550/9000 62% running" in " ".join(text.split())
+    assert "node2 http://127.0.0.1:8082/" in " ".join(text.split())
 
 
 @pytest.mark.slow
