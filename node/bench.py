@@ -60,7 +60,10 @@ def summarize(rows: list[dict], plan: dict, completions: int, max_new_tokens: in
     def mean(key: str) -> float:
         return sum(r[key] for r in steady) / len(steady)
 
-    round_s = sum(r["seconds_generate"] + r["seconds_train"] + r["seconds_other"] for r in steady) / len(steady)
+    def seconds(r: dict) -> float:
+        return r["seconds_generate"] + r["seconds_train"] + r["seconds_other"]
+
+    round_s = sum(map(seconds, steady)) / len(steady)
     peaks = [r["memory_peak_gb"] for r in trained if r.get("memory_peak_gb") is not None]
     peak = max(peaks) if peaks else None
     verdict = judge(peak, plan["peak_gb"])
@@ -74,7 +77,7 @@ def summarize(rows: list[dict], plan: dict, completions: int, max_new_tokens: in
         "rounds": len(trained), "steady_rounds": [r["round"] for r in steady],
         "groups_per_round": round(groups, 2), "completions_per_group": completions, "max_new_tokens": max_new_tokens,
         "tokens_per_completion": round(length, 1),
-        "first_round_s": round(sum(trained[0][k] for k in ("seconds_generate", "seconds_train", "seconds_other")), 2),
+        "first_round_s": round(seconds(trained[0]), 2),
         "round_s": round(round_s, 3), "rounds_per_minute": round(60 / round_s, 3),
         "generate_s": round(mean("seconds_generate"), 3), "train_s": round(mean("seconds_train"), 3),
         "push_s": round(mean("seconds_push"), 4),
