@@ -73,11 +73,19 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _setup_logging(level: str) -> None:
-    from rich.console import Console
-    from rich.logging import RichHandler
+    """Rich on a terminal; elsewhere (a container's log, a file, a pipe) one plain line per record, since
+    rich wraps at 80 columns when it cannot see a terminal and a wrapped line defeats grep and log collectors."""
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.logging import RichHandler
 
-    handler = RichHandler(console=Console(stderr=True, soft_wrap=True), show_path=False, rich_tracebacks=False)
-    logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]", handlers=[handler], force=True)
+        handler: logging.Handler = RichHandler(console=Console(stderr=True, soft_wrap=True), show_path=False,
+                                               rich_tracebacks=False)
+        handler.setFormatter(logging.Formatter("%(message)s", "[%X]"))
+    else:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     for noisy in ("transformers", "httpx", "urllib3", "filelock", "matplotlib"):  # matplotlib: its first-run font cache line
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
