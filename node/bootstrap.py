@@ -39,8 +39,7 @@ def run_bootstrap(cfg: NodeConfig, stop: StopSignal, status_socket: socket.socke
         board.update_info(peer_id=gossip.peer_id)
         board.set_live(gossip.stats)
         board.set_state("running")
-        log.info("bootstrap node on network %r: %s", cfg.p2p.network,
-                 " ".join(f"{a}/p2p/{gossip.peer_id}" for a in gossip.addrs))
+        log.info("bootstrap node on network %r: %s", cfg.p2p.network, " ".join(gossip.addrs))  # each ends in /p2p/<id>
         counted = 0
         while not stop.wait(TICK_S):
             total = relayed
