@@ -90,8 +90,8 @@ def inputs(cfg: NodeConfig) -> Inputs:
 def fit(cfg: NodeConfig, device: Device | None = None) -> Fitted:
     """The plan for `cfg` on `device` (default: the device this machine would run it on, within the node's
     share of it where `run.memory_gb` gives one)."""
+    device = device or probe(cfg.model.device, cfg.run.memory_gb)  # first: a share too large fails before a preset is built
     got = inputs(cfg)
-    device = device or probe(cfg.model.device, cfg.run.memory_gb)
     chosen = plan(device, got.model_config, got.round, got.wants)
     return Fitted(chosen, applied(cfg, chosen), got.tokenizer, got.source)
 
