@@ -279,7 +279,10 @@ def test_cpu_image_is_multi_stage_with_the_cpu_torch():
     assert any("gcc" in s and "libgmp-dev" in s for s in build)
     assert "gcc" not in final and "libgmp-dev" not in final and "libgmp10" in final
     torch_pin = next(d for d in pyproject()["project"]["dependencies"] if d.startswith("torch"))
-    assert re.search(rf"--index-url https://download.pytorch.org/whl/cpu {re.escape(torch_pin)}\b", build[0])
+    # torch from PyTorch's CPU index by default, or (TORCH_INDEX empty) only from docker/wheels/
+    assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in (DOCKER / "Dockerfile").read_text()
+    assert 'if [ -n "$TORCH_INDEX" ]; then set -- --index-url "$TORCH_INDEX"; else set --; fi' in build[0]
+    assert re.search(rf'pip install --find-links /mnt/wheels "\$@" {re.escape(torch_pin)}\b', build[0])
 
 
 def test_gpu_image_installs_the_vllm_extra():
@@ -309,7 +312,9 @@ def test_build_context_holds_what_the_dockerfile_copies(dockerfile):
                if line.startswith("!")}
     text = (DOCKER / dockerfile).read_text()
     copies = [line.split()[1:-1] for line in text.splitlines() if line.startswith("COPY ") and "--from=" not in line]
-    sources = [s for args in copies for s in args if not s.startswith("--")]
+    binds = re.findall(r"--mount=type=bind,source=([^,\s]+)", text)  # from the context, unlike from=<stage> ones
+    sources = [s for args in copies for s in args if not s.startswith("--")] + \
+        [b for b in binds if f"from=wheel,source={b}" not in text]
     assert sources
     for source in sources:
         assert source.rstrip("/") in allowed, source
@@ -387,10 +392,13 @@ def test_healthcheck_fails_when_nothing_listens():
 
 
 def test_shellcheck():
+    """The entrypoint, and the scripts that set up, test and run CI (scripts/test_docker.sh among them)."""
     shellcheck = which("shellcheck")
     if not shellcheck:
         pytest.skip("no shellcheck: apt-get install -y shellcheck")
-    done = subprocess.run([shellcheck, str(ENTRYPOINT)], capture_output=True, text=True)
+    scripts = [ENTRYPOINT, ROOT / ".ci" / "run", *sorted((ROOT / "scripts").glob("*.sh"))]
+    assert ROOT / "scripts" / "test_docker.sh" in scripts
+    done = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
