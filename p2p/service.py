@@ -112,8 +112,9 @@ class Gossip:
     def stats(self) -> dict[str, object]:
         host = self._host
         counts = dict(host.counts) if host else {}
+        live = host.stats() if host else {}  # first: it counts the connected peers and the mesh afresh
         return {"peer_id": self.peer_id, "peers": host.n_peers if host else 0, "mesh_peers": host.n_mesh if host else 0,
-                **(host.stats() if host else {}), **counts, **LIBP2P_DROPS, **self.policy.stats()}
+                **live, **counts, **LIBP2P_DROPS, **self.policy.stats()}
 
     def stop(self, timeout: float = 10.0) -> None:
         if self._token is not None and self._stop is not None and self._thread.is_alive():
