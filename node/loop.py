@@ -76,7 +76,8 @@ class Node:
         self.cfg = cfg = fitted.cfg
         self.plan = fitted.plan
         self.memory = MemoryWatch(self.plan.peak_bytes, round_peak_reader(self.plan.device.kind))
-        self.policy = load_policy(cfg.model, weights_from=resumed.model_dir if resumed else None, tokenizer=fitted.tokenizer)
+        self.policy = load_policy(cfg.model, weights_from=resumed.model_dir if resumed else None, tokenizer=fitted.tokenizer,
+                                  source=fitted.source)
         self.generator = make_generator(cfg.generation, self.policy)
         self.tasks = TaskSource(cfg.tasks.mix(), seed=cfg.run.seed)
         self.eval_tasks = TaskSource(cfg.tasks.mix(), seed=cfg.tasks.eval_seed).draw(cfg.tasks.eval_size)

@@ -14,7 +14,8 @@ from rewards import TaskSource
 from trainer import memory
 from trainer.memory import GB, MemoryPlanError
 from trainer.plan import Device, Plan, Wants, plan, probe
-from trainer.policy import ModelLoadError, format_prompt, load_tokenizer, resolve_model_path, uses_chat_template
+from trainer.policy import ModelLoadError, format_prompt, load_tokenizer, uses_chat_template
+from trainer.presets import resolve_model_path
 
 log = logging.getLogger(__name__)
 PROMPTS_MEASURED = 64  # held-out prompts tokenized to find the longest

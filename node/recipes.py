@@ -1,4 +1,4 @@
-"""Settings a named real model trains well with, measured on it (README, "Real models"), applied to
+"""Settings a named real model trains well with, measured on it (docs/models.md, "Real models on a CPU"), applied to
 whatever the user left unset: `sapo run --model smollm2-135m` starts from tasks it can learn from,
 sampling it stays on topic with and a learning rate its size takes, and every setting can still be
 overridden like any other (file, environment or flag).

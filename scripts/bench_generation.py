@@ -31,7 +31,8 @@ from node.argtypes import bounded, count
 from trainer.batch import sequence_logprobs
 from trainer.config import GenerationConfig, ModelConfig, VLLMConfig, default_cache_dir
 from trainer.generation import SamplingParams, make_generator, vllm_available
-from trainer.policy import encode_prompts, export_weights, load_policy
+from trainer.policy import encode_prompts, export_weights
+from trainer.presets import load
 from rewards import TaskSource
 from rewards.config import TasksConfig
 
@@ -130,7 +131,7 @@ def main() -> None:
     if args.model == SHAPED:
         on_gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
         name = str(build_shaped(default_cache_dir(), torch.bfloat16 if on_gpu else torch.float32))
-    policy = load_policy(ModelConfig(name=name, device=args.device, chat_template=False))
+    policy = load(ModelConfig(name=name, device=args.device, chat_template=False))
     results = [bench_backend(b, policy, args) for b in backends]
 
     table = Table(title=f"generation: {args.model}, {args.prompts} prompts x {args.n}, up to {args.new_tokens} new tokens")

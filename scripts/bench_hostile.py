@@ -114,11 +114,11 @@ def writes_wrap(out: Path, cache: Path, wrap: str, seed: int) -> dict[str, int]:
     from trainer import checkpoint
     from trainer.generation import SamplingParams
     from trainer.generation.hf import TransformersGenerator
-    from trainer.policy import load_policy
+    from trainer import presets
     from trainer.rollout import rollout
 
     cfg = load_config(overrides={"model": {"name": "tiny-a", "cache_dir": str(cache)}})
-    policy = load_policy(cfg.model, weights_from=checkpoint.load_latest(out / "checkpoints").model_dir)
+    policy = presets.load(cfg.model, weights_from=checkpoint.load_latest(out / "checkpoints").model_dir)
     g = cfg.generation
     params = SamplingParams(n=SAMPLES, temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens,
                             stop=tuple(g.stop), seed=seed)

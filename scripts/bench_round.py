@@ -42,7 +42,8 @@ from trainer.config import GRPOConfig, LoraConfig
 from trainer.generation import SamplingParams
 from trainer.generation.hf import TransformersGenerator
 from trainer.grpo import GRPOTrainer
-from trainer.policy import encode_prompts, load_policy
+from trainer.policy import encode_prompts
+from trainer.presets import load
 from trainer.rollout import rollout
 
 
@@ -83,7 +84,7 @@ def main() -> None:
     top_p = node.generation.top_p if args.top_p is None else args.top_p
     args.max_new_tokens = args.max_new_tokens or node.generation.max_new_tokens
     torch.manual_seed(args.seed)
-    policy = load_policy(node.model)
+    policy = load(node.model)
     params = sum(p.numel() for p in policy.model.parameters())
     generator = TransformersGenerator(policy)
     tasks = TaskSource(node.tasks.mix(), seed=args.seed).draw(args.tasks)
@@ -107,7 +108,7 @@ def main() -> None:
         kind, _, micro = variant.partition(":")
         lora = kind == "lora"
         model_cfg = node.model.model_copy(update={"lora": LoraConfig(enabled=lora)})
-        trained = load_policy(model_cfg) if lora else policy
+        trained = load(model_cfg) if lora else policy
         trainer = GRPOTrainer(trained, GRPOConfig(lr=1e-7, micro_batch=int(micro or 0)), args.max_new_tokens, total_rounds=1)
         started = time.perf_counter()
         trainer.step(groups)

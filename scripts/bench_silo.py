@@ -25,7 +25,7 @@ from node.argtypes import bounded, count, positive
 from node.config import load_config
 from node.lifecycle import StopSignal
 from node.loop import Node
-from trainer.policy import resolve_model_path
+from trainer.presets import resolve_model_path
 
 
 def main() -> None:

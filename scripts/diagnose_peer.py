@@ -48,7 +48,8 @@ from trainer.batch import RolloutGroup, collate, token_logprobs
 from trainer.generation import SamplingParams
 from trainer.generation.hf import TransformersGenerator
 from trainer.grpo import GRPOTrainer
-from trainer.policy import Policy, encode_prompts, export_weights, load_policy
+from trainer.policy import Policy, encode_prompts, export_weights
+from trainer.presets import load
 from trainer.rollout import rollout
 
 WRAPS = {"prefix": "z", "advertisement": "Visit example.com for more maths help! ", "insult": "You are stupid. ",
@@ -110,7 +111,7 @@ def habits(policy: Policy, generator: TransformersGenerator, cfg: NodeConfig, ta
 def train_arm(node: NodeConfig, peer_groups: list[RolloutGroup], rounds: int, seed: int, probe: list) -> list[dict]:
     """R rounds of the node: 4 own groups a round, or 2 own beside 2 of `peer_groups` when it is not empty."""
     torch.manual_seed(seed)
-    policy = load_policy(node.model)
+    policy = load(node.model)
     generator = TransformersGenerator(policy)
     trainer = GRPOTrainer(policy, node.grpo, node.generation.max_new_tokens, rounds, node.generation.stop)
     source = TaskSource(node.tasks.mix(), seed=seed)
@@ -142,7 +143,7 @@ def main() -> None:
     peer = load_config(overrides={"model": {"name": args.peer}, "tasks": {"datasets": PEER_TASKS}})
     started = time.time()
     torch.manual_seed(args.seed)
-    policy, peer_policy = load_policy(node.model), load_policy(peer.model)
+    policy, peer_policy = load(node.model), load(peer.model)
     trainer = GRPOTrainer(policy, node.grpo, node.generation.max_new_tokens, 1, node.generation.stop)
     cutoff = node.grpo.external_min_logprob
 

@@ -29,7 +29,7 @@ from rewards.source import DatasetMix
 from trainer.config import ModelConfig
 from trainer.generation import SamplingParams
 from trainer.generation.hf import TransformersGenerator
-from trainer.policy import load_policy
+from trainer.presets import load
 from trainer.rollout import rollout
 
 CANDIDATES = [
@@ -85,7 +85,7 @@ def main() -> None:
     console = Console(width=None if sys.stdout.isatty() else 200)  # piped: the full table, unsqueezed
 
     cfg = ModelConfig(name=args.model, **({"chat_example": None} if args.no_example else {}))
-    policy = load_policy(cfg)
+    policy = load(cfg)
     generator = TransformersGenerator(policy)
     rows = []
     for setting in args.sampling:

@@ -302,7 +302,7 @@ def report(out: Path, console: Console) -> None:
                                                   "failed_runs_left_out": len(left_out)}))
     (out / "results.md").write_text(markdown(rows))
     figure(out / "results.json", out / "results.png")
-    console.print(f"saved {out / 'results.json'}, {out / 'results.md'} (the table for the README) and {out / 'results.png'}")
+    console.print(f"saved {out / 'results.json'}, {out / 'results.md'} (the table for docs/bench/README.md) and {out / 'results.png'}")
 
 
 def versus_silo(row: dict) -> str:

@@ -232,9 +232,10 @@ def test_lora_trains_only_adapters_and_syncs_merged_weights_into_the_generator(t
     import copy
 
     from trainer.generation.hf import TransformersGenerator
-    from trainer.policy import export_weights, load_policy
+    from trainer.policy import export_weights
+    from trainer.presets import load
 
-    policy = load_policy(ModelConfig(name="tiny-a", cache_dir=cache_dir, lora=LoraConfig(enabled=True, r=4)))
+    policy = load(ModelConfig(name="tiny-a", cache_dir=cache_dir, lora=LoraConfig(enabled=True, r=4)))
     trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     gen = TransformersGenerator(policy)
@@ -255,9 +256,9 @@ def test_lora_trains_only_adapters_and_syncs_merged_weights_into_the_generator(t
 
 
 def test_gradient_checkpointing_trains(tiny_a, cache_dir):
-    from trainer.policy import load_policy
+    from trainer.presets import load
 
-    policy = load_policy(ModelConfig(name="tiny-a", cache_dir=cache_dir, gradient_checkpointing=True))
+    policy = load(ModelConfig(name="tiny-a", cache_dir=cache_dir, gradient_checkpointing=True))
     assert getattr(policy.model, "is_activation_checkpointing", None) or policy.model.is_gradient_checkpointing
     before = params(policy.model)
     trainer = GRPOTrainer(policy, GRPOConfig(), 16, 10)

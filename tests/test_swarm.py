@@ -20,7 +20,7 @@ from rewards.config import TasksConfig
 from tests.conftest import run_sapo
 from trainer.config import GRPOConfig, ModelConfig
 from trainer.grpo import GRPOTrainer
-from trainer.policy import load_policy
+from trainer.presets import load
 
 PEER = "12D3KooWForgerForgerForgerForgerForgerForgerForgerFo"
 REF = TaskRef("arith", {}, seed=5, index=11)
@@ -82,8 +82,8 @@ def test_unaccepted_and_unregenerable_tasks_are_dropped_and_counted_and_the_pool
 
 
 def test_a_node_with_another_tokenizer_trains_on_text_from_a_tiny_a_node(tiny_a, tiny_b, cache_dir):
-    author = load_policy(ModelConfig(name="tiny-a", cache_dir=cache_dir))
-    learner = load_policy(ModelConfig(name="tiny-b", cache_dir=cache_dir))
+    author = load(ModelConfig(name="tiny-a", cache_dir=cache_dir))
+    learner = load(ModelConfig(name="tiny-b", cache_dir=cache_dir))
     texts = [f"<answer>{TASK.answer}</answer>", "<answer>0</answer>", f"<answer>{TASK.answer}</answer>", "<answer>x</answer>"]
     probe = "<answer>1234</answer>"
     assert author.tokenizer(probe)["input_ids"] != learner.tokenizer(probe)["input_ids"]  # digit runs merge in tiny-b
@@ -284,7 +284,7 @@ def test_own_completions_sent_through_the_external_path_train_on_the_tokens_that
     from trainer.generation.hf import TransformersGenerator
     from trainer.rollout import rollout
 
-    policy = load_policy(ModelConfig(name="tiny-a", cache_dir=cache_dir))
+    policy = load(ModelConfig(name="tiny-a", cache_dir=cache_dir))
     tasks = TaskSource([DatasetMix(n) for n in ("arith", "reverse", "count")], seed=5).draw(32)
     params = SamplingParams(n=8, temperature=1.0, max_new_tokens=6, stop=("</answer>",), seed=1)
     local = rollout(TransformersGenerator(policy), policy, tasks, params)

@@ -76,18 +76,6 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def resolve_model_path(cfg: ModelConfig) -> str:
-    """A preset name becomes its cached folder (built or fetched on first use); anything else passes through."""
-    from trainer import presets
-
-    if cfg.name not in presets.names():
-        return cfg.name
-    try:
-        return str(presets.ensure(cfg.name, cfg.cache_dir))
-    except presets.PresetError as e:
-        raise ModelLoadError(str(e)) from None
-
-
 def load_tokenizer(source: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """AutoTokenizer, unless it ignores the folder's own tokenizer.json.
 
@@ -107,9 +95,11 @@ def load_tokenizer(source: str, trust_remote_code: bool = False) -> PreTrainedTo
 
 
 def load_policy(cfg: ModelConfig, weights_from: Path | None = None,
-                tokenizer: PreTrainedTokenizerBase | None = None) -> Policy:
-    """Load the policy; `weights_from` (a checkpoint's model folder) replaces the starting weights."""
-    source = resolve_model_path(cfg)
+                tokenizer: PreTrainedTokenizerBase | None = None, source: str | None = None) -> Policy:
+    """Load the policy from `source` (a folder or hub id; default `cfg.name`: presets are resolved to their
+    folder above this module, by `trainer.presets`); `weights_from` (a checkpoint's model folder) replaces the
+    starting weights. Loading never builds or trains anything."""
+    source = source or cfg.name
     device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, device)
     lora = cfg.lora.enabled is True  # "auto" is the node's planner's to decide (trainer/plan.py); elsewhere off

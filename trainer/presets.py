@@ -14,13 +14,30 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+from trainer.config import ModelConfig
+from trainer.pretrained import PresetError
+from trainer.policy import ModelLoadError, Policy, load_policy
+
+__all__ = ["PresetError", "names", "ensure", "is_cached", "metadata", "cached_build", "resolve_model_path", "load"]
+
 log = logging.getLogger(__name__)
 
 META_FILE = "sapo_preset.json"
 
 
-class PresetError(RuntimeError):
-    """A preset cannot be fetched or built; the message says why in one line."""
+def resolve_model_path(cfg: ModelConfig) -> str:
+    """A preset name becomes its cached folder (built or fetched on first use); anything else passes through."""
+    if cfg.name not in names():
+        return cfg.name
+    try:
+        return str(ensure(cfg.name, cfg.cache_dir))
+    except PresetError as e:
+        raise ModelLoadError(str(e)) from None
+
+
+def load(cfg: ModelConfig, **kwargs) -> Policy:
+    """`load_policy` for any model name a user gives: a preset (built or fetched first), a folder or a hub id."""
+    return load_policy(cfg, source=resolve_model_path(cfg), **kwargs)
 
 
 def names() -> list[str]:

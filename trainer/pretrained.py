@@ -17,9 +17,13 @@ from pathlib import Path
 
 import torch
 
-from trainer.presets import PresetError
 
 log = logging.getLogger(__name__)
+
+
+class PresetError(RuntimeError):
+    """A preset cannot be fetched or built; the message says why in one line (every preset's error: the
+    tiny presets' builder raises none of its own)."""
 
 CONVERSION_VERSION = 1
 FETCH_TIMEOUT_S = 900

@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 import torch
 
 from trainer.batch import kv_cache_name
-from trainer.generation import Completion, SamplingParams, isolated_rng, to_completion
+from trainer.generation.base import Completion, SamplingParams, isolated_rng, to_completion
 from trainer.policy import Policy, plain_copy
 
 COMPACT_SHARE = 0.25  # drop finished rows from the batch once they are this share of it (a copy of the cache)

@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 import torch
 
 from trainer.config import VLLMConfig
-from trainer.generation import BackendError, Completion, SamplingParams, isolated_rng, to_completion
+from trainer.generation.base import BackendError, Completion, SamplingParams, isolated_rng, to_completion
 from trainer.policy import Policy, export_weights
 
 log = logging.getLogger(__name__)
