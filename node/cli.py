@@ -4,73 +4,16 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import logging
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-from node.config import ConfigError, NodeConfig, leaf_fields, load_config, shown_default
+from node.config import ConfigError, NodeConfig, load_config
+from node.flags import add_config_flags, config_argv, config_from_flags, overrides
 
 log = logging.getLogger("sapo")
-
-# Short flags for the knobs people change most; each is also reachable under its dotted name.
-ALIASES = {
-    "--model": "model.name",
-    "--out": "run.out_dir",
-    "--rounds": "run.rounds",
-    "--local": "run.local_groups",
-    "--external": "selection.external_groups",
-    "--seed": "run.seed",
-    "--tasks": "tasks.datasets",
-    "--bootstrap": "p2p.bootstrap",
-    "--listen": "p2p.listen",
-    "--network": "p2p.network",
-}
-
-
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, help="TOML or YAML config file (env SAPO_* and flags override it)")
-    for flag, dotted in ALIASES.items():
-        parser.add_argument(flag, dest=dotted, default=argparse.SUPPRESS, metavar="VALUE", help=f"same as --{dotted}")
-    group = parser.add_argument_group("config knobs (see docs/CONFIG.md)")
-    for dotted, info in leaf_fields(NodeConfig):
-        help_text = f"{info.description or ''} [default: {shown_default(dotted, info)}]".strip()
-        group.add_argument(f"--{dotted}", dest=dotted, default=argparse.SUPPRESS, metavar="VALUE",
-                           help=help_text.replace("%", "%%"))
-
-
-def _config_argv(args: argparse.Namespace) -> list[str]:
-    """The config flags given, as a command line for a child `sapo run`."""
-    argv = ["--config", str(args.config)] if args.config else []
-    for dotted, raw in vars(args).items():
-        if "." in dotted:
-            argv += [f"--{dotted}", raw]
-    return argv
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """Nest dotted CLI values; JSON lists/objects are parsed, 'null' means None, the rest stays text for pydantic."""
-    nested: dict[str, Any] = {}
-    for dotted, raw in vars(args).items():
-        if "." not in dotted:
-            continue
-        value: Any = raw
-        if raw.strip()[:1] in "[{":
-            try:
-                value = json.loads(raw)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{dotted}: not valid JSON ({e.msg}) (got {raw!r})") from None
-        elif raw.strip() == "null":  # not "none": that is a valid choice of some knobs
-            value = None
-        section, _, key = dotted.rpartition(".")
-        target = nested
-        for part in section.split("."):
-            target = target.setdefault(part, {})
-        target[key] = value
-    return nested
-
 
 def _setup_logging(level: str) -> None:
     """Rich on a terminal; elsewhere (a container's log, a file, a pipe) one plain line per record, since
@@ -93,7 +36,7 @@ def _setup_logging(level: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from node import preflight
 
-    cfg = load_config(args.config, _overrides(args))
+    cfg = load_config(args.config, overrides(args))
     _setup_logging(cfg.run.log_level)
     checked = preflight.check(cfg, model=not args.bootstrap_only)  # before torch is imported or a model loaded
     try:
@@ -148,12 +91,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         raise ConfigError(f"--card: GB must be positive (got {args.card})")
     if args.bench_rounds < 3:
         raise ConfigError(f"--bench-rounds: at least 3 (a warm-up round, a measured one, a last one with an evaluation; got {args.bench_rounds})")
-    cfg = load_config(args.config, _overrides(args))
+    cfg = load_config(args.config, overrides(args))
     _setup_logging("WARNING")
     if args.bench:
         from node.bench import bench
 
-        return bench(_config_argv(args), cfg.model.name, args.bench_rounds, args.bench_out, args.bench_timeout)
+        return bench(config_argv(args), cfg.model.name, args.bench_rounds, args.bench_out, args.bench_timeout)
     try:
         return report(cfg, args.card)
     except ModelLoadError as e:
@@ -161,7 +104,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, _overrides(args))
+    cfg = load_config(args.config, overrides(args))
     print(cfg.model_dump_json(indent=2))
     return 0
 
@@ -172,7 +115,7 @@ def cmd_id(args: argparse.Namespace) -> int:
     from p2p.host import advertised
     from p2p.identity import IdentityError, load_or_create, peer_id
 
-    cfg = load_config(args.config, _overrides(args))
+    cfg = load_config(args.config, overrides(args))
     _setup_logging(cfg.run.log_level)
     try:
         pid = peer_id(load_or_create(cfg.key_file()))
@@ -253,19 +196,6 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     return 0
 
 
-class _NodeArgsParser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, not argparse's usage dump and exit
-        raise ConfigError(f"--node-args: {message}")
-
-
-def config_from_flags(argv: list[str]) -> NodeConfig:
-    """The config a `sapo run` with these flags would run (`ConfigError` on a bad one)."""
-    parser = _NodeArgsParser(prog="sapo swarm --node-args", add_help=False)
-    _add_config_flags(parser)
-    flags = parser.parse_args(argv)
-    return load_config(flags.config, _overrides(flags))
-
-
 def cmd_init_model(args: argparse.Namespace) -> int:
     from trainer import presets
 
@@ -294,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     run.add_argument("--bootstrap-only", action="store_true",
                      help="no model: serve peer discovery and gossip routing for a swarm (cheap enough for a small VPS)")
-    _add_config_flags(run)
+    add_config_flags(run)
     run.set_defaults(func=cmd_run)
 
     doctor = sub.add_parser("doctor", help="what this machine has (CUDA, MPS, threads, memory, reachability) and the "
@@ -307,15 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--bench-rounds", type=int, default=5, metavar="N", help="rounds per backend (at least 3)")
     doctor.add_argument("--bench-out", type=Path, default=Path("sapo-bench.json"), metavar="PATH", help="where --bench saves its JSON")
     doctor.add_argument("--bench-timeout", type=float, default=1800.0, metavar="S", help="give up on a backend after S seconds")
-    _add_config_flags(doctor)
+    add_config_flags(doctor)
     doctor.set_defaults(func=cmd_doctor)
 
     show = sub.add_parser("config", help="print the resolved config (defaults < file < env < flags) as JSON")
-    _add_config_flags(show)
+    add_config_flags(show)
     show.set_defaults(func=cmd_config)
 
     ident = sub.add_parser("id", help="print the node's peer id and full multiaddrs (creates the key on first use)")
-    _add_config_flags(ident)
+    add_config_flags(ident)
     ident.set_defaults(func=cmd_id)
 
     swarm = sub.add_parser("swarm", help="run a local swarm of nodes on 127.0.0.1 with a live table and a summary",

@@ -62,7 +62,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
-from node.selection_config import DROP_REASONS, RULES, SelectionConfig
+from node.selection_config import SelectionConfig
 from p2p.pool import PooledGroup, RolloutPool
 from rewards import TaskRef
 from rewards.config import TasksConfig

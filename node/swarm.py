@@ -152,7 +152,7 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout: float) -> bool:
 def share_memory(spec: SwarmSpec, cache_dir: Path | None) -> SwarmSpec:
     """`spec` with each node's share of the machine's memory, every node of every arm planned in its share
     before any starts (the plans are logged, with what they add up to); `SwarmError` when they cannot fit."""
-    from node.cli import config_from_flags
+    from node.flags import config_from_flags
     from node.planner import fit_together
     from trainer.memory import MemoryPlanError
     from trainer.policy import ModelLoadError

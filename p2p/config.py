@@ -6,11 +6,10 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from p2p.network import NetworkProfile, load_network
+from p2p.network import NetworkProfile, check_multiaddrs, load_network
 from p2p.shards import MAX_LEVEL, ShardLevel, epoch_of
 
 DEFAULT_PORT = 7420
@@ -30,17 +29,6 @@ def _addr_list(value: Any) -> Any:
 
 
 AddrList = Annotated[list[str], NoDecode]  # SAPO_P2P__BOOTSTRAP="a,b" reaches _addr_list undecoded
-
-
-def check_multiaddrs(addrs: list[str], need_peer_id: bool) -> list[str]:
-    for a in addrs:
-        try:
-            parsed = Multiaddr(a)
-        except Exception as e:  # multiaddr raises several unrelated types for bad text
-            raise ValueError(f"not a multiaddr: {a!r} ({e})") from None
-        if need_peer_id and "p2p" not in [p.name for p in parsed.protocols()]:
-            raise ValueError(f"{a!r} has no /p2p/<peer id> part (run 'sapo id' on that node to get its full address)")
-    return addrs
 
 
 def read_bootstrap_file(path: Path) -> list[str]:

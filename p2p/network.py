@@ -11,13 +11,27 @@ import tomllib
 from functools import cache
 from pathlib import Path
 
+from multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from p2p.config_errors import describe
 from p2p.shards import EPOCH_S
 
-
+# The wire protocol's major version this sapo-node speaks (docs/PROTOCOL.md). It lives here, the lowest
+# module that needs it: a profile names the version its network speaks, and p2p.wire encodes it.
+VERSION = 3
 SHIPPED = Path(__file__).with_name("networks")
+
+
+def check_multiaddrs(addrs: list[str], need_peer_id: bool) -> list[str]:
+    for a in addrs:
+        try:
+            parsed = Multiaddr(a)
+        except Exception as e:  # multiaddr raises several unrelated types for bad text
+            raise ValueError(f"not a multiaddr: {a!r} ({e})") from None
+        if need_peer_id and "p2p" not in [p.name for p in parsed.protocols()]:
+            raise ValueError(f"{a!r} has no /p2p/<peer id> part (run 'sapo id' on that node to get its full address)")
+    return addrs
 
 
 class NetworkProfile(BaseModel):
@@ -33,8 +47,6 @@ class NetworkProfile(BaseModel):
     @field_validator("bootstrap")
     @classmethod
     def _full_addrs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from p2p.config import check_multiaddrs
-
         return tuple(check_multiaddrs(list(v), need_peer_id=True))
 
 
@@ -56,8 +68,6 @@ def load_network(name: str) -> NetworkProfile:
         raise ValueError(f"cannot read network profile {path}: {e}") from None
     except ValidationError as e:
         raise ValueError(f"network profile {path}: {describe(e, NetworkProfile)}") from None
-    from p2p.wire import VERSION  # p2p.wire needs p2p.config, which needs this module
-
     if profile.protocol != VERSION:
         advice = ("upgrade sapo-node, or choose another network" if profile.protocol > VERSION else
                   f"an older network: once its nodes run this sapo-node, its profile says protocol = {VERSION}")

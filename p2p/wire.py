@@ -14,8 +14,7 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from p2p.config import Limits
-
-VERSION = 3
+from p2p.network import VERSION
 INT64 = 2**63 - 1
 
 REASONS = ("too_large", "undecodable", "version", "schema", "too_many_groups", "too_many_completions",

@@ -6,7 +6,8 @@ completions with its own verifier.
 
 from rewards.scoring import Score, can_carry_signal, extract_answer, score_completion
 from rewards.source import TaskSource
-from rewards.tasks import Task, TaskError, TaskRef, UnknownDataset, regenerate
+from rewards.datasets import regenerate
+from rewards.tasks import Task, TaskError, TaskRef, UnknownDataset
 
 __all__ = [
     "Score",

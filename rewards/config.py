@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rewards.source import DatasetMix
-from rewards.tasks import TaskError, canonical_config, check_dataset
+from rewards.datasets import canonical_config, check_dataset
+from rewards.tasks import TaskError
 
 
 class DatasetSpec(BaseModel):

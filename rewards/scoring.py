@@ -8,13 +8,13 @@ compared whole, so stuffing, repeating or listing several answers earns nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from rewards.tasks import Task, TaskRef
+from rewards import builtin
+from rewards.tasks import ANSWER_INSTRUCTION, CLOSE, OPEN, Task, TaskError, TaskRef
 
-OPEN, CLOSE = "<answer>", "</answer>"
-ANSWER_INSTRUCTION = f"Reply with {OPEN}final answer{CLOSE}."
+__all__ = ["ANSWER_INSTRUCTION", "CLOSE", "OPEN", "Score", "can_carry_signal", "carries_signal", "extract_answer",
+           "score_completion"]
+
 MAX_ANSWER_CHARS = 256
 
 
@@ -59,9 +59,6 @@ def carries_signal(ref: "TaskRef", completions: list[str]) -> bool:
     by its own model; no sandbox needed), so it is regenerated and the group must hold both a right and
     a wrong completion: two different wrong answers score alike. For other datasets, whose regeneration
     may be costly, two different extracted answers (`can_carry_signal`)."""
-    from rewards import builtin
-    from rewards.tasks import TaskError
-
     if ref.dataset not in builtin.DATASETS:
         return can_carry_signal(completions)
     try:

@@ -6,7 +6,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from rewards.tasks import Task, TaskRef, check_dataset, regenerate
+from rewards.datasets import check_dataset, regenerate
+from rewards.tasks import Task, TaskRef
 
 
 @dataclass(frozen=True)

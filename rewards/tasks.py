@@ -1,4 +1,5 @@
-"""Task references and the registry that turns a reference back into a task.
+"""Task references, tasks and the answer format every verifier reads: the definitions the rest of
+rewards/ builds on (the registry that turns a reference back into a task is rewards/datasets.py).
 
 A `TaskRef` is everything a peer needs to rebuild a question and its oracle answer, so rollouts
 can cross the network without carrying (forgeable) answers or rewards.
@@ -12,7 +13,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from rewards.scoring import ANSWER_INSTRUCTION
+OPEN, CLOSE = "<answer>", "</answer>"
+ANSWER_INSTRUCTION = f"Reply with {OPEN}final answer{CLOSE}."
 
 
 class TaskError(ValueError):
@@ -64,36 +66,3 @@ class Task:
 def task_prompt(question: str) -> str:
     """What a model is asked: the question and the answer format the verifier reads."""
     return f"{question}\n{ANSWER_INSTRUCTION}\n"
-
-
-def regenerate(ref: TaskRef) -> Task:
-    """Rebuild the task a reference names; raises `UnknownDataset` or `TaskError`."""
-    from rewards import builtin, gym
-
-    if ref.dataset.startswith(gym.PREFIX):
-        return gym.regenerate(ref)
-    if ref.dataset in builtin.DATASETS:
-        return builtin.regenerate(ref)
-    raise UnknownDataset(f"unknown dataset {ref.dataset!r} (built-in: {', '.join(builtin.DATASETS)}; reasoning-gym: '{gym.PREFIX}<name>')")
-
-
-def canonical_config(dataset: str, config: Mapping[str, Any]) -> dict[str, Any]:
-    """The config with the dataset's defaults written out, in JSON types, so that configs that make the
-    same tasks compare equal (`{}` and `{"max_operand": 9, "ops": "+-"}` for arith). A config the dataset
-    refuses, or an unknown dataset's, is returned as given."""
-    from rewards import builtin, gym
-
-    if dataset.startswith(gym.PREFIX):
-        full = {**gym.defaults(dataset[len(gym.PREFIX):]), **config}
-        return json.loads(json.dumps(full, default=list))
-    if dataset in builtin.DATASETS:
-        try:
-            return builtin.DATASETS[dataset][0](**config).model_dump(mode="json")
-        except ValueError:
-            pass
-    return dict(config)
-
-
-def check_dataset(name: str, config: Mapping[str, Any]) -> None:
-    """Fail early, with the reason, if `name`/`config` cannot produce tasks."""
-    regenerate(TaskRef(name, dict(config), seed=0, index=0))

@@ -20,7 +20,8 @@ from typing import Any
 
 from rewards.sandbox import Sandbox, SandboxError
 from rewards.scoring import Score, score_completion
-from rewards.tasks import Task, TaskError, TaskRef, regenerate
+from rewards.datasets import regenerate
+from rewards.tasks import Task, TaskError, TaskRef
 
 log = logging.getLogger(__name__)
 

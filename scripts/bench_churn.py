@@ -157,7 +157,6 @@ def main() -> None:
             time.sleep(SAMPLE_S)
         churn_end = time.time()
         time.sleep(args.period)  # the last restarts' time to rejoin
-        end = time.time()
     finally:
         for node in nodes:
             if node.proc and node.proc.poll() is None:

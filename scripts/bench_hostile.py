@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from node.argtypes import bounded, count, positive  # noqa: E402
 from node.lifecycle import exit_on_sigterm  # noqa: E402
-from node.selection import RULES  # noqa: E402
+from node.selection_config import RULES  # noqa: E402
 from node.swarm import free_port  # noqa: E402
 from p2p.probe import ProbeProcess, json_lines  # noqa: E402
 from tests import netlab  # noqa: E402

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 
-from node.cli import ALIASES
+from node.flags import ALIASES
 from node.config import NodeConfig, leaf_fields, shown_default
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "CONFIG.md"

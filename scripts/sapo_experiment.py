@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from node.argtypes import count  # noqa: E402
 from node.swarm import SwarmError, SwarmSpec, run  # noqa: E402
 from node.recipes import RECIPES  # noqa: E402
-from node.selection import RULES  # noqa: E402
+from node.selection_config import RULES  # noqa: E402
 from trainer.config import default_cache_dir  # noqa: E402
 from trainer.presets import ensure  # noqa: E402
 

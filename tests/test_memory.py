@@ -9,7 +9,8 @@ import logging
 
 import pytest
 
-from node.cli import config_from_flags, main
+from node.cli import main
+from node.flags import config_from_flags
 from node.pressure import MemoryWatch
 from trainer import memory
 from trainer.memory import GB, MemoryPlanError

@@ -94,7 +94,7 @@ def test_prometheus_text_has_help_type_and_labelled_samples():
 
 
 def test_every_label_of_a_labelled_counter_is_exported_at_zero_from_the_first_scrape():
-    from node.selection import DROP_REASONS as SELECTION_DROPS
+    from node.selection_config import DROP_REASONS as SELECTION_DROPS
     from p2p.pool import DROP_REASONS as POOL_DROPS
     from p2p.wire import REASONS
     from rewards.tasks import TaskError
@@ -200,7 +200,7 @@ def test_dashboard_shows_a_running_node_in_a_headless_browser(tiny_a, cache_dir,
 
 
 def test_a_taken_status_port_gives_way_to_the_next_free_one(tiny_a, cache_dir, tmp_path):
-    """Two nodes on one machine with default settings both serve status (the README's two-node example)."""
+    """Two nodes on one machine with default settings both serve status (the two-node example in docs/network.md)."""
     import re
     import socket
 
