@@ -162,10 +162,10 @@ def test_apple_mps_plans_transformers_in_float32_and_refuses_vllm():
         plan(mac, QWEN["0.5B"], PAPER_ROUND, Wants(backend="vllm"))
 
 
-def test_the_readme_quotes_the_planner_word_for_word():
+def test_the_gpu_guide_quotes_the_planner_word_for_word():
     from tests.conftest import ROOT
 
-    quoted = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("no plan fits: "))
+    quoted = next(line for line in (ROOT / "docs" / "gpu.md").read_text().splitlines() if line.startswith("no plan fits: "))
     with pytest.raises(MemoryPlanError) as refused:
         plan(Device.card(24), QWEN["7B"], PAPER_ROUND, Wants())
     assert quoted == f"no plan fits: {refused.value}"

@@ -1,4 +1,5 @@
-"""Every example in the README runs as written: the short ones here, the rest listed with why not."""
+"""Every example in the README and the guides runs as written: the short ones here, the rest listed with
+why not; and every relative link in them leads somewhere."""
 
 from __future__ import annotations
 
@@ -34,11 +35,49 @@ NOT_RUN = {
     ".venv/bin/pip install -e '.[vllm]'": "needs a CUDA machine (CI's second stage tests the CPU build of vLLM)",
     "node0 (tiny-a): 300 rounds": "output of the demo, not a command",
     "no plan fits:": "the planner's answer for a described card and model; tests/test_plan.py checks it word for word",
+    "docker compose -f docker/compose.yaml up --build": "needs a Docker engine: scripts/test_docker.sh (CI's third stage) runs the compose swarm",
+    "docker compose -f docker/compose.yaml --profile gpu": "needs a GPU and the NVIDIA container toolkit",
+    "docker build -f docker/Dockerfile.gpu": "needs a GPU to run; the CUDA image is large",
+    "SAPO_ANNOUNCE=/dns4/boot1.example.org": "a public host; tests/test_netlab.py runs a testnet bootstrap in a namespace",
+    "DOCKER_BUILDKIT=1 docker build -f docker/Dockerfile": "needs a Docker engine: scripts/test_docker.sh builds the image this way",
 }
+# The front door and the guides (each docs page opens with what it covers).
+PAGES = ["README.md", "docs/models.md", "docs/sapo-round.md", "docs/gpu.md", "docs/network.md", "docs/operations.md",
+         "docs/bench/README.md", "docker/README.md"]
 
 
 def blocks() -> list[tuple[str, str]]:
-    return [(lang, body) for lang, body in BLOCK.findall((ROOT / "README.md").read_text())]
+    return [(lang, body) for page in PAGES for lang, body in BLOCK.findall((ROOT / page).read_text())]
+
+
+def anchors(page) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    return {re.sub(r"[^\w\- ]", "", m.strip().lower()).replace(" ", "-")
+            for m in re.findall(r"(?m)^#+ (.*)$", page.read_text())}
+
+
+def test_every_relative_link_leads_to_a_file_and_heading():
+    broken = []
+    for page in map(ROOT.joinpath, PAGES + ["docs/PROTOCOL.md", "docs/CONFIG.md"]):
+        prose = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if re.match(r"\w+://|mailto:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in anchors(dest)):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []
+
+
+def test_the_readme_is_a_front_door():
+    """At most about 250 lines, and its first screen holds the two commands and the three ways in."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    first_screen = "\n".join(text.splitlines()[:60])
+    for must in ("bash scripts/demo.sh", "bash scripts/test.sh", "](docs/gpu.md)", "](docs/network.md)",
+                 "](docker/README.md)"):
+        assert must in first_screen, must
 
 
 def sapo_env() -> dict:
@@ -54,7 +93,7 @@ def test_every_block_is_run_here_or_listed_with_why_not():
     unknown = [f for f in firsts if not any(f.startswith(k) for k in NOT_RUN) and not any(f.startswith(k) for k in ran)]
     assert unknown == [], "README blocks neither run by tests/test_readme.py nor listed in NOT_RUN"
     stale = [k for k in NOT_RUN if not any(f.startswith(k) for f in firsts)]
-    assert stale == [], "NOT_RUN lists blocks the README no longer has"
+    assert stale == [], "NOT_RUN lists blocks the README and guides no longer have"
 
 
 def test_shell_transcripts_print_what_the_readme_shows(tmp_path):
