@@ -132,21 +132,35 @@ def cmd_id(args: argparse.Namespace) -> int:
 
 
 def cmd_swarm(args: argparse.Namespace) -> int:
+    from node.swarm import SwarmError, run
+
+    spec, cache_dir = _swarm_spec(args)
+    try:
+        summary = run(spec, cache_dir=cache_dir)
+    except SwarmError as e:
+        print(f"sapo: {e}", file=sys.stderr)
+        return 1
+    return _report_swarm(summary, args.out, args.rounds)
+
+
+def _swarm_spec(args: argparse.Namespace):
+    """The swarm `sapo swarm` was asked for, every flag checked and every preset built before a node starts
+    (a bad knob fails here once, not in N children); `ConfigError` names the flag."""
     import shlex
 
     from node.preflight import model_problem
-    from node.swarm import SwarmError, SwarmSpec, run
+    from node.swarm import SwarmSpec
     from trainer import presets as named
 
-    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
     for flag, value, low in (("--nodes", args.nodes, 1), ("--rounds", args.rounds, 1), ("--local", args.local, 1),
                              ("--external", args.external, 0)):
         if value < low:
             raise ConfigError(f"{flag}: must be at least {low} (got {value})")
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
     if not presets:
         raise ConfigError("--presets: name at least one model")
     extra = shlex.split(args.node_args)
-    config_from_flags(extra)  # a bad knob fails here, not in N children
+    config_from_flags(extra)
     task_mixes = [m.strip() for m in args.task_mixes.split(";") if m.strip()]
     for mix in task_mixes:
         try:
@@ -163,11 +177,11 @@ def cmd_swarm(args: argparse.Namespace) -> int:
             named.ensure(name, cache_dir)
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=args.local, external=args.external, presets=presets,
                      out=args.out, seed=args.seed, extra=extra, task_mixes=task_mixes, baseline=args.baseline)
-    try:
-        summary = run(spec, cache_dir=cache_dir)
-    except SwarmError as e:
-        print(f"sapo: {e}", file=sys.stderr)
-        return 1
+    return spec, cache_dir
+
+
+def _report_swarm(summary: dict, out: Path, rounds: int) -> int:
+    """Each node's line (and its silo twin's), then the comparison; the exit status says whether there is one."""
     peak = lambda n: "" if n["memory_peak_gb"] is None else f", peak {n['memory_peak_gb']:.1f} GB"  # noqa: E731
     for n in summary["per_node"]:
         print(f"{n['name']} ({n['model']}): {n['rounds']} rounds, cumulative reward {n['cumulative_reward']:.2f}, "
@@ -180,19 +194,19 @@ def cmd_swarm(args: argparse.Namespace) -> int:
               f"exit {a['exit_code']}")
     if summary["stopped"]:
         print(f"sapo: stopped before the end: no comparison; every node wrote a checkpoint, the run is saved marked as "
-              f"incomplete in {args.out / 'summary.json'}", file=sys.stderr)
+              f"incomplete in {out / 'summary.json'}", file=sys.stderr)
         return 130
     if summary["failed"]:
         for why in summary["failed"]:
             print(f"sapo: failed: {why}", file=sys.stderr)
         print(f"sapo: no comparison: {len(summary['failed'])} node(s) did not finish; the run is saved marked as failed "
-              f"in {args.out / 'summary.json'}", file=sys.stderr)
+              f"in {out / 'summary.json'}", file=sys.stderr)
         return 1
     if alone:
         print(f"in the swarm the nodes earned {100 * summary['vs_baseline']:+.1f}% cumulative reward against the same nodes "
               f"alone ({summary['cumulative_reward_mean']:.2f} vs {summary['baseline']['cumulative_reward_mean']:.2f}, "
-              f"mean of {len(alone)} nodes, {args.rounds} rounds)")
-    print(f"summary: {args.out / 'summary.json'}, {args.out / 'summary.png'}; per-node metrics in {args.out}/node*/")
+              f"mean of {len(alone)} nodes, {rounds} rounds)")
+    print(f"summary: {out / 'summary.json'}, {out / 'summary.png'}; per-node metrics in {out}/node*/")
     return 0
 
 

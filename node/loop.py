@@ -186,49 +186,71 @@ class Node:
             self.save_checkpoint()
 
     def _one_round(self, stop: StopSignal) -> bool:
-        """Run the next round; False if a stop request made it abandon the round before training."""
+        """One round, top to bottom; False if a stop request made it abandon the round before training.
+        (The caller checkpoints every `run.checkpoint_every` rounds.)"""
         cfg, r = self.cfg, self.round + 1
         started, position = time.perf_counter(), self.tasks.position
+        # 1. take peers' groups from the pool: re-scored by our own verifier, selected by the sampling rule
         pick = self.selector.external(self.pool, random.Random(round_seed(cfg.run.seed, r)), r)
-        slots = cfg.run.local_groups + (cfg.selection.external_groups - len(pick.groups)
-                                        if cfg.selection.when_short == "fill_local" else 0)
-        feed = cfg.selection.external_groups if cfg.selection.self_external else 0
-
+        slots, feed = self._local_slots(len(pick.groups))
+        # 2. generate and score our own groups
         t0 = time.perf_counter()
         sampled = self._generate(r, self.tasks.draw(self.selector.local_tasks(slots) + feed), stop, position)
-        seconds_generate = time.perf_counter() - t0
+        seconds = {"generate": time.perf_counter() - t0}
         if sampled is None:
             return False
-        groups, fed = sampled[: len(sampled) - feed], sampled[len(sampled) - feed:]
-        for msg in self_messages(cfg.model.name, r, fed, cfg.p2p.limits):
-            self.pool.add(msg)
-        published = publish_round(self.gossip, cfg.model.name, r, groups, cfg.p2p.limits) if self.gossip else 0
-
+        # 3. publish them to the swarm (and feed our extra groups to our own pool when asked to)
+        groups, published = self._share(r, sampled, feed)
+        # 4. one GRPO step on local + external groups, then the new weights into the generator
         t0 = time.perf_counter()
-        local = self.selector.local(groups, slots)
-        stats, seconds_push = self._train(r, local + pick.groups)
-        seconds_train = time.perf_counter() - t0
+        stats, seconds["push"] = self._train(r, self.selector.local(groups, slots) + pick.groups)
+        seconds["train"] = time.perf_counter() - t0
         self.selector.observe_own(stats.local_logprobs)
-
         self.round = r
-        micro_batch = self.trainer.cfg.micro_batch
-        memory_peak, lower = self.memory.after_round(micro_batch)
+        # 5. the next round's micro-batch from this one's memory peak, evaluation when due, the metrics row
+        micro_batch, memory_peak = self._fit_micro_batch()
+        evaluation = self._evaluate(stop) if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else (None, None)
+        seconds["other"] = time.perf_counter() - started - seconds["generate"] - seconds["train"]
+        self._record(self._round_metrics(r, sampled, groups, pick, stats, seconds, evaluation, published,
+                                         micro_batch, memory_peak))
+        return True
+
+    def _local_slots(self, external: int) -> tuple[int, int]:
+        """Local groups to train on (external slots left empty go to local ones under `fill_local`), and how
+        many extra groups to sample for our own pool (`self_external`)."""
+        sel = self.cfg.selection
+        short = sel.external_groups - external if sel.when_short == "fill_local" else 0
+        return self.cfg.run.local_groups + short, sel.external_groups if sel.self_external else 0
+
+    def _share(self, r: int, sampled: list[RolloutGroup], feed: int) -> tuple[list[RolloutGroup], int]:
+        """The round's own groups, published; the last `feed` sampled go to our own pool instead."""
+        groups, fed = sampled[: len(sampled) - feed], sampled[len(sampled) - feed:]
+        for msg in self_messages(self.cfg.model.name, r, fed, self.cfg.p2p.limits):
+            self.pool.add(msg)
+        published = publish_round(self.gossip, self.cfg.model.name, r, groups, self.cfg.p2p.limits) if self.gossip else 0
+        return groups, published
+
+    def _fit_micro_batch(self) -> tuple[int, float | None]:
+        """The micro-batch this round used and its memory peak; the next round's micro-batch is lowered when
+        the peak came close to the plan's limit."""
+        used = self.trainer.cfg.micro_batch
+        peak, lower = self.memory.after_round(used)
         self.trainer.cfg = self.trainer.cfg.model_copy(update={"micro_batch": lower})
-        eval_acc, eval_by_dataset = self._evaluate(stop) if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else (None, None)
-        seconds_other = time.perf_counter() - started - seconds_generate - seconds_train
+        return used, peak
+
+    def _round_metrics(self, r: int, sampled: list[RolloutGroup], groups: list[RolloutGroup], pick, stats: StepStats,
+                       seconds: dict[str, float], evaluation: tuple, published: int, micro_batch: int,
+                       memory_peak: float | None) -> RoundMetrics:
         rewards = [x for g in groups for x in g.rewards]
-        trained = stats.optimizer_steps > 0
-        self._record(RoundMetrics(
+        return RoundMetrics(
             round=r, time=time.time(), reward_mean=sum(rewards) / len(rewards), accuracy_train=accuracy(groups),
-            eval_accuracy=eval_acc, eval_by_dataset=eval_by_dataset, n_local=len(groups), n_external=len(pick.groups),
+            eval_accuracy=evaluation[0], eval_by_dataset=evaluation[1], n_local=len(groups), n_external=len(pick.groups),
             tokens_generated=sum(len(ids) for g in sampled for ids in g.completion_ids or []),
-            seconds_generate=seconds_generate, seconds_train=seconds_train, seconds_other=seconds_other,
-            seconds_push=seconds_push, groups_trained=stats.groups_used, groups_dropped_uniform=stats.groups_dropped_uniform,
+            seconds_generate=seconds["generate"], seconds_train=seconds["train"], seconds_other=seconds["other"],
+            seconds_push=seconds["push"], groups_trained=stats.groups_used, groups_dropped_uniform=stats.groups_dropped_uniform,
             local_informative=sum(map(informative, groups)), external_inspected=pick.inspected,
-            external_informative=pick.informative,
-            loss=stats.loss if trained else None, kl=stats.kl if trained else None,
-            clip_frac=stats.clip_frac if trained else None, grad_norm=stats.grad_norm if trained else None,
-            lr=stats.lr if trained else None, weight_version=self.generator.weight_version,
+            external_informative=pick.informative, **stats.optimizer_metrics(),
+            weight_version=self.generator.weight_version,
             n_external_used=stats.external_groups_used, external_masked=stats.external_masked,
             external_gated=pick.gated, seconds_gate=pick.gate_s, support_cutoff=self.selector.support.cutoff(),
             external_reward_mean=_mean([x for g in pick.groups for x in g.rewards]),
@@ -236,8 +258,7 @@ class Node:
             external_sources=dict(Counter(g.source for g in pick.groups)),
             groups_published=published, micro_batch=micro_batch,
             memory_peak_gb=None if memory_peak is None else memory_peak / GB, **self._swarm_metrics(),
-        ))
-        return True
+        )
 
     def _generate(self, r: int, tasks: list, stop: StopSignal, position: int) -> list[RolloutGroup] | None:
         """Sample and score the round's local groups; None (tasks put back) if a stop request came first."""

@@ -343,30 +343,34 @@ class GossipHost:
             if infos is None:
                 silent.add(responder, trio.current_time())
                 continue
-            dials = 0
-            own = advertised(self.host.get_transport_addrs())
-            random.shuffle(infos)  # then our own shard first: the peers whose rollouts we hear
-            infos.sort(key=lambda i: -shared_bits(self.shard.key, self.shard.key_of(i.peer_id.to_bytes())))
-            for info in infos:
-                if dials == HINT_DIALS_PER_ANSWER or not budget.may_ask(responder, trio.current_time()):
-                    break
-                addrs = [a for a in self.reach.dialable(info, own) if budget.may_dial(_addr_key(a), trio.current_time())]
-                if info.peer_id == self.me or info.peer_id in connected or not addrs:
-                    continue
-                if not await self._make_room(shared_bits(self.shard.key, self.shard.key_of(info.peer_id.to_bytes()))):
-                    break  # hints are sorted: the rest are no nearer
-                dials += 1
-                if await self._dial(PeerInfo(info.peer_id, addrs)):
-                    log.info("discovered peer %s", info.peer_id)
-                    continue
-                keys = [_addr_key(a) for a in addrs]
-                budget.failed(keys, responder, trio.current_time())
-                self.counts["hints_failed"] += 1
-                for key in keys:
-                    if key not in self._logged_hints:
-                        self._logged_hints.add(key, 0.0)
-                        log.info("peer-exchange hint %s (from %s) unreachable; not dialed again for %.0f s",
-                                 key, responder, self.cfg.max_backoff_s)
+            await self._dial_hints(responder, infos, connected, budget)
+
+    async def _dial_hints(self, responder: ID, infos: list[PeerInfo], connected: set[ID], budget: HintBudget) -> None:
+        """Dial the new peers of one answer, nearest our shard first, within the answer's and the addresses'
+        budgets; a failed dial counts against its addresses and the responder."""
+        dials = 0
+        own = advertised(self.host.get_transport_addrs())
+        random.shuffle(infos)  # then our own shard first: the peers whose rollouts we hear
+        infos.sort(key=lambda i: -shared_bits(self.shard.key, self.shard.key_of(i.peer_id.to_bytes())))
+        for info in infos:
+            if dials == HINT_DIALS_PER_ANSWER or not budget.may_ask(responder, trio.current_time()):
+                return
+            addrs = [a for a in self.reach.dialable(info, own) if budget.may_dial(_addr_key(a), trio.current_time())]
+            if info.peer_id == self.me or info.peer_id in connected or not addrs:
+                continue
+            if not await self._make_room(shared_bits(self.shard.key, self.shard.key_of(info.peer_id.to_bytes()))):
+                return  # hints are sorted: the rest are no nearer
+            dials += 1
+            if await self._dial(PeerInfo(info.peer_id, addrs)):
+                log.info("discovered peer %s", info.peer_id)
+                continue
+            keys = [_addr_key(a) for a in addrs]
+            budget.failed(keys, responder, trio.current_time())
+            self.counts["hints_failed"] += 1
+            for key in (k for k in keys if k not in self._logged_hints):
+                self._logged_hints.add(key, 0.0)
+                log.info("peer-exchange hint %s (from %s) unreachable; not dialed again for %.0f s",
+                         key, responder, self.cfg.max_backoff_s)
 
     def _wants_peers(self) -> bool:
         """Below `max_peers`, or short of D neighbours on our shard's topic (then a nearer peer may take

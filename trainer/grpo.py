@@ -43,6 +43,12 @@ class StepStats:
     external_masked: int = 0  # external completions masked as off-support
     local_logprobs: list[float] = field(default_factory=list)  # mean token log-prob of each local row, pre-update
 
+    def optimizer_metrics(self) -> dict[str, float | None]:
+        """Loss, KL, clip fraction, gradient norm and learning rate; None when no optimizer step was taken (a
+        round with nothing to learn from), so a zero is never mistaken for a measurement."""
+        trained = self.optimizer_steps > 0
+        return {k: getattr(self, k) if trained else None for k in ("loss", "kl", "clip_frac", "grad_norm", "lr")}
+
 
 def make_scheduler(opt: torch.optim.Optimizer, cfg: GRPOConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     def factor(step: int) -> float:

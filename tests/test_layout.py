@@ -1,11 +1,14 @@
-"""The packages' imports point one way: no module imports one that imports it back, directly or through
-others. Lazy imports inside functions count (they are circles a reader must hold in their head too);
-imports under `if TYPE_CHECKING:` do not (they never run)."""
+"""The house shows its parts: the packages' imports point one way (no module imports one that imports it
+back, directly or through others; lazy imports inside functions count, since a reader must hold those
+circles in their head too; imports under `if TYPE_CHECKING:` do not, since they never run), and no
+function is too tangled to read (radon's D grade or worse)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -97,3 +100,14 @@ def test_the_walk_finds_a_circle_through_a_lazy_import():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(graph) == [["a", "b", "c"]]
     assert imports_of("trainer.tiny", ROOT / "trainer" / "tiny.py", set(modules())) >= {"trainer.policy", "trainer.rollout"}
+
+
+def test_no_function_rates_d_or_worse():
+    """radon's cyclomatic complexity: A-C (up to 20) reads on one screen; D and worse hide the data flow."""
+    try:
+        from radon.complexity import cc_visit
+    except ImportError:
+        pytest.skip("no radon: pip install -e '.[dev]'")
+    tangled = [f"{name}:{block.lineno} {block.fullname} ({block.complexity})"
+               for name, path in modules().items() for block in cc_visit(path.read_text()) if block.complexity > 20]
+    assert tangled == []
