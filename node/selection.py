@@ -43,7 +43,7 @@ cannot take the honest peers' inspections, while a newcomer can still prove itse
 proven, unproven groups get at most `explore` x `max_inspect` inspections a round even when the proven
 peers' groups run out: under a flood of 60 useless groups a round, a node that looked at every one
 spent ~27 regenerations a round on them and slowed down as much as its honest neighbour
-(scripts/bench_hostile.py). The pool applies the same split to what it keeps (`p2p.pool`), from the
+(scripts/bench/bench_hostile.py). The pool applies the same split to what it keeps (`p2p.pool`), from the
 same statistic (`proven`).
 
 Local groups get the same treatment when `local_overdraw` > 1: more tasks are drawn and sampled

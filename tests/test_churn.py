@@ -1,5 +1,5 @@
 """Churn: two of the four non-bootstrap nodes of a 7-node swarm SIGKILLed and restarted every minute
-(scripts/bench_churn.py, smaller and shorter than its 9-node, 10-minute run)."""
+(scripts/bench/bench_churn.py, smaller and shorter than its 9-node, 10-minute run)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import pytest
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
-REJOIN_BOUND_S = 90.0  # measured: 41.5 s at most over 30 restarts (scripts/bench_churn.py, 10 minutes on 2 cores)
+REJOIN_BOUND_S = 90.0  # measured: 41.5 s at most over 30 restarts (scripts/bench/bench_churn.py, 10 minutes on 2 cores)
 
 
 def test_survivors_never_fail_a_round_and_killed_nodes_resume_and_rejoin(tiny_a, cache_dir, tmp_path):
     out = tmp_path / "churn.json"
-    r = subprocess.run([sys.executable, "scripts/bench_churn.py", "--nodes", "7", "--period", "60", "--duration", "120",
+    r = subprocess.run([sys.executable, "scripts/bench/bench_churn.py", "--nodes", "7", "--period", "60", "--duration", "120",
                         "--warmup", "30", "--cache-dir", str(cache_dir), "--workdir", str(tmp_path / "swarm"),
                         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

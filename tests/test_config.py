@@ -137,8 +137,8 @@ def test_config_reference_is_up_to_date():
     import sys
 
 
-    r = subprocess.run([sys.executable, "scripts/gen_config_docs.py", "--check"], cwd=ROOT)
-    assert r.returncode == 0, "docs/CONFIG.md is stale: run scripts/gen_config_docs.py"
+    r = subprocess.run([sys.executable, "scripts/tools/gen_config_docs.py", "--check"], cwd=ROOT)
+    assert r.returncode == 0, "docs/CONFIG.md is stale: run scripts/tools/gen_config_docs.py"
 
 
 def test_the_shipped_gpu_config_is_valid_and_set_up_like_the_paper():

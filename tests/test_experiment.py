@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-spec = importlib.util.spec_from_file_location("sapo_experiment", ROOT / "scripts" / "sapo_experiment.py")
+spec = importlib.util.spec_from_file_location("sapo_experiment", ROOT / "scripts" / "bench" / "sapo_experiment.py")
 experiment = sys.modules["sapo_experiment"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
 spec.loader.exec_module(experiment)
 Config = experiment.Config
@@ -209,7 +209,7 @@ def test_a_grid_is_continued_only_with_resume_and_then_skips_what_finished(tmp_p
     seed0 = tmp_path / "homogeneous-8-0" / "seed0"
     seed0.mkdir(parents=True)
     (seed0 / "result.json").write_text(json.dumps({**fake_run(Config("homogeneous", 8, 0), 0, [10.0, 10.0]), "failed": []}))
-    cmd = [sys.executable, str(ROOT / "scripts" / "sapo_experiment.py"), "--out", str(tmp_path), "--quick",
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench" / "sapo_experiment.py"), "--out", str(tmp_path), "--quick",
            "--only", "homogeneous 8/0"]
     refused = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [

@@ -48,7 +48,7 @@ def test_the_lab_path_has_the_round_trip_and_loss_it_claims_and_the_nat_lets_not
 
 
 def test_gossip_over_100_ms_and_1_percent_loss_reaches_every_node_within_the_bound(lab, tmp_path):
-    # scripts/bench_gossip.py --path 100 0.01 (docs/bench/gossip-lossy-path-2cpu.json): 4 nodes at 1 message a
+    # scripts/bench/bench_gossip.py --path 100 0.01 (docs/bench/gossip-lossy-path-2cpu.json): 4 nodes at 1 message a
     # second each, 100% delivered, p95 202 ms, max 402 ms; 8 nodes, p95 875 ms, max 1.4 s (2 cores, CPU-bound)
     bound_s = 3.0
     hosts = [lab.add_host() for _ in range(4)]

@@ -47,7 +47,7 @@ def test_json_of_a_model_returns_the_object_and_names_a_bad_knob():
     ("bench_generation.py", "--n", "x"), ("pass_rates.py", "--tasks", "0"), ("bench_silo.py", "--minutes", "-1"),
 ])
 def test_a_bad_flag_value_is_one_line_naming_the_flag(script, flag, value):
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / script), flag, value], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / script), flag, value], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
@@ -70,7 +70,7 @@ def alive(pid: int) -> bool:
 
 
 def test_sigterm_to_a_benchmark_stops_the_processes_it_started(tmp_path):
-    bench = subprocess.Popen([sys.executable, "scripts/bench_gossip.py", "--nodes", "2", "--soak", "600",
+    bench = subprocess.Popen([sys.executable, "scripts/bench/bench_gossip.py", "--nodes", "2", "--soak", "600",
                               "--out", str(tmp_path / "out.json")], cwd=ROOT, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
     probes: set[int] = set()

@@ -197,9 +197,9 @@ def test_over_many_epochs_a_node_shares_its_shard_with_many_different_peers():
 
 @pytest.mark.slow
 def test_the_simulated_swarm_keeps_a_nodes_cost_flat_with_shards_and_not_with_one_topic(tmp_path):
-    # the real ShardLevel, topic binding and pool in scripts/simulate_swarm.py, at 8 and 100 nodes
+    # the real ShardLevel, topic binding and pool in scripts/bench/simulate_swarm.py, at 8 and 100 nodes
     out = tmp_path / "sim.json"
-    r = subprocess.run([sys.executable, "scripts/simulate_swarm.py", "--nodes", "8", "100", "--measure-s", "120",
+    r = subprocess.run([sys.executable, "scripts/bench/simulate_swarm.py", "--nodes", "8", "100", "--measure-s", "120",
                         "--pool-nodes", "2", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {(x["nodes"], x["scheme"]): x for x in json.loads(out.read_text())["results"]}

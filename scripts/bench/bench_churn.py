@@ -10,7 +10,7 @@ of the swarm, killed in turn. Measured, and printed and saved as JSON:
   a group from the swarm entered its pool;
 - survivors' RSS and pool size over time (first against last third of the churn): bounded, or growing.
 
-    .venv/bin/python scripts/bench_churn.py --nodes 9 --period 60 --duration 600 --out docs/bench/churn-2cpu.json
+    .venv/bin/python scripts/bench/bench_churn.py --nodes 9 --period 60 --duration 600 --out docs/bench/churn-2cpu.json
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from node.argtypes import bounded, count, positive  # noqa: E402
 from node.lifecycle import exit_on_sigterm  # noqa: E402
 from node.swarm import free_port, wait_listening  # noqa: E402
@@ -219,7 +219,7 @@ def main() -> None:
     console.print(summary)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "command": "scripts/bench_churn.py " + " ".join(sys.argv[1:]), "cpus": os.cpu_count(),
+        "command": "scripts/bench/bench_churn.py " + " ".join(sys.argv[1:]), "cpus": os.cpu_count(),
         "machine": platform.platform(), "python": platform.python_version(), "pool_cap": POOL_CAP, "summary": summary,
         "survivors": survivors, "restarts": restarts}, indent=2))
     console.print(f"saved {args.out}")

@@ -7,7 +7,7 @@ completions with their reward. tests/test_protocol_vectors.py checks the code ag
 an implementation of section 5 written from the text alone against its tasks), so a change to either
 shows up as a failing test; rerun this script only for a deliberate change of the protocol.
 
-    .venv/bin/python scripts/gen_protocol_vectors.py
+    .venv/bin/python scripts/tools/gen_protocol_vectors.py
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgpack
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from libp2p.crypto.ed25519 import create_new_key_pair  # noqa: E402
 from libp2p.peer.id import ID  # noqa: E402
@@ -162,7 +162,7 @@ def main() -> int:
                        "reward": score_completion(task, completion).reward})
     vectors = {
         "about": f"Conformance vectors for docs/PROTOCOL.md (wire protocol {VERSION}), written by "
-                 "scripts/gen_protocol_vectors.py. messages: hex msgpack bytes, signed by `signer`, published under "
+                 "scripts/tools/gen_protocol_vectors.py. messages: hex msgpack bytes, signed by `signer`, published under "
                  "`topics` and received at unix time `now` on the network whose rollout topics start with "
                  "`topic_base` (shard epoch `shard_epoch_s`), with the default limits, and the verdict (accepted, or the rejection reason). "
                  "envelopes: the valid message as GossipSub messages (StrictSign) by the signer whose Ed25519 "

@@ -9,7 +9,7 @@ per round per node, and RSS growth per node over the soak (and over its second h
 up level off, a leak does not). --shards sets every node's shard knobs ({"level": 0}: one topic for
 all, protocol 1's dissemination). Prints a table and writes JSON.
 
-    .venv/bin/python scripts/bench_gossip.py --nodes 2 4 8 --rate 20 --soak 60 --out docs/bench/gossip-2cpu.json
+    .venv/bin/python scripts/bench/bench_gossip.py --nodes 2 4 8 --rate 20 --soak 60 --out docs/bench/gossip-2cpu.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from libp2p.peer.id import ID  # noqa: E402
 
 from node.argtypes import bounded, count, json_of, positive  # noqa: E402
@@ -180,7 +180,7 @@ def main() -> None:
     console.print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "command": "scripts/bench_gossip.py " + " ".join(sys.argv[1:]), "cpus": os.cpu_count(),
+        "command": "scripts/bench/bench_gossip.py " + " ".join(sys.argv[1:]), "cpus": os.cpu_count(),
         "machine": platform.platform(), "python": platform.python_version(),
         "shape": {"groups": args.groups, "completions": args.completions, "chars": args.chars},
         "shards": args.shards, "max_peers": args.max_peers, "path_rtt_ms_loss": args.path,

@@ -6,8 +6,8 @@ tokens (no stop strings; only EOS ends a completion early), checks the sampling 
 completions against a transformers forward pass, and pushes the policy's weights `--syncs` times.
 Prints a table and saves JSON.
 
-    .venv/bin/python scripts/bench_generation.py --model tiny-a --out docs/bench/generation-tiny-a-2cpu.json
-    python scripts/bench_generation.py --model qwen2.5-0.5b-shaped --device cuda   # on a GPU
+    .venv/bin/python scripts/bench/bench_generation.py --model tiny-a --out docs/bench/generation-tiny-a-2cpu.json
+    python scripts/bench/bench_generation.py --model qwen2.5-0.5b-shaped --device cuda   # on a GPU
 
 `qwen2.5-0.5b-shaped` is a randomly initialised model with Qwen2.5-0.5B's shape (494M parameters,
 151,936-token vocabulary, tied embeddings), built offline; throughput does not depend on the weights.

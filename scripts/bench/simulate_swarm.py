@@ -24,10 +24,10 @@ validated, every copy costs transport. CPU per copy is taken from the real 2-nod
 traffic (IHAVE/IWANT, heartbeats) and the pool's own bookkeeping (measured and reported apart) are
 not in the CPU estimate.
 
-    .venv/bin/python scripts/simulate_swarm.py --schemes shards --out docs/bench/simulate-swarm-shards.json
-    .venv/bin/python scripts/simulate_swarm.py --nodes 8 100 1000 --schemes one-topic \
+    .venv/bin/python scripts/bench/simulate_swarm.py --schemes shards --out docs/bench/simulate-swarm-shards.json
+    .venv/bin/python scripts/bench/simulate_swarm.py --nodes 8 100 1000 --schemes one-topic \
         --out docs/bench/simulate-swarm-one-topic.json
-    .venv/bin/python scripts/simulate_swarm.py --nodes 10000 --schemes one-topic --pool-nodes 2 \
+    .venv/bin/python scripts/bench/simulate_swarm.py --nodes 10000 --schemes one-topic --pool-nodes 2 \
         --out docs/bench/simulate-swarm-one-topic-10000.json
 """
 
@@ -50,7 +50,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from libp2p.crypto.ed25519 import create_new_key_pair  # noqa: E402
 from libp2p.peer.id import ID  # noqa: E402
 from libp2p.pubsub.pb import rpc_pb2  # noqa: E402
@@ -68,7 +68,7 @@ from p2p.wire import VERSION, WireGroup, WireMessage, pack_groups  # noqa: E402
 BASE = "/sapo/sim/rollouts/3"
 NEIGHBOURS = 8  # XOR-closest peers whose subscriptions a node sees
 REMESH_S = 10.0
-GOSSIP_BENCH = Path(__file__).resolve().parents[1] / "docs/bench/gossip-20msgs-2cpu.json"
+GOSSIP_BENCH = Path(__file__).resolve().parents[2] / "docs/bench/gossip-20msgs-2cpu.json"
 
 
 def measure_validation(args: argparse.Namespace, samples: int = 300) -> dict[str, float]:
@@ -404,7 +404,7 @@ def main() -> None:
                       " ".join(f"{k}:{v}" for k, v in r["levels"].items()))
     console.print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": "scripts/simulate_swarm.py " + " ".join(sys.argv[1:]),
+    args.out.write_text(json.dumps({"command": "scripts/bench/simulate_swarm.py " + " ".join(sys.argv[1:]),
                                     "costs_ms": costs, "params": {k: str(v) for k, v in vars(args).items()},
                                     "results": rows}, indent=2))
     console.print(f"saved {args.out}")

@@ -19,11 +19,11 @@ without `--resume` an `--out` that holds runs is refused rather than mixed. `--o
 by configuration; `--report` merges whatever has finished into `results.json`, the table and the
 figure, which is drawn from that JSON alone.
 
-    .venv/bin/python scripts/sapo_experiment.py --out runs/experiment                   # the whole grid
-    .venv/bin/python scripts/sapo_experiment.py --out runs/experiment --resume --only "homogeneous 8/0" "homogeneous 4/4 signal"
-    .venv/bin/python scripts/sapo_experiment.py --out runs/experiment --report
-    .venv/bin/python scripts/sapo_experiment.py --quick --out runs/experiment-quick     # 5-minute smoke run
-    .venv/bin/python scripts/sapo_experiment.py --real --nodes 2 --rounds 40 --eval-every 10 --seeds 4 --rules signal guarded --out runs/real --resume
+    .venv/bin/python scripts/bench/sapo_experiment.py --out runs/experiment                   # the whole grid
+    .venv/bin/python scripts/bench/sapo_experiment.py --out runs/experiment --resume --only "homogeneous 8/0" "homogeneous 4/4 signal"
+    .venv/bin/python scripts/bench/sapo_experiment.py --out runs/experiment --report
+    .venv/bin/python scripts/bench/sapo_experiment.py --quick --out runs/experiment-quick     # 5-minute smoke run
+    .venv/bin/python scripts/bench/sapo_experiment.py --real --nodes 2 --rounds 40 --eval-every 10 --seeds 4 --rules signal guarded --out runs/real --resume
 
 The real-model grid (`--real`) runs SmolLM2-135M-Instruct with its recipe: two such nodes, and one beside
 a tiny-a node, at 4 + 0 against 2 + 2 groups per round. Both testbeds pair with the same silo (two
@@ -46,7 +46,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from node.argtypes import count  # noqa: E402
 from node.swarm import SwarmError, SwarmSpec, run  # noqa: E402
 from node.recipes import RECIPES  # noqa: E402

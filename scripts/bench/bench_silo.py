@@ -3,7 +3,7 @@
 Prints a table and saves JSON with greedy eval accuracy before and after, rounds per minute and
 the share of time spent generating, training and elsewhere. Building the preset is not timed.
 
-    .venv/bin/python scripts/bench_silo.py --minutes 10 --out runs/bench-silo
+    .venv/bin/python scripts/bench/bench_silo.py --minutes 10 --out runs/bench-silo
 """
 
 from __future__ import annotations

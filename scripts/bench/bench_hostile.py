@@ -41,11 +41,11 @@ window: the dials each honest node made, failed hints, and ERROR lines.
 before/after comparison, `--rule` sets their swarm sampling rule; the hostile probes always run from this
 one. Prints a table and writes JSON.
 
-    .venv/bin/python scripts/bench_hostile.py --hostile 0 1 6 --window 60 --seeds 2 --out docs/bench/hostile-2cpu.json
-    .venv/bin/python scripts/bench_hostile.py --flood wrapped --rule signal --hostile 0 6 --out docs/bench/hostile-wrapped-signal-2cpu.json
-    .venv/bin/python scripts/bench_hostile.py --attack level-hijack --sizes 3 9 --hostile 3 30 --window 45 --seeds 1 \
+    .venv/bin/python scripts/bench/bench_hostile.py --hostile 0 1 6 --window 60 --seeds 2 --out docs/bench/hostile-2cpu.json
+    .venv/bin/python scripts/bench/bench_hostile.py --flood wrapped --rule signal --hostile 0 6 --out docs/bench/hostile-wrapped-signal-2cpu.json
+    .venv/bin/python scripts/bench/bench_hostile.py --attack level-hijack --sizes 3 9 --hostile 3 30 --window 45 --seeds 1 \
         --out docs/bench/hostile-level-hijack-2cpu.json
-    .venv/bin/python scripts/bench_hostile.py --attack px-aim --sizes 3 9 --hostile 4 32 --window 60 --seeds 1 \
+    .venv/bin/python scripts/bench/bench_hostile.py --attack px-aim --sizes 3 9 --hostile 4 32 --window 60 --seeds 1 \
         --out docs/bench/hostile-px-aim-2cpu.json
 """
 
@@ -66,7 +66,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from node.argtypes import bounded, count, positive  # noqa: E402
 from node.lifecycle import exit_on_sigterm  # noqa: E402

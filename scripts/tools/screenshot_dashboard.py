@@ -1,7 +1,7 @@
 """Regenerate docs/dashboard.png: a three-node tiny swarm on 127.0.0.1 (the demo's task mix), and the live
 dashboard of its second node after some rounds, in headless Chromium.
 
-    .venv/bin/python scripts/screenshot_dashboard.py [--rounds 150] [--out docs/dashboard.png]
+    .venv/bin/python scripts/tools/screenshot_dashboard.py [--rounds 150] [--out docs/dashboard.png]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TASKS = '[{"name": "arith", "config": {"max_operand": 4, "ops": "+"}}, {"name": "reverse"}]'
 
 

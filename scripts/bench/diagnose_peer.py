@@ -18,8 +18,8 @@ scored below their group's mean masked, as the trainer does by default). After e
 the node's own held-out tasks and reports accuracy, mean length and the bare-answer share, so a
 change of the node's habits shows beside its accuracy. Prints tables and saves JSON.
 
-    .venv/bin/python scripts/diagnose_peer.py --rounds 8 --out docs/bench/diagnose-smollm2-tiny-a-2cpu.json
-    .venv/bin/python scripts/diagnose_peer.py --rounds 0 --tasks 32 --out docs/bench/diagnose-smollm2-gate-2cpu.json  # part one
+    .venv/bin/python scripts/bench/diagnose_peer.py --rounds 8 --out docs/bench/diagnose-smollm2-tiny-a-2cpu.json
+    .venv/bin/python scripts/bench/diagnose_peer.py --rounds 0 --tasks 32 --out docs/bench/diagnose-smollm2-gate-2cpu.json  # part one
 """
 
 from __future__ import annotations

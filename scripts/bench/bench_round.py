@@ -13,7 +13,7 @@ more when the step needs a separate old-policy pass (epochs or minibatches above
 counts what the step's forwards actually run (prompts once per micro-batch, completions padded to the
 longest of theirs), against those tokens: the padding it pays.
 
-    .venv/bin/python scripts/bench_round.py --variants full:8 full:16 lora:16 --out docs/bench/round-smollm2-135m-2cpu.json
+    .venv/bin/python scripts/bench/bench_round.py --variants full:8 full:16 lora:16 --out docs/bench/round-smollm2-135m-2cpu.json
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ knows. For each candidate dataset and each sampling setting this samples T tasks
 the node's own prompt and generator and records the share of completions that close the answer tag,
 the pass rate, the share of informative groups (rewards not all equal), completion length and time.
 
-    .venv/bin/python scripts/pass_rates.py --model smollm2-135m --out docs/bench/pass-rates-smollm2-135m-2cpu.json
+    .venv/bin/python scripts/bench/pass_rates.py --model smollm2-135m --out docs/bench/pass-rates-smollm2-135m-2cpu.json
 """
 
 from __future__ import annotations
