@@ -16,6 +16,7 @@ from node.lifecycle import StopSignal
 from node.status import StatusBoard, StatusServer
 from p2p.service import Gossip
 from p2p.wire import WireMessage
+from rewards.scoring import group_carries_signal
 
 log = logging.getLogger(__name__)
 TICK_S = 5.0  # how often the status history gets a point
@@ -35,7 +36,7 @@ def run_bootstrap(cfg: NodeConfig, stop: StopSignal, status_socket: socket.socke
     with contextlib.ExitStack() as stack:
         if cfg.status.enabled:
             stack.enter_context(StatusServer(cfg.status, board, status_socket))
-        gossip = stack.enter_context(Gossip(cfg.p2p, cfg.key_file(), on_message=count))
+        gossip = stack.enter_context(Gossip(cfg.p2p, cfg.key_file(), on_message=count, signal=group_carries_signal))
         board.update_info(peer_id=gossip.peer_id)
         board.set_live(gossip.stats)
         board.set_state("running")

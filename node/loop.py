@@ -26,6 +26,7 @@ from node.supervise import ComponentFailed, describe, retrying
 from p2p.pool import RolloutPool
 from p2p.service import Gossip
 from rewards import TaskSource
+from rewards.scoring import group_carries_signal
 from trainer import checkpoint
 from trainer.generation import SamplingParams, make_generator
 from trainer.batch import RolloutGroup
@@ -297,7 +298,7 @@ class Node:
 
     def _new_gossip(self) -> Gossip:
         """The p2p layer, with this node's identity, feeding the pool."""
-        return Gossip(self.cfg.p2p, self.cfg.key_file(), self.pool.add)
+        return Gossip(self.cfg.p2p, self.cfg.key_file(), self.pool.add, signal=group_carries_signal)
 
     def _retrying(self, what: str, fn, stop: StopSignal):
         return retrying(what, fn, self.cfg.run.retries, self.cfg.run.retry_backoff_s, stop)

@@ -1,6 +1,8 @@
 """What a node accepts from the wire, kept apart from sockets: the gossip validator calls `check`.
 
 A rejected message is not forwarded by GossipSub either, so bad traffic dies at the first honest hop.
+Whether a group can teach anyone is the node's verifier's to say: the policy is handed that check
+(`signal`) and parses no answer itself.
 """
 
 from __future__ import annotations
@@ -9,20 +11,21 @@ import hashlib
 import threading
 import time
 from collections import Counter
+from typing import Callable
 
 from p2p.config import Limits
 from libp2p.peer.id import ID
 
 from p2p.seen import SeenKeys
 from p2p.shards import EPOCH_S, epoch_of, topics_problem
-from p2p.wire import Rejected, WireMessage, decode
-from rewards.scoring import carries_signal
-from rewards.tasks import TaskRef
+from p2p.wire import Rejected, WireGroup, WireMessage, decode
 
 
 class MessagePolicy:
-    def __init__(self, limits: Limits, topic_base: str, epoch_s: float = EPOCH_S):
+    def __init__(self, limits: Limits, topic_base: str, epoch_s: float = EPOCH_S, *,
+                 signal: Callable[[WireGroup], bool]):
         self.limits = limits
+        self.signal = signal  # whether a group's completions score differently (docs/PROTOCOL.md section 4)
         self.topic_base = topic_base
         self.epoch_s = epoch_s
         self.accepted = 0
@@ -67,7 +70,7 @@ class MessagePolicy:
             if digest in self._seen:
                 raise Rejected("duplicate", "same bytes under the same topic seen before")
             self._seen.add(digest, now)
-        if not any(carries_signal(TaskRef(g.dataset, g.config, g.seed, g.index), g.completions) for g in msg.groups):
+        if not any(map(self.signal, msg.groups)):
             # A group whose completions all score alike is worth nothing to any receiver; a message of
             # only such groups is not forwarded, so well-formed junk stops at the first honest hop instead
             # of costing every neighbour its decoding and re-scoring.

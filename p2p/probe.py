@@ -164,7 +164,9 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
     def on_message(msg: WireMessage) -> None:  # trio thread: stamp now, hand over to asyncio
         loop.call_soon_threadsafe(inbox.put_nowait, (msg, time.time()))
 
-    gossip = Gossip(cfg, args.key, on_message)
+    from rewards.scoring import group_carries_signal  # a lab tool that forwards as a node does
+
+    gossip = Gossip(cfg, args.key, on_message, signal=group_carries_signal)
     await asyncio.to_thread(gossip.start)
     if args.claim_shards_of:
         key = shard_key(args.claim_shards_of.to_bytes(), epoch_of(time.time(), cfg.profile().shard_epoch_s))

@@ -23,7 +23,7 @@ from p2p.config import P2PConfig
 from p2p.host import GossipHost
 from p2p.identity import load_or_create, peer_id
 from p2p.policy import MessagePolicy
-from p2p.wire import WireMessage
+from p2p.wire import WireGroup, WireMessage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -34,11 +34,12 @@ class P2PError(RuntimeError):
 
 
 class Gossip:
-    def __init__(self, cfg: P2PConfig, key_file: Path, on_message: Callable[[WireMessage], None]):
+    def __init__(self, cfg: P2PConfig, key_file: Path, on_message: Callable[[WireMessage], None],
+                 signal: Callable[[WireGroup], bool]):
         self.cfg = cfg
         self.key_pair = load_or_create(key_file)
         self.peer_id = peer_id(self.key_pair)
-        self.policy = MessagePolicy(cfg.limits, cfg.rollout_topic_base(), cfg.profile().shard_epoch_s)
+        self.policy = MessagePolicy(cfg.limits, cfg.rollout_topic_base(), cfg.profile().shard_epoch_s, signal=signal)
         self._on_message = on_message
         self._host: GossipHost | None = None
         self._token: trio.lowlevel.TrioToken | None = None

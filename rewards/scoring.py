@@ -13,7 +13,7 @@ from rewards import builtin
 from rewards.tasks import ANSWER_INSTRUCTION, CLOSE, OPEN, Task, TaskError, TaskRef
 
 __all__ = ["ANSWER_INSTRUCTION", "CLOSE", "OPEN", "Score", "can_carry_signal", "carries_signal", "extract_answer",
-           "score_completion"]
+           "group_carries_signal", "score_completion"]
 
 MAX_ANSWER_CHARS = 256
 
@@ -52,6 +52,12 @@ def can_carry_signal(completions: list[str]) -> bool:
     """False when every completion yields the same extracted answer (or none does): any verifier then
     gives them equal rewards, so the group has zero GRPO advantage for every receiver."""
     return len({extract_answer(c) for c in completions}) > 1
+
+
+def group_carries_signal(group) -> bool:
+    """`carries_signal` for a group as it comes off the wire (anything with dataset, config, seed, index and
+    completions): the check the gossip layer is handed, so that it never parses answers itself."""
+    return carries_signal(TaskRef(group.dataset, group.config, group.seed, group.index), group.completions)
 
 
 def carries_signal(ref: "TaskRef", completions: list[str]) -> bool:

@@ -34,6 +34,7 @@ from p2p.host import GossipHost
 from p2p.policy import MessagePolicy
 from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key
 from p2p.wire import REASONS
+from rewards.scoring import group_carries_signal
 from tests.conftest import ROOT, run_sapo
 from tests.test_wire import bad_payloads, pack, raw_message
 
@@ -160,7 +161,7 @@ def test_a_plaintext_only_dialer_is_refused_and_a_noise_dialer_is_not(spawn):
 def test_each_malformed_message_class_is_rejected_and_counted_by_a_remote_node(spawn, tmp_path):
     node = spawn("node")
     cfg = P2PConfig(listen=[LOOPBACK], bootstrap=[node.addr])
-    with Gossip(cfg, tmp_path / "sender.key", on_message=lambda msg: None) as sender:
+    with Gossip(cfg, tmp_path / "sender.key", on_message=lambda msg: None, signal=group_carries_signal) as sender:
         def valid() -> bytes:
             return msgpack.packb(raw_message(peer=sender.peer_id, created=time.time()))
 
@@ -212,7 +213,7 @@ def test_a_listen_port_taken_after_the_preflight_is_still_one_line(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(P2PError, match=f"^cannot start the p2p host on /ip4/127.0.0.1/tcp/{port}: "):
-            with Gossip(P2PConfig(listen=[f"/ip4/127.0.0.1/tcp/{port}"]), tmp_path / "k.key", on_message=lambda m: None):
+            with Gossip(P2PConfig(listen=[f"/ip4/127.0.0.1/tcp/{port}"]), tmp_path / "k.key", on_message=lambda m: None, signal=group_carries_signal):
                 pass
 
 
@@ -255,7 +256,7 @@ def test_a_peer_on_an_older_protocols_rollout_topic_is_counted_and_named_once(tm
             return node.stats()
 
     with caplog.at_level(logging.WARNING, logger="p2p.host"), \
-            Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "new.key", on_message=lambda msg: None) as node:
+            Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "new.key", on_message=lambda msg: None, signal=group_carries_signal) as node:
         stats = trio.run(old_node, node.addrs[0], node)
     assert stats["peers_other_protocol"] == 1 and stats["accepted"] == 0
     lines = [r.getMessage() for r in caplog.records if "another protocol version" in r.getMessage()]
@@ -273,7 +274,7 @@ def stats_after_lies(spawn, tmp_path, hints: list[dict]) -> tuple[ProbeProcess, 
         await stream.write(msgpack.packb(hints))
         await stream.close()
 
-    with Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "liar.key", on_message=lambda msg: None) as liar:
+    with Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "liar.key", on_message=lambda msg: None, signal=group_carries_signal) as liar:
         liar.answer_peer_exchange(lie)
         node = spawn("node", "--bootstrap", liar.addrs[0])
         node.wait_for(lambda: node.stats().get("peers", 0) >= 1, 30, "the bootstrap connection")
@@ -305,7 +306,7 @@ def test_peer_exchange_hints_on_many_ports_of_one_host_cost_a_few_dials(spawn, t
 
 
 def test_a_peer_that_does_not_answer_peer_exchange_costs_one_log_line(spawn, tmp_path):
-    with Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "mute.key", on_message=lambda msg: None) as mute:
+    with Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "mute.key", on_message=lambda msg: None, signal=group_carries_signal) as mute:
         mute.answer_peer_exchange(None)
         node = spawn("node", "--bootstrap", mute.addrs[0])
         node.wait_for(lambda: node.stats().get("peers", 0) >= 1, 30, "the bootstrap connection")
@@ -319,7 +320,7 @@ def test_a_peer_that_does_not_answer_peer_exchange_costs_one_log_line(spawn, tmp
 def test_messages_past_the_rate_limit_and_rpcs_past_the_size_cap_are_counted(spawn, tmp_path):
     flooder = spawn("flooder", "--rate", "20", "--groups", "1", "--completions", "2", "--chars", "20")
     cfg = P2PConfig(listen=[LOOPBACK], bootstrap=[flooder.addr], max_messages_per_s=2)
-    with Gossip(cfg, tmp_path / "node.key", on_message=lambda msg: None) as node:
+    with Gossip(cfg, tmp_path / "node.key", on_message=lambda msg: None, signal=group_carries_signal) as node:
         deadline = time.monotonic() + 30
         while node.stats().get("dropped_rate_limit", 0) < 10 and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -426,7 +427,7 @@ def test_an_authors_copies_under_two_topics_we_read_are_each_valid_and_handed_on
     # probes, it reads two of those topics: each copy is valid (and forwarded on its topic), the payload is
     # handed on once, and the author is heard at both levels
     cfg = P2PConfig(network="local")
-    policy = MessagePolicy(cfg.limits, cfg.rollout_topic_base())
+    policy = MessagePolicy(cfg.limits, cfg.rollout_topic_base(), signal=group_carries_signal)
     handed: list[object] = []
     host = GossipHost(cfg, create_new_key_pair(), policy, on_message=handed.append)
     author = ID.from_pubkey(create_new_key_pair().public_key)

@@ -18,6 +18,7 @@ from p2p.host import GossipHost
 from p2p.policy import MessagePolicy
 from p2p.wire import Rejected
 from rewards import TaskRef, regenerate, score_completion
+from rewards.scoring import group_carries_signal
 from tests.conftest import ROOT
 
 VECTORS = json.loads((ROOT / "docs" / "protocol-vectors.json").read_text())
@@ -25,7 +26,7 @@ VECTORS = json.loads((ROOT / "docs" / "protocol-vectors.json").read_text())
 
 @pytest.mark.parametrize("case", VECTORS["messages"], ids=lambda c: c["name"])
 def test_each_message_vector_gets_its_verdict(case):
-    policy = MessagePolicy(Limits(), VECTORS["topic_base"], VECTORS["shard_epoch_s"])
+    policy = MessagePolicy(Limits(), VECTORS["topic_base"], VECTORS["shard_epoch_s"], signal=group_carries_signal)
     try:
         policy.check(bytes.fromhex(case["hex"]), VECTORS["signer"], case["topics"], now=VECTORS["now"])
         verdict = "accepted"
@@ -49,7 +50,7 @@ def test_each_envelope_vector_is_what_a_node_signs_and_verifies(case):
         return
     # the node's own publishing path (GossipHost's pubsub, StrictSign) builds these very bytes
     cfg = P2PConfig(network="local")
-    host = GossipHost(cfg, keys, MessagePolicy(cfg.limits, cfg.rollout_topic_base()), on_message=lambda m: None)
+    host = GossipHost(cfg, keys, MessagePolicy(cfg.limits, cfg.rollout_topic_base(), signal=group_carries_signal), on_message=lambda m: None)
     sent: list[rpc_pb2.Message] = []
 
     async def capture(forwarder, message):
@@ -59,7 +60,7 @@ def test_each_envelope_vector_is_what_a_node_signs_and_verifies(case):
     host.pubsub.push_msg = capture
     trio.run(host.pubsub.publish, [case["topic"]], msg.data)
     assert sent[0].SerializeToString().hex() == case["message"]
-    policy = MessagePolicy(Limits(), VECTORS["topic_base"], VECTORS["shard_epoch_s"])
+    policy = MessagePolicy(Limits(), VECTORS["topic_base"], VECTORS["shard_epoch_s"], signal=group_carries_signal)
     policy.check(msg.data, ID(msg.from_id).to_base58(), list(msg.topicIDs), now=VECTORS["now"])  # accepted
 
 

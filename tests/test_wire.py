@@ -13,6 +13,7 @@ from p2p.config import Limits, P2PConfig
 from p2p.policy import MessagePolicy
 from p2p.shards import EPOCH_S, epoch_of, prefix, shard_key, shard_topic
 from rewards import TaskRef, regenerate
+from rewards.scoring import group_carries_signal
 from p2p.wire import REASONS, VERSION, Rejected, WireGroup, WireMessage, decode, encode, pack_groups
 
 ME = "12D3KooWAuthorAuthorAuthorAuthorAuthorAuthorAuthorAu"
@@ -111,7 +112,7 @@ def test_every_reason_has_a_case():
 
 @pytest.mark.parametrize("reason", sorted(CASES))
 def test_each_bad_message_class_is_rejected_with_its_reason_and_counted(reason):
-    policy = MessagePolicy(Limits(), BASE)
+    policy = MessagePolicy(Limits(), BASE, signal=group_carries_signal)
     data, topics = CASES[reason]
     with pytest.raises(Rejected) as caught:
         policy.check(data, ME, topics, now=NOW)
@@ -120,7 +121,7 @@ def test_each_bad_message_class_is_rejected_with_its_reason_and_counted(reason):
 
 
 def test_the_same_bytes_twice_are_a_duplicate():
-    policy = MessagePolicy(Limits(), BASE)
+    policy = MessagePolicy(Limits(), BASE, signal=group_carries_signal)
     data = pack(raw_message())
     policy.check(data, ME, TOPICS, now=NOW)
     with pytest.raises(Rejected, match="duplicate"):
@@ -139,7 +140,7 @@ def test_shape_violations_are_schema_errors(payload):
 
 def test_a_replay_is_remembered_for_as_long_as_it_could_pass_the_age_check():
     limits = Limits(max_message_age_s=60, max_clock_skew_s=5)
-    policy = MessagePolicy(limits, BASE)
+    policy = MessagePolicy(limits, BASE, signal=group_carries_signal)
     data = pack(raw_message(created=NOW))
     policy.check(data, ME, TOPICS, now=NOW)
     with pytest.raises(Rejected, match="duplicate"):
@@ -150,13 +151,13 @@ def test_a_replay_is_remembered_for_as_long_as_it_could_pass_the_age_check():
 
 def test_a_fresh_message_from_its_signer_is_accepted_at_the_real_clock():
     now = time.time()
-    msg = MessagePolicy(Limits(), BASE).check(pack(raw_message(created=now)), ME, topics_of(ME, now), now=now)
+    msg = MessagePolicy(Limits(), BASE, signal=group_carries_signal).check(pack(raw_message(created=now)), ME, topics_of(ME, now), now=now)
     assert msg.peer == ME and len(msg.groups) == 1
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 def test_a_non_finite_number_anywhere_is_a_schema_rejection_and_stays_one(value):
-    policy = MessagePolicy(Limits(), BASE)
+    policy = MessagePolicy(Limits(), BASE, signal=group_carries_signal)
     bad_created = pack(raw_message(created=value))
     bad_config = pack(raw_message(groups=[{**group().model_dump(), "config": {"min_len": value}}]))
     for data in (bad_created, bad_config):
@@ -198,7 +199,7 @@ def test_a_message_is_forwarded_when_any_group_can_carry_signal():
     half = {**group(2).model_dump(), "completions": [right, "no answer"]}  # right, and a format miss
     gym = {**group(3).model_dump(), "dataset": "rg/leg_counting", "config": {},  # not rebuilt here: answers differ
            "completions": ["<answer>3</answer>", "<answer>4</answer>"]}
-    policy = MessagePolicy(Limits(), BASE)
+    policy = MessagePolicy(Limits(), BASE, signal=group_carries_signal)
     for groups in ([dead, live], [half], [gym]):
         policy.check(pack(raw_message(groups=groups)), ME, TOPICS, now=NOW)
     assert policy.stats() == {"accepted": 3, "rejected": {}}
@@ -209,7 +210,7 @@ def test_two_different_wrong_answers_to_a_built_in_task_are_not_forwarded():
     g = group()
     wrong = {**g.model_dump(), "completions": ["<answer>x1</answer>", "<answer>x2</answer>"]}
     unbuildable = {**g.model_dump(), "config": {"max_operand": 0}}
-    policy = MessagePolicy(Limits(), BASE)
+    policy = MessagePolicy(Limits(), BASE, signal=group_carries_signal)
     for groups in ([wrong], [unbuildable, wrong]):
         with pytest.raises(Rejected, match="no_signal: none of its"):
             policy.check(pack(raw_message(groups=groups, round=len(groups))), ME, TOPICS, now=NOW)

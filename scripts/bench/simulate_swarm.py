@@ -64,6 +64,7 @@ from p2p.pool import RolloutPool  # noqa: E402
 from p2p.probe import synthetic_groups  # noqa: E402
 from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key, shard_topic, topic_level, topics_problem  # noqa: E402
 from p2p.wire import VERSION, WireGroup, WireMessage, pack_groups  # noqa: E402
+from rewards.scoring import group_carries_signal  # noqa: E402
 
 BASE = "/sapo/sim/rollouts/3"
 NEIGHBOURS = 8  # XOR-closest peers whose subscriptions a node sees
@@ -86,7 +87,7 @@ def measure_validation(args: argparse.Namespace, samples: int = 300) -> dict[str
         m = rpc_pb2.Message(from_id=author.to_bytes(), data=data, seqno=r.to_bytes(8, "big"), topicIDs=topics)
         m.signature = keys.private_key.sign(PUBSUB_SIGNING_PREFIX.encode() + m.SerializeToString())
         msgs.append(m)
-    policy = MessagePolicy(Limits(), BASE)
+    policy = MessagePolicy(Limits(), BASE, signal=group_carries_signal)
     t0 = time.process_time()
     assert all(map(signature_validator, msgs))
     t1 = time.process_time()

@@ -32,6 +32,7 @@ from p2p.policy import MessagePolicy  # noqa: E402
 from p2p.shards import EPOCH_S, epoch_of, prefix, shard_key, shard_topic, shared_bits  # noqa: E402
 from p2p.wire import VERSION, Rejected  # noqa: E402
 from rewards import TaskRef, regenerate, score_completion  # noqa: E402
+from rewards.scoring import group_carries_signal  # noqa: E402
 
 OUT = ROOT / "docs" / "protocol-vectors.json"
 SEED = hashlib.sha256(b"sapo protocol vectors").digest()  # the signer's Ed25519 private key seed
@@ -142,7 +143,7 @@ ENVELOPES = [envelope("level 1 (the signer's own level)", TOPICS[0], 1), envelop
 
 def verdict(data: bytes, topics: list[str]) -> str:
     try:
-        MessagePolicy(Limits(), BASE, EPOCH_S).check(data, SIGNER, topics, now=NOW)
+        MessagePolicy(Limits(), BASE, EPOCH_S, signal=group_carries_signal).check(data, SIGNER, topics, now=NOW)
     except Rejected as r:
         return r.reason
     return "accepted"
