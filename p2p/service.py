@@ -1,9 +1,9 @@
 """`Gossip`: the gossip layer as seen from the node, with trio kept on a thread of its own.
 
-py-libp2p only runs on trio; the node runs torch in its main thread and asyncio (uvloop) where it
-needs an event loop. This class owns the trio thread from start to join: `publish` hands bytes
-over without blocking (TrioToken.run_sync_soon), received messages come back through the
-`on_message` callback on the trio thread (asyncio callers wrap it in `loop.call_soon_threadsafe`).
+py-libp2p only runs on trio; the node runs torch in its main thread and has no event loop of its own
+(docs/architecture.md says why). This class owns the trio thread from start to join: `publish` hands
+bytes over without blocking (TrioToken.run_sync_soon), received messages come back through the
+`on_message` callback on the trio thread (the asyncio probe wraps it in `loop.call_soon_threadsafe`).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ NOT_RUN = {
     "DOCKER_BUILDKIT=1 docker build -f docker/Dockerfile": "needs a Docker engine: scripts/test_docker.sh builds the image this way",
 }
 # The front door and the guides (each docs page opens with what it covers).
-PAGES = ["README.md", "docs/models.md", "docs/sapo-round.md", "docs/gpu.md", "docs/network.md", "docs/operations.md",
+PAGES = ["README.md", "docs/architecture.md", "docs/models.md", "docs/sapo-round.md", "docs/gpu.md", "docs/network.md", "docs/operations.md",
          "docs/bench/README.md", "docker/README.md"]
 
 
