@@ -29,7 +29,7 @@ from rewards import TaskSource
 from rewards.scoring import group_carries_signal
 from trainer import checkpoint
 from trainer.generation import SamplingParams, make_generator
-from trainer.batch import RolloutGroup
+from trainer.groups import RolloutGroup
 from trainer.grpo import GRPOTrainer, StepStats
 from trainer.memory import GB
 from trainer.policy import export_weights, load_policy

@@ -9,7 +9,7 @@ import time
 from p2p.config import Limits
 from p2p.service import Gossip
 from p2p.wire import WireGroup, WireMessage, decode, pack_groups
-from trainer.batch import RolloutGroup
+from trainer.groups import RolloutGroup
 
 log = logging.getLogger(__name__)
 SELF = "self"  # the sender name of this node's own groups in its pool (`self_message`)

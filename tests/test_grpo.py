@@ -7,7 +7,7 @@ import torch
 
 import trainer.grpo as grpo_module
 from rewards import TaskRef, regenerate
-from trainer.batch import RolloutGroup
+from trainer.groups import RolloutGroup
 from trainer.config import GRPOConfig, LoraConfig, ModelConfig
 from trainer.grpo import GRPOTrainer, make_scheduler
 

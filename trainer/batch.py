@@ -1,4 +1,4 @@
-"""Rollout groups and the padded tensors the trainer runs on.
+"""The padded tensors the trainer runs on, built from rollout groups (trainer/groups.py).
 
 Prompts are left-padded and completions right-padded, so every completion starts at the same
 column and the LM head only runs over the completion region. The G completions of a group share
@@ -8,27 +8,10 @@ one prompt, which the trainer can run once per micro-batch instead of once per r
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from rewards import Task
-
-
-@dataclass
-class RolloutGroup:
-    """G completions of one task. Rewards are always this node's own scores."""
-
-    task: Task
-    completions: list[str]
-    rewards: list[float]
-    truncated: list[bool]
-    # Token ids from this node's own generator; None for text that came from elsewhere.
-    completion_ids: list[list[int]] | None = None
-    source: str = "local"
-    correct: list[bool] = field(default_factory=list)
-    # Rows a selection rule left out of the loss (node/selection.py, `guarded`); None: every row.
-    used: list[bool] | None = None
 
 
 @dataclass

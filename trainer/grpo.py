@@ -21,7 +21,8 @@ from typing import Sequence
 
 import torch
 
-from trainer.batch import Batch, RolloutGroup, collate, token_logprobs
+from trainer.batch import Batch, collate, token_logprobs
+from trainer.groups import RolloutGroup
 from trainer.config import GRPOConfig
 from trainer.loss import group_advantages, grpo_loss, loss_count
 from trainer.policy import Policy, encode_prompts

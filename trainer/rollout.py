@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from rewards import Score, Task, score_completion
-from trainer.batch import RolloutGroup
+from trainer.groups import RolloutGroup
 from trainer.generation import Generator, SamplingParams
 from trainer.policy import Policy, encode_prompts
 

@@ -37,7 +37,7 @@ from node.argtypes import bounded, count
 from node.config import load_config
 from node.selection import rows_to_gate
 from rewards import TaskSource
-from trainer.batch import RolloutGroup
+from trainer.groups import RolloutGroup
 from trainer.config import GRPOConfig, LoraConfig
 from trainer.generation import SamplingParams
 from trainer.generation.hf import TransformersGenerator

@@ -44,7 +44,8 @@ from node.config import NodeConfig, load_config
 from node.selection import SupportGate
 from rewards import TaskSource
 from rewards.scoring import OPEN
-from trainer.batch import RolloutGroup, collate, token_logprobs
+from trainer.batch import collate, token_logprobs
+from trainer.groups import RolloutGroup
 from trainer.generation import SamplingParams
 from trainer.generation.hf import TransformersGenerator
 from trainer.grpo import GRPOTrainer
