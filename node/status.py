@@ -1,7 +1,8 @@
 """The node's HTTP status endpoint: `/metrics` (Prometheus text), `/status` (JSON), `/` (live dashboard).
 
 The round loop writes into a `StatusBoard`; the server thread only reads snapshots of it, so a slow
-or hostile client can never stall training. Standard library only: one more port, no new dependency.
+or hostile client can never stall training. The exposition is prometheus_client's (its escaping, its
+counter conventions, and the process's own RSS, CPU time and open files).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.resources import files
 from typing import Any
 
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from node.selection_config import DROP_REASONS as SELECTION_DROPS
@@ -115,18 +118,37 @@ class StatusBoard:
                     "history": list(self._history)}
 
 
+class _Families:
+    """A prometheus_client collector over one snapshot's metric families."""
+
+    def __init__(self, families: list[Metric]):
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
 def prometheus(s: dict) -> str:
-    """The snapshot in Prometheus text exposition format (0.0.4)."""
-    lines: list[str] = []
+    """The snapshot in Prometheus text exposition format (0.0.4), with this process's own metrics."""
+    registry = CollectorRegistry()
+    registry.register(_Families(families(s)))
+    ProcessCollector(registry=registry)
+    return generate_latest(registry).decode()
+
+
+def families(s: dict) -> list[Metric]:
+    """One metric family per figure of the snapshot; a figure the node does not have yet is left out."""
+    found: list[Metric] = []
 
     def metric(name: str, kind: str, help_: str, samples: list[tuple[dict[str, str], float | None]]) -> None:
         samples = [(labels, v) for labels, v in samples if v is not None]
         if not samples:
             return
-        lines.extend([f"# HELP sapo_{name} {help_}", f"# TYPE sapo_{name} {kind}"])
+        family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+            f"sapo_{name}", help_, labels=list(samples[0][0]))
         for labels, v in samples:
-            tag = ",".join(f'{k}="{val}"' for k, val in labels.items())
-            lines.append(f"sapo_{name}{{{tag}}} {float(v)!r}" if tag else f"sapo_{name} {float(v)!r}")
+            family.add_metric(list(labels.values()), float(v))
+        found.append(family)
 
     last, totals, p2p = s["last"] or {}, s["totals"], s["p2p"] or {}
     pool = p2p.get("pool") or {}
@@ -204,7 +226,7 @@ def prometheus(s: dict) -> str:
     dropped.update({k.split(":", 1)[1]: v for k, v in totals.items() if k.startswith("external_dropped:")})
     metric("rollout_groups_dropped_total", "counter", "rollout groups dropped from the pool or found unusable, by reason",
            [({"reason": r}, dropped.get(r, 0)) for r in sorted({*POOL_DROPS, *SELECTION_DROPS, *dropped})])
-    return "\n".join(lines) + "\n"
+    return found
 
 
 class _Handler(BaseHTTPRequestHandler):

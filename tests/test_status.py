@@ -16,7 +16,7 @@ import pytest
 from node.status import StatusBoard, StatusConfig, prometheus
 from tests.conftest import ROOT, run_sapo
 
-SAMPLE = re.compile(r'^sapo_[a-z_]+(\{[a-z]+="[^"]*"(,[a-z]+="[^"]*")*\})? -?[0-9.e+-]+$')
+SAMPLE = re.compile(r'^(sapo|process)_[a-z_]+(\{[a-z]+="[^"]*"(,[a-z]+="[^"]*")*\})? -?[0-9.e+-]+$')
 
 
 def get(url: str) -> bytes:
@@ -91,6 +91,9 @@ def test_prometheus_text_has_help_type_and_labelled_samples():
     assert "sapo_rollout_groups_published_total 4.0" in samples and "sapo_messages_published_total 7.0" in samples
     assert "sapo_external_completions_gated_total 5.0" in samples and "sapo_support_cutoff -0.75" in samples
     assert 'sapo_rollout_groups_dropped_total{reason="off_support"} 1.0' in samples
+    # the process's own figures, from prometheus_client
+    assert any(line.startswith("process_resident_memory_bytes ") for line in samples)
+    assert any(line.startswith("process_cpu_seconds_total ") for line in samples)
 
 
 def test_every_label_of_a_labelled_counter_is_exported_at_zero_from_the_first_scrape():
