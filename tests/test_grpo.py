@@ -387,3 +387,52 @@ def test_micro_batches_are_cut_where_they_run_the_fewest_positions(policy):
         [([0], [1, 1, 1, 1]), ([1], [40, 40, 40, 40])], 2 + 4 + 2 + 160)
     # split by 4 in prompt order this costs 50 + 4 x 40 + 50 + 4 x 4 = 276
     assert micro(50, [3, 4, 3, 40, 4, 3, 4, 3]) == ([([0], [3, 3, 4]), ([0], [40]), ([1], [3, 3, 4, 4])], 218)
+
+
+@pytest.mark.parametrize("share_prompts", [False, True])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_token_logprobs_equal_a_full_logits_forward_in_value_and_gradient(policy, monkeypatch, share_prompts, chunked):
+    """The LM head runs chunk by chunk (one completion position at a time when forced here, each chunk
+    recomputed in backward); the log-probs and their gradients are those of the whole logits at once."""
+    import torch
+
+    from trainer import batch as B
+
+    if chunked:  # one position per chunk: every chunk boundary and the checkpointed backward are exercised
+        monkeypatch.setattr(B, "LOGITS_CHUNK_BYTES", 1)
+    prompts = [[5, 6, 7, 8], [5, 6, 7, 8], [9, 10, 11], [9, 10, 11]]
+    batch = B.collate(prompts, [[12, 13, 14], [15, 16], [17, 18, 19, 20], [21]], 0, torch.device("cpu"))
+    P, C = batch.prompt_len, batch.completion_mask.shape[1]
+
+    def full(model):
+        positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       position_ids=positions).logits[:, P - 1 : P + C - 1].float()
+        return logits.log_softmax(-1).gather(-1, batch.input_ids[:, P:, None])[..., 0] * batch.completion_mask
+
+    model = policy.model
+    got = B.token_logprobs(model, batch, share_prompts) * batch.completion_mask
+    got.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want = full(model)
+    want.sum().backward()
+    assert torch.allclose(got, want, atol=1e-5)
+    for mine, theirs in zip(grads, (p.grad for p in model.parameters())):
+        assert torch.allclose(mine, theirs, atol=1e-4)
+
+
+def test_head_logprobs_apply_a_models_logit_scale_and_soft_cap(monkeypatch):
+    import torch
+
+    from trainer import batch as B
+
+    monkeypatch.setattr(B, "LOGITS_CHUNK_BYTES", 1)
+    torch.manual_seed(0)
+    head, hidden = torch.nn.Linear(8, 11, bias=False), torch.randn(2, 3, 8, requires_grad=True)
+    targets = torch.randint(0, 11, (2, 3))
+    got = B.head_logprobs(head, hidden, targets, scale=0.5, cap=3.0)
+    logits = torch.tanh(head(hidden) * 0.5 / 3.0) * 3.0
+    want = logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]
+    assert torch.allclose(got, want, atol=1e-6)
+    assert not torch.allclose(B.head_logprobs(head, hidden, targets), want, atol=1e-3)  # the scale and cap matter

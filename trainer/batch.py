@@ -11,6 +11,7 @@ import inspect
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 
 
@@ -43,6 +44,13 @@ def collate(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
     return Batch(ids.to(device), attn.to(device), cmask.to(device), P, prompt_index.to(device))
 
 
+# Float32 logits held at once. The LM head runs over a chunk of completion positions at a time and each
+# chunk's logits are recomputed in the backward pass instead of kept: the full (rows, tokens, vocab) logits
+# of a real vocabulary are GBs (SmolLM2's 49,152 x 512 tokens x 16 rows is 1.6 GB, and its log-softmax as
+# much again). A tiny model's whole batch fits in one chunk and runs as before.
+LOGITS_CHUNK_BYTES = 128 * 2**20
+
+
 def token_logprobs(model: torch.nn.Module, batch: Batch, share_prompts: bool = False) -> torch.Tensor:
     """Log-probs (B, C) of each completion token under `model` (0 past the longest completion); gradients flow if enabled.
 
@@ -50,7 +58,7 @@ def token_logprobs(model: torch.nn.Module, batch: Batch, share_prompts: bool = F
     completion) are not run: a subset of a round's rows is often much shorter than the round's longest.
     `share_prompts` runs each distinct prompt once and its completions on the prompt's KV cache
     (gradients flow through the cache); a model with gradient checkpointing drops that cache in
-    training, so its trainer leaves this off.
+    training, so its trainer leaves this off. The LM head runs in chunks (`LOGITS_CHUNK_BYTES`).
     """
     P, C = batch.prompt_len, batch.completion_mask.shape[1]
     used = batch.attention_mask.any(0).nonzero()
@@ -60,25 +68,57 @@ def token_logprobs(model: torch.nn.Module, batch: Batch, share_prompts: bool = F
     ids, attn = batch.input_ids[:, start : P + width], batch.attention_mask[:, start : P + width]
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
     prompt = P - start
+    decoder, name = _decoder(model), kv_cache_name(model)
     if share_prompts:
         distinct, rows_of = batch.prompt_index.unique(return_inverse=True)
         # one row of each prompt (any: their prompt columns are equal)
         first = torch.empty_like(distinct).scatter_(0, rows_of, torch.arange(len(rows_of), device=rows_of.device))
-        head = model(input_ids=ids[first, :prompt], attention_mask=attn[first, :prompt],
-                     position_ids=positions[first, :prompt], use_cache=True, logits_to_keep=1)
-        name = kv_cache_name(model)
+        head = decoder(input_ids=ids[first, :prompt], attention_mask=attn[first, :prompt],
+                       position_ids=positions[first, :prompt], use_cache=True)
         cache = getattr(head, name)
         cache.batch_select_indices(rows_of)
-        tail = model(input_ids=ids[:, prompt:], attention_mask=attn, position_ids=positions[:, prompt:],
-                     use_cache=True, **{name: cache}).logits
-        logits = torch.cat([head.logits[rows_of], tail[:, :-1]], dim=1)
+        tail = decoder(input_ids=ids[:, prompt:], attention_mask=attn, position_ids=positions[:, prompt:],
+                       use_cache=True, **{name: cache}).last_hidden_state
+        hidden = torch.cat([head.last_hidden_state[rows_of, -1:], tail[:, :-1]], dim=1)
     else:
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
-                       logits_to_keep=width + 1).logits[:, :-1]
-    targets = ids[:, prompt:]
-    # Row by row: a full (B, C, vocab) float32 log-softmax is GBs for real vocabularies.
-    logps = torch.stack([_row_logprobs(row.float(), tgt) for row, tgt in zip(logits, targets)])
+        hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=positions,
+                         use_cache=False).last_hidden_state[:, prompt - 1 : prompt + width - 1]
+    config = decoder.config
+    logps = head_logprobs(model.get_output_embeddings(), hidden, ids[:, prompt:],
+                          scale=getattr(config, "logit_scale", None), cap=getattr(config, "final_logit_softcapping", None))
     return torch.nn.functional.pad(logps, (0, C - width))
+
+
+def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, scale: float | None = None,
+                  cap: float | None = None) -> torch.Tensor:
+    """log softmax(head(hidden))[targets], (B, W), chunk by chunk over W; with gradients, each chunk's
+    logits are recomputed in the backward pass (activation checkpointing) rather than kept. `scale` and
+    `cap` are what some model types do to the head's output (Cohere's logit scale, Gemma's soft-capping)."""
+    rows, width = targets.shape
+    step = max(1, LOGITS_CHUNK_BYTES // (4 * rows * head.weight.shape[0]))
+    keep_graph = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+    parts = []
+    for a in range(0, width, step):
+        args = (head, hidden[:, a : a + step], targets[:, a : a + step], scale, cap)
+        parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if keep_graph and step < width
+                     else _chunk_logprobs(*args))
+    return torch.cat(parts, dim=1)
+
+
+def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, scale: float | None,
+                    cap: float | None) -> torch.Tensor:
+    logits = head(hidden).float()
+    if scale:
+        logits = logits * scale
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits.gather(-1, targets[..., None])[..., 0] - logits.logsumexp(-1)
+
+
+def _decoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformer under the LM head (LoRA adapters, injected in place, included)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder()
 
 
 def kv_cache_name(model: torch.nn.Module) -> str:
@@ -95,7 +135,3 @@ def sequence_logprobs(model: torch.nn.Module, prompts: list[list[int]], completi
     log-probs are checked against."""
     forward = token_logprobs(model, collate(prompts, completions, pad_id, device)).float().cpu()
     return [forward[i, : len(c)] for i, c in enumerate(completions)]
-
-
-def _row_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
