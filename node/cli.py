@@ -15,6 +15,20 @@ from node.flags import add_config_flags, config_argv, config_from_flags, overrid
 
 log = logging.getLogger("sapo")
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a record comes (as rich's console does), not to the stream
+    it was at set-up: a caller that swaps stderr (a test's capture, a redirection) then closes it would
+    otherwise make every later record a logging error."""
+
+    @property
+    def stream(self):  # noqa: D102
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def _setup_logging(level: str) -> None:
     """Rich on a terminal; elsewhere (a container's log, a file, a pipe) one plain line per record, since
     rich wraps at 80 columns when it cannot see a terminal and a wrapped line defeats grep and log collectors."""
@@ -26,7 +40,7 @@ def _setup_logging(level: str) -> None:
                                                rich_tracebacks=False)
         handler.setFormatter(logging.Formatter("%(message)s", "[%X]"))
     else:
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     logging.basicConfig(level=level, handlers=[handler], force=True)
     for noisy in ("transformers", "httpx", "urllib3", "filelock", "matplotlib"):  # matplotlib: its first-run font cache line
@@ -305,20 +319,22 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from trainer.presets import PresetError
-
     args = parse(argv)
     try:
         return args.func(args)
     except ConfigError as e:
         print(f"sapo: config error: {e}", file=sys.stderr)
         return 2
-    except PresetError as e:
-        print(f"sapo: {e}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("sapo: interrupted; the last complete checkpoint is kept", file=sys.stderr)
         return 130
+    except Exception as e:
+        from trainer.pretrained import PresetError  # here, not above: it loads torch, and --help must not
+
+        if not isinstance(e, PresetError):
+            raise
+        print(f"sapo: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
