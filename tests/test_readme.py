@@ -126,8 +126,8 @@ def test_the_two_node_example_trains_both_nodes_together(tmp_path, tiny_a):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # the backgrounded node too, whatever happened
     assert proc.returncode == 0, stderr[-3000:]
-    assert "[a] round 200/200" in stderr and "[b] round 200/200" in stderr  # which node wrote each line
-    for node, rounds in (("a", 200), ("b", 200)):
+    assert "[a] round 100/100" in stderr and "[b] round 100/100" in stderr  # which node wrote each line
+    for node, rounds in (("a", 100), ("b", 100)):
         rows = [json.loads(line) for line in (tmp_path / "runs" / node / "metrics.jsonl").read_text().splitlines()][1:]
         assert len(rows) == rounds and max(m["peers"] for m in rows) == 1
     used = [sum(m["n_external_used"] for m in (json.loads(line) for line in
