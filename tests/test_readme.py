@@ -24,6 +24,7 @@ NOT_RUN = {
     ".venv/bin/python scripts/bench/pass_rates.py": "benchmark: tens of minutes on the real model",
     ".venv/bin/python scripts/bench/bench_round.py": "benchmark: tens of minutes on the real model",
     ".venv/bin/python scripts/bench/bench_silo.py": "benchmark: 10 minutes",
+    ".venv/bin/python scripts/bench/bench_logprobs.py": "benchmark: minutes on the real model",
     ".venv/bin/python scripts/bench/sapo_experiment.py": "experiment: hours; tests/test_experiment.py runs its machinery",
     ".venv/bin/python scripts/bench/bench_gossip.py": "benchmark: minutes",
     ".venv/bin/python scripts/bench/simulate_swarm.py": "simulation: minutes; tests/test_shards.py runs it at 8 and 100 nodes",

@@ -24,7 +24,7 @@ from node.argtypes import count
 MODES = {"chunked": None, "whole": 2**62}  # LOGITS_CHUNK_BYTES: the trainer's default, or one chunk for all
 
 
-def measure(model: str, rows: int, tokens: int, repeats: int, chunk_bytes: int | None) -> dict:
+def measure(model: str, rows: int, tokens: int, repeats: int, chunk_bytes: int | None, checkpointing: bool) -> dict:
     """One mode in this process: seconds per forward+backward (median) and the peak memory it added."""
     import torch
 
@@ -36,7 +36,9 @@ def measure(model: str, rows: int, tokens: int, repeats: int, chunk_bytes: int |
     if chunk_bytes is not None:
         B.LOGITS_CHUNK_BYTES = chunk_bytes
     torch.manual_seed(0)
-    policy = load(ModelConfig(name=model, cache_dir=NodeConfig().model.cache_dir, device="cpu", dtype="float32"))
+    policy = load(ModelConfig(name=model, cache_dir=NodeConfig().model.cache_dir, device="cpu", dtype="float32",
+                              gradient_checkpointing=checkpointing))
+    policy.model.train(checkpointing)  # checkpointing acts in training mode only
     vocab = policy.model.get_output_embeddings().weight.shape[0]
     prompt = torch.randint(0, vocab, (32,)).tolist()
     completions = [torch.randint(0, vocab, (tokens,)).tolist() for _ in range(rows)]
@@ -60,16 +62,19 @@ def main() -> int:
     parser.add_argument("--rows", type=count, default=16, help="completions in the batch")
     parser.add_argument("--tokens", type=count, default=256, help="tokens per completion")
     parser.add_argument("--repeats", type=count, default=3)
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="the model's activations recomputed "
+                        "in backward too (what the planner picks on a tight budget): the logits then dominate")
     parser.add_argument("--out", type=Path, help="save the results as JSON")
     parser.add_argument("--mode", choices=list(MODES), help=argparse.SUPPRESS)  # one mode, in a child process
     args = parser.parse_args()
     if args.mode:
-        print(json.dumps(measure(args.model, args.rows, args.tokens, args.repeats, MODES[args.mode])))
+        print(json.dumps(measure(args.model, args.rows, args.tokens, args.repeats, MODES[args.mode],
+                                 args.gradient_checkpointing)))
         return 0
     results = {}
     for mode in MODES:
         cmd = [sys.executable, __file__, "--model", args.model, "--rows", str(args.rows), "--tokens", str(args.tokens),
-               "--repeats", str(args.repeats), "--mode", mode]
+               "--repeats", str(args.repeats), "--mode", mode] + ["--gradient-checkpointing"] * args.gradient_checkpointing
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             print(f"bench_logprobs: {mode} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}", file=sys.stderr)
@@ -79,6 +84,7 @@ def main() -> int:
         print(f"{mode:8s} {r['seconds']:6.2f} s per forward+backward, peak +{r['added_peak_gb']:.2f} GB "
               f"(whole logits would be {r['logits_gb']:.2f} GB)")
     record = {"model": args.model, "rows": args.rows, "tokens": args.tokens, "repeats": args.repeats,
+              "gradient_checkpointing": args.gradient_checkpointing,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "results": results,
               "command": " ".join(["scripts/bench/bench_logprobs.py", *sys.argv[1:]])}
     if args.out:
