@@ -117,15 +117,18 @@ def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.
 
 def _decoder(model: torch.nn.Module) -> torch.nn.Module:
     """The transformer under the LM head (LoRA adapters, injected in place, included)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.get_decoder()
+    return _unwrapped(model).get_decoder()
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The model under a PEFT wrapper (whose forward takes **kwargs and has no decoder of its own)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def kv_cache_name(model: torch.nn.Module) -> str:
     """What a forward calls its KV cache, argument and output: `cache` since transformers 5.2x renamed
     `past_key_values` (kept until 5.40 with a warning on every call), `past_key_values` before."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT wrapper takes **kwargs
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    return "cache" if "cache" in inspect.signature(_unwrapped(model).forward).parameters else "past_key_values"
 
 
 @torch.no_grad()
