@@ -12,6 +12,8 @@ import msgpack
 import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
+from libp2p.protocol_muxer.multiselect_client import MultiselectClient
+from libp2p.protocol_muxer.multiselect_communicator import MultiselectCommunicator
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from multiaddr import Multiaddr
 
@@ -90,11 +92,14 @@ async def flood_through(gh: GossipHost, circuit: str) -> None:
 async def ask_dialback(gh: GossipHost, circuit: str, ports: list[int]) -> dict:
     """Reach the peer at `circuit` through its relay and ask it to dial us back at `ports`: over a relay
     the address it sees us at is the relay's, so an honest answer would be a scan of the relay's host."""
-    peer = peer_of(circuit)
     with trio.move_on_after(CONNECT_TIMEOUT_S):
         try:
-            await gh.reach.transport.dial(Multiaddr(circuit))
-            stream = await gh.host.new_stream(peer, [gh.reach.dialback_protocol])
+            # on the circuit itself: `host.new_stream` would take a direct connection the peer may have
+            # dialed to us meanwhile, and a dial-back asked over that one is rightly answered
+            conn = await gh.reach.transport.dial(Multiaddr(circuit))
+            stream = await conn.new_stream()
+            stream.set_protocol(await MultiselectClient().select_one_of([gh.reach.dialback_protocol],
+                                                                        MultiselectCommunicator(stream)))
             await stream.write(msgpack.packb({"ports": ports}))
             reply = msgpack.unpackb(await stream.read(1024))
             await stream.close()
