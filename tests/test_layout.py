@@ -115,9 +115,8 @@ def test_no_function_rates_d_or_worse():
 
 def test_the_gossip_layer_parses_no_answers():
     """Whether a group can teach anyone is the node's verifier's call, handed to p2p as a function: no
-    module of the daemon's p2p layer imports rewards/ (the probe, a lab harness that forwards as a node
-    does, is the one exception)."""
+    module of the p2p layer imports rewards/ (the lab probe that forwards as a node does lives in tests/)."""
     mods = modules()
     leaks = {name: sorted(d for d in imports_of(name, path, set(mods)) if d.split(".")[0] == "rewards")
-             for name, path in mods.items() if name.startswith("p2p") and name != "p2p.probe"}
+             for name, path in mods.items() if name.startswith("p2p")}
     assert {name: deps for name, deps in leaks.items() if deps} == {}

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from p2p.identity import load_or_create, peer_id
-from p2p.probe import ProbeProcess
+from tests.probe import ProbeProcess
 from tests import netlab
 from tests.conftest import ROOT
 from tests.test_gossip import wait_heard

@@ -36,7 +36,7 @@ from node.lifecycle import exit_on_sigterm  # noqa: E402
 from node.swarm import free_port, wait_listening  # noqa: E402
 from p2p.config import PoolConfig  # noqa: E402
 from p2p.identity import load_or_create, peer_id  # noqa: E402
-from p2p.probe import json_lines  # noqa: E402
+from tests.probe import json_lines  # noqa: E402
 
 SURVIVORS = 3  # nodes 0..2 are never killed
 SAMPLE_S = 5.0

@@ -34,7 +34,7 @@ from libp2p.peer.id import ID  # noqa: E402
 from node.argtypes import bounded, count, json_of, positive  # noqa: E402
 from node.lifecycle import exit_on_sigterm  # noqa: E402
 from p2p.config import P2PConfig, ShardConfig  # noqa: E402
-from p2p.probe import ProbeProcess  # noqa: E402
+from tests.probe import ProbeProcess  # noqa: E402
 from p2p.shards import publish_topics, shard_key, shard_topic  # noqa: E402
 from tests import netlab  # noqa: E402
 

@@ -61,7 +61,7 @@ from node.selection import fair_order  # noqa: E402
 from p2p.config import Limits, P2PConfig, PoolConfig, ShardConfig  # noqa: E402
 from p2p.policy import MessagePolicy  # noqa: E402
 from p2p.pool import RolloutPool  # noqa: E402
-from p2p.probe import synthetic_groups  # noqa: E402
+from tests.probe import synthetic_groups  # noqa: E402
 from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key, shard_topic, topic_level, topics_problem  # noqa: E402
 from p2p.wire import VERSION, WireGroup, WireMessage, pack_groups  # noqa: E402
 from rewards.scoring import group_carries_signal  # noqa: E402

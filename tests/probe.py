@@ -1,4 +1,4 @@
-"""`python -m p2p.probe`: a gossip-only peer, no model, for tests, benchmarks and debugging a swarm.
+"""`python -m tests.probe`: a gossip-only peer, no model, for tests, benchmarks and debugging a swarm.
 
 It joins like a node, optionally publishes synthetic rollout messages at a fixed rate, and writes
 one JSON line per event (ready, published, received, stats) so a harness can measure delivery,
@@ -29,15 +29,18 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from pydantic import ValidationError
 
-from p2p import attacks
 from p2p.config import P2PConfig
 from p2p.config_errors import describe
 from p2p.identity import IdentityError
 from p2p.service import Gossip, P2PError
 from p2p.shards import MAX_LEVEL, epoch_of, shard_key, shard_topic
 from p2p.wire import WireGroup, WireMessage, pack_groups
+from rewards import TaskRef, regenerate
+from rewards.scoring import group_carries_signal
+from tests import attacks
 
 log = logging.getLogger("sapo.probe")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class ProbeError(RuntimeError):
@@ -54,7 +57,7 @@ def _peer_id(text: str) -> ID:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m p2p.probe", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tests.probe", description=__doc__.splitlines()[0])
     p.add_argument("--key", type=Path, required=True, help="identity key file (created if missing)")
     p.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
     p.add_argument("--bootstrap", action="append", default=[], help="full multiaddr of a peer (repeatable)")
@@ -105,8 +108,6 @@ def synthetic_groups(rng: random.Random, round_: int, n: int, completions: int, 
     `no_signal` by a receiver that scores built-in tasks); with `junk`, random text without any answer
     (refused by any receiver); with `wrap`, half `wrap` before the right answer and half bare wrong
     answers: groups that carry signal, built to teach the wrap."""
-    from rewards import TaskRef, regenerate  # a lab tool: it writes the answers receivers will score
-
     alphabet = string.ascii_letters + string.digits + " "
     task = task or {"dataset": "arith", "config": {}, "seed": 0}
 
@@ -163,8 +164,6 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
 
     def on_message(msg: WireMessage) -> None:  # trio thread: stamp now, hand over to asyncio
         loop.call_soon_threadsafe(inbox.put_nowait, (msg, time.time()))
-
-    from rewards.scoring import group_carries_signal  # a lab tool that forwards as a node does
 
     gossip = Gossip(cfg, args.key, on_message, signal=group_carries_signal)
     await asyncio.to_thread(gossip.start)
@@ -270,7 +269,7 @@ class ProbeProcess:
     def __init__(self, workdir: Path, name: str, *args: str, key: Path | None = None, prefix: Sequence[str] = (),
                  cwd: Path | None = None):
         """`prefix` runs the probe under another command, e.g. `ip netns exec NS` (which execs, so the
-        child's PID stays the probe's); `cwd` runs another checkout's probe."""
+        child's PID stays the probe's); `cwd` runs another checkout's probe (by default this one's)."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.events_path = workdir / f"{name}.events.jsonl"
@@ -278,8 +277,8 @@ class ProbeProcess:
         self.key = key or workdir / f"{name}.key"
         with open(self.log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
-                [*prefix, sys.executable, "-m", "p2p.probe", "--key", str(self.key), "--events", str(self.events_path), *args],
-                stdout=subprocess.DEVNULL, stderr=log_file, cwd=cwd)
+                [*prefix, sys.executable, "-m", "tests.probe", "--key", str(self.key), "--events", str(self.events_path), *args],
+                stdout=subprocess.DEVNULL, stderr=log_file, cwd=cwd or ROOT)
         self._ready: dict | None = None
 
     def events(self, kind: str | None = None) -> list[dict]:
