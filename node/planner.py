@@ -35,11 +35,13 @@ def wants_of(cfg: NodeConfig) -> Wants:
         backend=None if g.backend == "auto" else g.backend, dtype=None if m.dtype == "auto" else m.dtype,
         lora=None if m.lora.enabled == "auto" else m.lora.enabled,
         checkpointing=None if m.gradient_checkpointing == "auto" else m.gradient_checkpointing,
+        quantize=None if m.quantize == "auto" else m.quantize,
         micro_batch=cfg.grpo.micro_batch, generation_batch="batch_size" in g.model_fields_set,
         vllm_share=None if g.vllm.gpu_memory_utilization == "auto" else g.vllm.gpu_memory_utilization,
         vllm_sleep=g.vllm.sleep_mode, lora_r=m.lora.r, lora_targets=tuple(m.lora.target_modules),
         vllm_installed=importlib.util.find_spec("vllm") is not None,
-        peft_installed=importlib.util.find_spec("peft") is not None)
+        peft_installed=importlib.util.find_spec("peft") is not None,
+        bnb_installed=importlib.util.find_spec("bitsandbytes") is not None)
 
 
 def generated_groups(cfg: NodeConfig) -> int:
@@ -159,7 +161,7 @@ def applied(cfg: NodeConfig, p: Plan) -> NodeConfig:
     """`cfg` with the plan's choices in place of "auto" (what the user set is already what the plan holds)."""
     lora = cfg.model.lora.model_copy(update={"enabled": p.lora})
     model = cfg.model.model_copy(update={"device": p.device.kind, "dtype": p.dtype, "gradient_checkpointing": p.checkpointing,
-                                         "lora": lora})
+                                         "quantize": "nf4" if p.nf4 else "none", "lora": lora})
     vllm = cfg.generation.vllm.model_copy(update={} if p.vllm_share is None else {"gpu_memory_utilization": p.vllm_share})
     batch = {} if p.backend == "vllm" else {"batch_size": p.generation_rows}
     generation = cfg.generation.model_copy(update={"backend": p.backend, "vllm": vllm, **batch})

@@ -29,10 +29,15 @@ def round_peak_reader(device: str) -> Callable[[], float | None]:
     return cuda_peak
 
 
+REPORT_AFTER = 5  # rounds after which a node says how its peak compares with the plan, once
+
+
 @dataclass
 class MemoryWatch:
     planned_bytes: float  # the plan's expected peak
     read: Callable[[], float | None]
+    rounds: int = 0
+    highest: float = 0.0
 
     def start(self) -> None:
         """Begin the first window once the model is loaded: loading is not part of a round's plan."""
@@ -42,6 +47,12 @@ class MemoryWatch:
         """The round's measured peak, and the micro-batch for the next round: half of this one when the
         peak went past the plan."""
         peak = self.read()
+        self.rounds += 1
+        self.highest = max(self.highest, peak or 0.0)
+        if self.rounds == REPORT_AFTER and self.highest:
+            log.info("memory: the first %d rounds peaked at %.2f GB, %.0f%% of the plan's %.2f GB (the plan is for "
+                     "the worst round: every completion at generation.max_new_tokens)", REPORT_AFTER,
+                     self.highest / GB, 100 * self.highest / self.planned_bytes, self.planned_bytes / GB)
         if peak is None or peak <= self.planned_bytes:
             return peak, micro_batch
         lower = max(1, micro_batch // 2)

@@ -301,7 +301,7 @@ def test_requirements_snippet_reads_pyproject(dockerfile):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     want = project["dependencies"]
     if dockerfile.endswith(".gpu"):
-        want = want + project["optional-dependencies"]["vllm"]
+        want = want + project["optional-dependencies"]["vllm"] + project["optional-dependencies"]["quant"]
     assert [line for line in out if line] == want
 
 

@@ -24,7 +24,7 @@ def described_model(tmp_path, tiny_a, size: str):
 def test_doctor_reports_the_machine_and_the_plan_for_this_cpu(tiny_a, cache_dir, tmp_path):
     r = run_sapo("doctor", "--model.cache_dir", str(cache_dir), "--out", str(tmp_path), env=WIDE)
     assert r.returncode == 0, r.stderr[-2000:]
-    for row in ("torch", "host memory", "cuda", "mps", "vllm", "peft (LoRA)", "p2p.listen", "addresses"):
+    for row in ("torch", "host memory", "cuda", "mps", "vllm", "peft (LoRA)", "bitsandbytes", "p2p.listen", "addresses"):
         assert f"│ {row} " in r.stdout, row
     assert "plan for tiny-a: cpu (" in r.stdout and "full fine-tuning, micro-batch 8;" in r.stdout  # the fastest on a CPU
     assert "a node with no run.memory_gb plans in " in r.stdout
@@ -43,7 +43,7 @@ def test_doctor_plans_for_a_described_card(card, expect, tiny_a, tmp_path):
 
 def test_doctor_says_what_a_card_too_small_would_need(tiny_a, tmp_path):
     model = described_model(tmp_path, tiny_a, "7B")
-    r = run_sapo("doctor", "--model", str(model), "--card", "24", "--generation.max_new_tokens", "512",
+    r = run_sapo("doctor", "--model", str(model), "--card", "8", "--generation.max_new_tokens", "512",
                  "--out", str(tmp_path / "out"), env=WIDE)
     assert r.returncode == 1
     assert "no plan fits:" in r.stdout and "use a device with " in r.stdout and "(this one has 7.6B)" in r.stdout
@@ -66,7 +66,7 @@ def test_doctor_bench_runs_real_rounds_and_compares_the_peak_with_the_plan(tiny_
     assert [b["backend"] for b in report["backends"]] == ["transformers"]  # vLLM is not installed in this stage
     (b,) = report["backends"]
     assert b["ok"] and b["rounds"] == 3 and b["steady_rounds"] == [2]  # round 1 warms up, round 3 evaluates
-    assert b["rounds_per_minute"] > 0 and b["generate_s"] > 0 and b["train_s"] > b["push_s"] > 0
+    assert b["rounds_per_minute"] > 0 and b["generate_s"] > 0 and b["train_s"] > b["push_s"] >= 0  # nothing to copy
     assert b["micro_batch"] == [b["plan"]["micro_batch"]] * 3 and "--run.torch_threads" in b["command"]
     assert b["planned_peak_gb"] == b["plan"]["peak_gb"] > 0 and b["peak_gb"] > 0
     assert b["verdict_line"].startswith(judge(b["peak_gb"], b["planned_peak_gb"]).line)

@@ -15,7 +15,7 @@ import torch
 from trainer.batch import collate, sequence_logprobs, token_logprobs
 from trainer.config import GenerationConfig, ModelConfig, VLLMConfig
 from trainer.generation import BackendError, SamplingParams, make_generator, resolve_backend, vllm_available
-from trainer.policy import export_weights, load_policy, encode_prompts
+from trainer.policy import load_policy, encode_prompts
 from tests.conftest import untrained_policy
 
 PROMPTS = ["7+5=?\nReply with <answer>final answer</answer>.\n", "reverse abcd\nReply with <answer>final answer</answer>.\n"]
@@ -53,7 +53,7 @@ def backend(engine):
     """The engine with the policy's own weights, whatever the previous test pushed."""
     policy, gen = engine
     yield policy, gen
-    gen.load_weights(export_weights(policy.model))
+    gen.set_weights(policy.model)
 
 
 def sample(gen, policy, **kw):
@@ -203,7 +203,7 @@ def test_weight_push_changes_outputs_and_logprobs_follow_the_new_weights(backend
     version = gen.weight_version
     other = perturbed(policy.model)
     gen.release()  # what the node does before a training step
-    gen.load_weights(export_weights(other))
+    gen.set_weights(other)
     assert gen.weight_version == version + 1
     after = sample(gen, policy, n=2)
     assert ids(sample(gen, policy, n=1, temperature=0.0)) != ids(before)
@@ -220,7 +220,7 @@ def test_tied_embeddings_stay_consistent_after_pushes(backend):
         with torch.no_grad():
             other.get_input_embeddings().weight.mul_(2.0)
         assert other.get_output_embeddings().weight.data_ptr() == other.get_input_embeddings().weight.data_ptr()
-        gen.load_weights(export_weights(other))
+        gen.set_weights(other)
         assert_logprobs_match(other, policy, sample(gen, policy))
 
 
@@ -242,7 +242,7 @@ def test_generation_on_cuda_matches_forward_pass(model_dir):
     for name in ["transformers"] + (["vllm"] if vllm_available() else []):
         gen = make_generator(GenerationConfig(backend=name), policy)
         gen.release()
-        gen.load_weights(export_weights(policy.model))
+        gen.set_weights(policy.model)
         assert_logprobs_match(policy.model, policy, sample(gen, policy))
 
 
@@ -272,7 +272,7 @@ def test_vllm_sleep_mode_frees_memory_for_training_and_wakes_weights_before_the_
     gen = fake_vllm_generator(policy, sleep_mode=True)
     gen.release()
     gen.release()  # already asleep: nothing more
-    gen.load_weights({"w": torch.zeros(1)})
+    gen.set_weights(policy.model)
     gen.generate([[1, 2]], SamplingParams(seed=5, n=2))
     gen.generate([[1, 2]], SamplingParams())
     names = [c[0] for c in gen.llm.calls]
@@ -288,7 +288,7 @@ def test_vllm_sleep_mode_frees_memory_for_training_and_wakes_weights_before_the_
 def test_vllm_without_sleep_mode_never_sleeps(policy):
     gen = fake_vllm_generator(policy, sleep_mode=False)
     gen.release()
-    gen.load_weights({"w": torch.zeros(1)})
+    gen.set_weights(policy.model)
     assert [c[0] for c in gen.llm.calls] == ["collective_rpc", "reset_prefix_cache"]
 
 

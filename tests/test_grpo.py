@@ -227,32 +227,42 @@ def test_lr_schedules_with_warmup(schedule, expected):
     assert seen == pytest.approx(expected)
 
 
-def test_lora_trains_only_adapters_and_syncs_merged_weights_into_the_generator(tiny_a, cache_dir):
+def test_lora_trains_only_adapters_and_the_generator_samples_them_from_the_one_copy_of_the_base(tiny_a, cache_dir):
+    """No second copy of the weights: the transformers generator runs the trainer's model, adapters on, and
+    what it samples is scored by the merged model as it would be by a copy; the KL reference is the base
+    under the adapters, not a copy either."""
     pytest.importorskip("peft")
-    import copy
-
+    from trainer.batch import sequence_logprobs
+    from trainer.generation import SamplingParams
     from trainer.generation.hf import TransformersGenerator
-    from trainer.policy import export_weights
+    from trainer.policy import encode_prompts
     from trainer.presets import load
 
     policy = load(ModelConfig(name="tiny-a", cache_dir=cache_dir, lora=LoraConfig(enabled=True, r=4)))
     trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     gen = TransformersGenerator(policy)
+    assert gen.model is policy.model
     base = {n: p.detach().clone() for n, p in policy.model.named_parameters() if not p.requires_grad}
-    trainer = GRPOTrainer(policy, GRPOConfig(lr=1e-2), max_new_tokens=16, total_rounds=10)
+    trainer = GRPOTrainer(policy, GRPOConfig(lr=1e-2, kl_coef=0.1), max_new_tokens=16, total_rounds=10)
+    assert trainer.reference is None
     trainer.step([group([1, 0, 0, 1])])
-    trainer.step([group([1, 0, 0, 1])])
+    assert trainer.step([group([1, 0, 0, 1])]).kl > 0  # the adapters moved away from the base
     assert all(torch.equal(base[n], p) for n, p in policy.model.named_parameters() if not p.requires_grad)
-    exported = export_weights(policy.model)
-    assert all(torch.equal(base[n], p) for n, p in policy.model.named_parameters() if not p.requires_grad)
-    merged = copy.deepcopy(policy.model).merge_and_unload().state_dict()
-    assert exported.keys() == merged.keys() == gen.model.state_dict().keys()
-    gen.load_weights(exported)
-    q = "model.layers.0.self_attn.q_proj.weight"
-    assert not torch.allclose(gen.model.state_dict()[q], base[f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"])
-    for name, weight in gen.model.state_dict().items():
-        assert torch.allclose(weight, merged[name], atol=1e-6), name
+    gen.set_weights(policy.model)
+    assert gen.weight_version == 1 and not policy.model.training
+    prompts = encode_prompts(policy, [TASK.prompt] * 2)
+    out = gen.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=12, seed=1))
+    merged = copy.deepcopy(policy.model).merge_and_unload()
+    completions = [c for g in out for c in g]
+    scored = sequence_logprobs(merged, [prompts[0]] * len(completions), [c.token_ids for c in completions],
+                               policy.tokenizer.pad_token_id, policy.device)
+    for c, want in zip(completions, scored):
+        assert torch.allclose(torch.tensor(c.logprobs), want, atol=1e-4)
+    with policy.model.disable_adapter():  # what the base alone scores differs: the adapters were sampled
+        alone = sequence_logprobs(policy.model, [prompts[0]] * len(completions), [c.token_ids for c in completions],
+                                  policy.tokenizer.pad_token_id, policy.device)
+    assert any(not torch.allclose(a, w, atol=1e-4) for a, w in zip(alone, scored))
 
 
 def test_gradient_checkpointing_trains(tiny_a, cache_dir):

@@ -85,6 +85,20 @@ def test_a_round_past_the_plan_halves_the_micro_batch_down_to_one(caplog):
         assert watch.after_round(1) == (None, 1)  # nothing to read (not Linux): nothing changes
 
 
+def test_after_a_few_rounds_the_node_says_once_how_its_peak_compares_with_the_plan(caplog):
+    from node.pressure import REPORT_AFTER
+
+    peaks = iter([0.5 * GB, 0.7 * GB] + [0.6 * GB] * (REPORT_AFTER + 3))
+    watch = MemoryWatch(planned_bytes=2 * GB, read=lambda: next(peaks))
+    watch.start()
+    with caplog.at_level(logging.INFO, logger="node.pressure"):
+        for _ in range(REPORT_AFTER + 2):
+            watch.after_round(4)
+    said = [r.getMessage() for r in caplog.records if "rounds peaked at" in r.getMessage()]
+    assert said == [f"memory: the first {REPORT_AFTER} rounds peaked at 0.70 GB, 35% of the plan's 2.00 GB (the plan is "
+                    "for the worst round: every completion at generation.max_new_tokens)"]
+
+
 def test_the_watch_reads_the_resident_peak_on_a_host_and_apple_and_the_reserved_peak_on_a_card():
     from node import pressure
 

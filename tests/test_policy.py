@@ -68,3 +68,16 @@ def test_apple_mps_is_planned_in_float32_within_what_metal_recommends(monkeypatc
     assert device.kind == "mps" and device.total_bytes == 12 * 2**30
     assert device.free_bytes <= 12 * 2**30 and not device.bf16
     assert plan.probe("auto", memory_gb=1).free_bytes == 1e9  # a cap the user sets holds on unified memory too
+
+
+def test_loading_lora_adapters_prints_no_warning(tiny_a):
+    """peft reads a property transformers 5 deprecated: the node filters that one upstream FutureWarning."""
+    import warnings
+
+    import pytest
+
+    pytest.importorskip("peft")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        loaded = policy_module.load_policy(ModelConfig(name=str(tiny_a), lora={"enabled": True}))
+    assert hasattr(loaded.model, "disable_adapter")

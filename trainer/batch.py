@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from trainer.memory import LOGITS_CHUNK_BYTES
+
 
 
 @dataclass
@@ -42,13 +44,6 @@ def collate(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
     first: dict[tuple[int, ...], int] = {}
     prompt_index = torch.tensor([first.setdefault(tuple(p), len(first)) for p in prompts], dtype=torch.long)
     return Batch(ids.to(device), attn.to(device), cmask.to(device), P, prompt_index.to(device))
-
-
-# Float32 logits held at once. The LM head runs over a chunk of completion positions at a time and each
-# chunk's logits are recomputed in the backward pass instead of kept: the full (rows, tokens, vocab) logits
-# of a real vocabulary are GBs (SmolLM2's 49,152 x 512 tokens x 16 rows is 1.6 GB, and its log-softmax as
-# much again). A tiny model's whole batch fits in one chunk and runs as before.
-LOGITS_CHUNK_BYTES = 128 * 2**20
 
 
 def token_logprobs(model: torch.nn.Module, batch: Batch, share_prompts: bool = False) -> torch.Tensor:

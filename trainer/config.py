@@ -40,7 +40,16 @@ class ModelConfig(Section):
     gradient_checkpointing: Literal["auto"] | bool = Field(
         "auto", description="recompute activations in backward to save memory; auto: when the plan needs it to fit")
     trust_remote_code: bool = Field(False, description="allow model code shipped with a hub model (runs that code)")
+    quantize: Literal["auto", "none", "nf4"] = Field(
+        "auto", description="nf4: hold the frozen base's linear weights in 4 bits (bitsandbytes, the 'quant' extra; LoRA "
+        "only, transformers backend); auto: when a 16-bit base does not fit (trainer/plan.py)")
     lora: LoraConfig = Field(default_factory=LoraConfig)
+
+    @model_validator(mode="after")
+    def _quantized_base_trains_adapters(self) -> "ModelConfig":
+        if self.quantize == "nf4" and self.lora.enabled is False:
+            raise ValueError("quantize nf4 freezes the base in 4 bits: it needs model.lora.enabled true or auto")
+        return self
 
 
 class VLLMConfig(Section):

@@ -80,8 +80,9 @@ class GRPOTrainer:
         self.scheduler = make_scheduler(self.optimizer, cfg, total_rounds * cfg.epochs * cfg.minibatches)
         # Gradient checkpointing drops the KV cache that a shared prompt passes on (see token_logprobs).
         self.share_prompts = not any(getattr(m, "gradient_checkpointing", False) for m in policy.model.modules())
+        # The KL reference: with LoRA the base under the adapters (`disable_adapter`), no copy; else a frozen copy.
         self.reference = None
-        if cfg.kl_coef > 0:
+        if cfg.kl_coef > 0 and not hasattr(policy.model, "disable_adapter"):
             self.reference = copy.deepcopy(policy.model).eval().requires_grad_(False)
 
     def step(self, groups: list[RolloutGroup]) -> StepStats:
@@ -102,7 +103,7 @@ class GRPOTrainer:
         one_pass = cfg.epochs == cfg.minibatches == 1
         with torch.no_grad():
             old_logps = None if one_pass else self._logprobs(model, batch)
-            ref_logps = self._logprobs(self.reference, batch) if self.reference is not None else None
+            ref_logps = self._reference_logprobs(batch) if cfg.kl_coef > 0 else None
         off_support = torch.zeros_like(external)
         sequence_logps = torch.zeros_like(rewards)
 
@@ -204,6 +205,12 @@ class GRPOTrainer:
         for part in self._micro(rows, batch):
             logps[part] = token_logprobs(model, batch.select(part), share_prompts=True)  # no_grad: nothing checkpointed
         return logps
+
+    def _reference_logprobs(self, batch: Batch) -> torch.Tensor:
+        if self.reference is not None:
+            return self._logprobs(self.reference, batch)
+        with self.policy.model.disable_adapter():
+            return self._logprobs(self.policy.model, batch)
 
     def _tensors(self, groups: list[RolloutGroup]) -> tuple[Batch, torch.Tensor, ...]:
         """Tokenize with this node's own tokenizer: text from peers is re-tokenized, local ids are reused.

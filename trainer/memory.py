@@ -2,16 +2,18 @@
 picks a plan that fits (`trainer.plan`) and refuses one that cannot, instead of being killed halfway
 through a round.
 
-The estimate is deliberately simple and errs high: the policy's weights, the generator's copy, gradients
-and two AdamW moments for every trainable weight (in the weights' dtype; LoRA adapters in float32), the KV
-cache of a generation batch, and per training token the activations autograd keeps (per layer, a multiple
-of the hidden and MLP widths) plus the vocabulary-wide logits of completion tokens in float32. The
-multiples are calibrated on SmolLM2-135M on this project's CPU machine: peak RSS 5.56 GB at micro-batch 8
-and 8.64 GB at 16, with every row running its own prompt (docs/bench/round-smollm2-135m-2cpu.json as of
-commit a08e13a; shared prompts need less, so the estimate stays high). On a GPU, one H200 run of SmolLM2-135M
-(docs/bench/doctor-bench-h200) found the transformers generator's cache needs more than its size on a card
-(`trainer.plan.CUDA_CACHE_GROWTH`) and no trained round near the training term, which no worst-case step
-has yet checked there.
+The estimate is deliberately simple and errs high: the policy's weights (once: the transformers generator
+samples the trainer's own model; vLLM's CPU build holds a copy, counted by the planner), gradients and two
+AdamW moments for every trainable weight (in the weights' dtype; LoRA adapters in float32), the KV cache of
+a generation batch, and per training token the activations autograd keeps (per layer, a multiple of the
+hidden and MLP widths) plus one chunk of completion logits in float32 (the LM head runs in chunks). The
+multiples are calibrated on SmolLM2-135M on this project's CPU machine: the peak RSS of a running node's
+step (the second, with AdamW's moments resident; every row its own prompt) at micro-batches 8 and 16 is
+below the estimate by less than a third (docs/bench/round-smollm2-135m-own-prompts-mb*-2cpu.json, checked by
+tests/test_plan.py; shared prompts need less, so the estimate stays high). On a GPU, one H200 run of
+SmolLM2-135M (docs/bench/doctor-bench-h200) found the transformers generator's cache needs more than its
+size on a card (`trainer.plan.CUDA_CACHE_GROWTH`) and no trained round near the training term, which no
+worst-case step has yet checked there.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from pathlib import Path
 FLOAT32 = 4
 ACT_PER_HIDDEN, ACT_PER_MLP = 14, 5  # activations kept per layer and token, in units of each width
 LOGIT_COPIES = 3  # logits, their float log-softmax and its gradient, per completion token
+# Float32 logits held at once. The LM head runs over a chunk of completion positions at a time and each
+# chunk's logits are recomputed in the backward pass instead of kept (trainer.batch.token_logprobs): the
+# full (rows, tokens, vocab) logits of a real vocabulary are GBs (SmolLM2's 49,152 x 512 tokens x 16 rows is
+# 1.6 GB, and its log-softmax as much again). A tiny model's whole batch fits in one chunk.
+LOGITS_CHUNK_BYTES = 128 * 2**20
+NF4_BYTES = 0.5 + FLOAT32 / 64  # 4 bits a weight and a float32 scale per block of 64 (no double quantization)
 HOST_OVERHEAD = 1.0e9  # a CPU node's interpreter, torch, tokenizer, node state
 GB = 1e9
 
@@ -39,8 +47,10 @@ class ModelShape:
     mlp: int
     vocab: int
     kv_width: int  # key (= value) width per token and layer
+    linear: int = 0  # weights of the attention and MLP projections: what NF4 quantizes
     checkpointing: bool = False  # activations recomputed in backward: each layer keeps only its input
     weight_bytes: int = FLOAT32  # per weight value of the policy (and of its activations)
+    nf4: bool = False  # the projections held in NF4 (NF4_BYTES a weight), the rest in weight_bytes
 
     @property
     def lora(self) -> bool:
@@ -67,7 +77,7 @@ def shape_from_config(config: dict, lora_r: int | None = None, lora_targets: tup
         trainable = layers * sum(lora_r * sum(widths[t]) for t in lora_targets if t in widths)
         parameters += trainable
     return ModelShape(parameters=parameters, trainable=trainable, layers=layers, hidden=hidden, mlp=mlp, vocab=vocab,
-                      kv_width=kv_width)
+                      kv_width=kv_width, linear=layers * sum(i * o for i, o in widths.values()))
 
 
 @dataclass(frozen=True)
@@ -83,7 +93,8 @@ class RoundShape:
 
 
 def weights_bytes(m: ModelShape) -> float:
-    return m.parameters * m.weight_bytes
+    quantized = m.linear if m.nf4 else 0
+    return (m.parameters - quantized) * m.weight_bytes + quantized * NF4_BYTES
 
 
 def optimizer_bytes(m: ModelShape) -> float:
@@ -95,8 +106,9 @@ def optimizer_bytes(m: ModelShape) -> float:
 def activation_bytes(m: ModelShape, r: RoundShape, micro_batch: int) -> float:
     layer = ACT_PER_HIDDEN * m.hidden + ACT_PER_MLP * m.mlp
     kept = m.layers * m.hidden + layer if m.checkpointing else m.layers * layer
-    per_row = r.tokens * kept * m.weight_bytes + r.completion_tokens * m.vocab * LOGIT_COPIES * FLOAT32
-    return micro_batch * per_row
+    logits = micro_batch * m.vocab * FLOAT32 * min(r.completion_tokens, max(1, LOGITS_CHUNK_BYTES // (
+        micro_batch * m.vocab * FLOAT32)))  # one chunk of positions (at least one) at a time
+    return micro_batch * r.tokens * kept * m.weight_bytes + LOGIT_COPIES * logits
 
 
 def kv_cache_bytes(m: ModelShape, r: RoundShape, rows: int | None = None) -> float:

@@ -26,8 +26,8 @@ CUDA_RESERVE = 1.0e9  # CUDA context, cuBLAS workspaces and allocator fragmentat
 CUDA_CACHE_GROWTH = 2.6
 VLLM_OVERHEAD = 1.5e9  # vLLM's activations, sampler and CUDA graphs inside its share
 GOOD_MICRO = 8  # a plan with at least this micro-batch (or the whole step) beats one that saves memory below it
-# The micro-batch that runs a step fastest, where measured: SmolLM2-135M's step on 2 CPU cores took 55.5 / 27.8 /
-# 34.2 s at 4 / 8 / 16 (docs/bench/round-smollm2-135m-2cpu.json): past 8 the activations outgrow the caches. Elsewhere
+# The micro-batch that runs a step fastest, where measured: SmolLM2-135M's step on 2 CPU cores took 47.3 / 28.6 /
+# 32.6 s at 4 / 8 / 16 (docs/bench/round-smollm2-135m-2cpu.json): past 8 the activations outgrow the caches. Elsewhere
 # (a GPU) the largest that fits, which keeps the device busiest (not measured here).
 FASTEST_MICRO = {"cpu": 8}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -57,6 +57,7 @@ class Wants:
     dtype: str | None = None
     lora: bool | None = None
     checkpointing: bool | None = None
+    quantize: str | None = None  # "nf4" or "none"; None: the planner's (NF4 only when a 16-bit base does not fit)
     micro_batch: int = 0  # 0: the planner's
     generation_batch: bool = False  # the user set generation.batch_size: the transformers generator's rows stand
     vllm_share: float | None = None
@@ -65,6 +66,7 @@ class Wants:
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     vllm_installed: bool = False
     peft_installed: bool = True
+    bnb_installed: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class Plan:
     dtype: str
     lora: bool
     checkpointing: bool
+    nf4: bool  # the frozen base's projections in NF4
     micro_batch: int
     generation_rows: int  # sequences the generator decodes at once (transformers: generation.batch_size)
     vllm_share: float | None  # of the card's total memory; None off CUDA or without vLLM
@@ -83,8 +86,12 @@ class Plan:
     budget_bytes: float
     why: list[str] = field(default_factory=list)
 
+    @property
+    def training(self) -> str:
+        return ("LoRA on an NF4 base" if self.nf4 else "LoRA") if self.lora else "full fine-tuning"
+
     def summary(self) -> str:
-        how = "LoRA" if self.lora else "full fine-tuning"
+        how = self.training
         extra = [f"vLLM share {self.vllm_share:.2f}{' with sleep mode' if self.vllm_sleep else ''}"] if self.vllm_share else []
         if self.checkpointing:
             extra.append("gradient checkpointing")
@@ -95,7 +102,7 @@ class Plan:
     def record(self) -> dict:
         """What the plan chose and expected, in GB, for a run folder's plan.json and `sapo doctor --bench`."""
         return {"summary": self.summary(), "device": str(self.device), "backend": self.backend, "dtype": self.dtype,
-                "lora": self.lora, "micro_batch": self.micro_batch, "generation_rows": self.generation_rows,
+                "lora": self.lora, "nf4": self.nf4, "micro_batch": self.micro_batch, "generation_rows": self.generation_rows,
                 "peak_gb": round(self.peak_bytes / GB, 3), "budget_gb": round(self.budget_bytes / GB, 3),
                 "parts_gb": {k: round(v / GB, 3) for k, v in self.parts.items()}}
 
@@ -130,8 +137,8 @@ def estimate(device: Device, m: ModelShape, r: RoundShape, backend: str, micro: 
         engine = (share or 0.0) * device.total_bytes
         generation, training = engine, training + (0.0 if sleep else engine)
         parts["generator"] = 0.0
-    else:  # the transformers generator (and vLLM's CPU build) keeps its own copy of the weights
-        parts["generator"] = memory.weights_bytes(m)
+    else:  # the transformers generator samples the trainer's own model; vLLM's CPU build holds a copy
+        parts["generator"] = memory.weights_bytes(m) if backend == "vllm" else 0.0
         generation = memory.kv_cache_bytes(m, r) * (CUDA_CACHE_GROWTH if device.kind == "cuda" else 1.0)
     parts["training"], parts["generation"] = training, generation
     return parts
@@ -158,12 +165,25 @@ def plan(device: Device, config: dict, r: RoundShape, wants: Wants) -> Plan:
     raise MemoryPlanError(_smallest_change(device, config, r, wants, found))
 
 
-def _first_fit(device: Device, config: dict, r: RoundShape, wants: Wants) -> Plan | tuple[Plan, int]:
-    """The preferred plan that fits, or the most memory-saving one tried and the largest micro-batch it fits."""
+def candidates(device: Device, wants: Wants) -> list[tuple[str, bool, bool, bool]]:
+    """(backend, LoRA, checkpointing, NF4 base) in order of preference, within what the user set: first the
+    backend of choice, then vLLM's own copy of the weights given up for the transformers generator, which
+    samples the trainer's model, last an NF4 base under LoRA (on transformers: vLLM would load a 16-bit copy)."""
     backend = wants.backend or ("vllm" if device.kind == "cuda" and wants.vllm_installed else "transformers")
     loras = [wants.lora] if wants.lora is not None else [False, True] if wants.peft_installed else [False]
     ckpts = [wants.checkpointing] if wants.checkpointing is not None else [False, True]
-    fitted = [_fit(device, config, r, wants, backend, lora, ckpt) for lora in loras for ckpt in ckpts]
+    if wants.quantize == "nf4":
+        return [("transformers", True, ckpt, True) for ckpt in ckpts]
+    backends = [backend, "transformers"] if backend == "vllm" and wants.backend is None else [backend]
+    out = [(b, lora, ckpt, False) for b in backends for lora in loras for ckpt in ckpts]
+    if wants.quantize is None and wants.bnb_installed and True in loras and wants.backend != "vllm":
+        out += [("transformers", True, ckpt, True) for ckpt in ckpts]
+    return out
+
+
+def _first_fit(device: Device, config: dict, r: RoundShape, wants: Wants) -> Plan | tuple[Plan, int]:
+    """The preferred plan that fits, or the most memory-saving one tried and the largest micro-batch it fits."""
+    fitted = [_fit(device, config, r, wants, *candidate) for candidate in candidates(device, wants)]
     usable = [(c, best) for c, best in fitted if best and (not wants.micro_batch or wants.micro_batch <= best)]
     good = [c for c, best in usable if best >= min(r.rows, GOOD_MICRO)]
     if good:
@@ -173,17 +193,20 @@ def _first_fit(device: Device, config: dict, r: RoundShape, wants: Wants) -> Pla
     return fitted[-1]
 
 
-def shape(config: dict, lora: bool, ckpt: bool, dtype: str, wants: Wants) -> ModelShape:
+def shape(config: dict, lora: bool, ckpt: bool, dtype: str, wants: Wants, nf4: bool = False) -> ModelShape:
     m = memory.shape_from_config(config, wants.lora_r if lora else None, wants.lora_targets)
-    return replace(m, checkpointing=ckpt, weight_bytes=DTYPE_BYTES[dtype])
+    return replace(m, checkpointing=ckpt, weight_bytes=DTYPE_BYTES[dtype], nf4=nf4)
 
 
 def _fit(device: Device, config: dict, r: RoundShape, wants: Wants, backend: str, lora: bool,
-         ckpt: bool) -> tuple[Plan, int]:
+         ckpt: bool, nf4: bool) -> tuple[Plan, int]:
     """This candidate at the micro-batch it would run (the user's, else the fastest that fits), and the
     largest that fits (0: not even one sequence)."""
     dtype, why = choose_dtype(device, lora, wants)
-    m = shape(config, lora, ckpt, dtype, wants)
+    if nf4:
+        why = (f"LoRA on an NF4 base: the projections in 4 bits a weight, the rest of the base in {dtype}, the adapters "
+               "in float32" + (": a 16-bit base does not fit" if wants.quantize is None else ""))
+    m = shape(config, lora, ckpt, dtype, wants, nf4)
     on_vllm_gpu = backend == "vllm" and device.kind == "cuda"
     sleep = wants.vllm_sleep and on_vllm_gpu
     budget = budget_of(device)
@@ -205,7 +228,7 @@ def _fit(device: Device, config: dict, r: RoundShape, wants: Wants, backend: str
                        f"of {r.tokens} tokens at once, and {VLLM_OVERHEAD / GB:.1f} GB for its own work")
     elif rows < r.generation_rows:
         reasons.append(f"the generator decodes {rows} sequences at a time, not all {r.generation_rows}: more would not fit")
-    return Plan(device, backend, dtype, lora, ckpt, micro, rows, share, sleep, parts, peak(parts), budget, reasons), best
+    return Plan(device, backend, dtype, lora, ckpt, nf4, micro, rows, share, sleep, parts, peak(parts), budget, reasons), best
 
 
 def _smallest_change(device: Device, config: dict, r: RoundShape, wants: Wants, tried: tuple[Plan, int]) -> str:
@@ -213,7 +236,7 @@ def _smallest_change(device: Device, config: dict, r: RoundShape, wants: Wants, 
     rather make them) with which a plan fits."""
     last, best = tried
     gb = lambda x: f"{x / GB:.1f} GB"  # noqa: E731
-    how = ", ".join(["LoRA" if last.lora else "full fine-tuning", f"{last.dtype} weights"]
+    how = ", ".join([last.training, f"{last.dtype} weights"]
                     + (["gradient checkpointing"] if last.checkpointing else []) + [f"micro-batch {last.micro_batch}"])
     phase = "generating" if last.parts["generation"] > last.parts["training"] else "training"
     head = (f"{last.backend} backend, {how}: {phase} needs about {gb(last.peak_bytes)}, "
@@ -230,6 +253,9 @@ def _smallest_change(device: Device, config: dict, r: RoundShape, wants: Wants, 
         changes.append(("model.lora.enabled", "true", r, replace(wants, lora=None)))
     if wants.checkpointing is False:
         changes.append(("model.gradient_checkpointing", "true", r, replace(wants, checkpointing=None)))
+    if not last.nf4 and wants.lora is not False and wants.backend != "vllm":  # an NF4 base was not tried
+        install = "" if wants.bnb_installed else " (pip install -e '.[quant]')"
+        changes.append(("model.quantize", f"nf4{install}", r, replace(wants, quantize="nf4")))
     for knob, value, shape_, wants_ in changes:
         if isinstance(_first_fit(device, config, shape_, wants_), Plan):
             return f"{head}: set {knob} to {value}"

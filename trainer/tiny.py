@@ -107,7 +107,7 @@ def build_preset(name: str, out: Path, preset: TinyPreset | None = None) -> dict
 
     def held_out_accuracy() -> tuple[float, float]:
         """Overall accuracy and that of the weakest task."""
-        generator.load_weights(model.state_dict())
+        generator.set_weights(model)
         groups = evaluate(generator, policy, validation, max_new_tokens=16, stop=[CLOSE])
         return accuracy(groups), min(accuracy_by_dataset(groups).values())
 

@@ -31,7 +31,7 @@ from node.argtypes import bounded, count
 from trainer.batch import sequence_logprobs
 from trainer.config import GenerationConfig, ModelConfig, VLLMConfig, default_cache_dir
 from trainer.generation import SamplingParams, make_generator, vllm_available
-from trainer.policy import encode_prompts, export_weights
+from trainer.policy import encode_prompts
 from trainer.presets import load
 from rewards import TaskSource
 from rewards.config import TasksConfig
@@ -79,13 +79,12 @@ def bench_backend(backend: str, policy, args) -> dict:
         times.append(time.perf_counter() - t0)
         tokens.append(sum(len(c.token_ids) for group in out for c in group))
     drift = logprob_drift(policy, prompts, out)
-    weights = export_weights(policy.model)
     pushes = []
     for _ in range(args.syncs):
         gen.release()  # as in a round: the trainer steps in between
         sync()
         t0 = time.perf_counter()
-        gen.load_weights(weights)
+        gen.set_weights(policy.model)
         sync()
         pushes.append(time.perf_counter() - t0)
     seconds = sum(times)

@@ -2,16 +2,18 @@
 
 Samples T tasks x G completions of up to N new tokens with the node's own generator and prompt (the
 model's recipe, node/recipes.py, gives the tasks and sampling settings unless flags do), then runs
-one GRPO step on them (rewards replaced by coin flips, so that every group carries a gradient
-whatever the model answers) for each training variant asked for: full fine-tuning or LoRA, and a
-micro-batch size. Prints a table and saves JSON: seconds and tokens per phase, peak memory, rounds
+two GRPO steps on them (rewards replaced by coin flips, so that every group carries a gradient whatever
+the model answers) for each training variant asked for: full fine-tuning or LoRA, and a micro-batch
+size. The second step is timed: like a running node's, it finds AdamW's moments resident. Prints a table and saves JSON: seconds and tokens per phase, peak memory, rounds
 per minute, and the physical budget: the round's model FLOPs against the GFLOP/s this machine
 reaches in a large float32 matrix product. FLOPs count what the round must compute: each distinct
 prompt once and each completion token, at 2 x parameters per token forward and 3x that for a
 training token (2x with LoRA, where frozen weights take no gradient); one forward per training token
 more when the step needs a separate old-policy pass (epochs or minibatches above 1). `train_positions`
 counts what the step's forwards actually run (prompts once per micro-batch, completions padded to the
-longest of theirs), against those tokens: the padding it pays.
+longest of theirs), against those tokens: the padding it pays; `largest_part` is the micro-batch that runs
+the most positions, what the step's activation peak is made of (the step cuts its rows where padding costs
+least, so parts may hold fewer rows than the micro-batch size).
 
     .venv/bin/python scripts/bench/bench_round.py --variants full:8 full:16 lora:16 --out docs/bench/round-smollm2-135m-2cpu.json
 """
@@ -73,6 +75,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=bounded(float, ge=0), help="default: the model's recipe")
     parser.add_argument("--top-p", type=bounded(float, gt=0, le=1), help="default: the model's recipe")
     parser.add_argument("--no-example", action="store_true", help="no worked exchange in the prompt")
+    parser.add_argument("--own-prompts", action="store_true", help="every row runs its own prompt in training (no shared "
+                        "prompt KV cache): the worst case the memory planner assumes (trainer/memory.py)")
     parser.add_argument("--seed", type=bounded(int, ge=0), default=0)
     parser.add_argument("--out", type=Path, help="save the JSON here")
     args = parser.parse_args()
@@ -110,17 +114,21 @@ def main() -> None:
         model_cfg = node.model.model_copy(update={"lora": LoraConfig(enabled=lora)})
         trained = load(model_cfg) if lora else policy
         trainer = GRPOTrainer(trained, GRPOConfig(lr=1e-7, micro_batch=int(micro or 0)), args.max_new_tokens, total_rounds=1)
+        trainer.share_prompts &= not args.own_prompts
+        trainer.step(groups)  # a running node's steps find AdamW's moments resident: the first allocates them
         started = time.perf_counter()
         trainer.step(groups)
         train_s = time.perf_counter() - started
         batch = trainer._tensors(groups)[0]
         rows_run = trainer._micro(torch.arange(len(batch.input_ids)), batch)
         positions = sum(trainer._tokens(part, batch) for part in rows_run)  # what the step's forwards run, padding included
+        largest = max(rows_run, key=lambda part: trainer._tokens(part, batch))  # what the activations' peak is made of
         flops = 2 * params * tokens + (4 if lora else 6) * params * tokens
-        rows.append({"variant": kind, "micro_batch": int(micro or 0), "generate_s": round(generate_s, 1),
+        rows.append({"variant": kind, "micro_batch": int(micro or 0), "own_prompts": args.own_prompts, "generate_s": round(generate_s, 1),
                      "train_s": round(train_s, 1), "round_s": round(generate_s + train_s, 1),
                      "rounds_per_minute": round(60 / (generate_s + train_s), 3), "peak_rss_gb": round(peak_rss_gb(), 2),
                      "round_gflop": round(flops / 1e9, 1), "train_positions": positions,
+                     "largest_part": {"rows": len(largest), "positions": trainer._tokens(largest, batch)},
                      "train_padding": round(positions / tokens - 1, 3),
                      "share_of_matmul_peak": round(flops / 1e9 / gflops / (generate_s + train_s), 3)})
 

@@ -49,7 +49,7 @@ from trainer.groups import RolloutGroup
 from trainer.generation import SamplingParams
 from trainer.generation.hf import TransformersGenerator
 from trainer.grpo import GRPOTrainer
-from trainer.policy import Policy, encode_prompts, export_weights
+from trainer.policy import Policy, encode_prompts
 from trainer.presets import load
 from trainer.rollout import rollout
 
@@ -121,7 +121,7 @@ def train_arm(node: NodeConfig, peer_groups: list[RolloutGroup], rounds: int, se
         own = rollout(generator, policy, source.draw(2 if peer_groups else 4), sampling(node, seed * 1000 + r, 8))
         external = peer_groups[2 * (r - 1): 2 * r]
         stats = trainer.step(own + external)
-        generator.load_weights(export_weights(policy.model))
+        generator.set_weights(policy.model)
         history.append({"round": r, "external_masked": stats.external_masked, "groups_trained": stats.groups_used,
                         **habits(policy, generator, node, probe, seed)})
         print(json.dumps(history[-1]), flush=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Literal, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterator, Literal, Protocol, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -61,8 +61,8 @@ class Generator(Protocol):
         """`params.n` completions for each tokenized prompt, in prompt order."""
         ...
 
-    def load_weights(self, state_dict: Mapping[str, "torch.Tensor"]) -> None:
-        """Replace every weight with the trainer's (plain names, adapters merged) and bump `weight_version`."""
+    def set_weights(self, model: "torch.nn.Module") -> None:
+        """Sample from `model`'s weights as they are now (LoRA adapters on) and bump `weight_version`."""
         ...
 
     def release(self) -> None:

@@ -7,35 +7,38 @@ finish (`generate` keeps every row until the longest one stops, and a round's le
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import torch
 
 from trainer.batch import kv_cache_name
 from trainer.generation.base import Completion, SamplingParams, isolated_rng, to_completion
-from trainer.policy import Policy, plain_copy
+from trainer.policy import Policy
 
 COMPACT_SHARE = 0.25  # drop finished rows from the batch once they are this share of it (a copy of the cache)
 NUCLEUS_K = 64  # top-p looks at this many most likely tokens first; a row whose nucleus is wider sorts the vocabulary
 
 
 class TransformersGenerator:
-    """Samples from its own plain copy of the policy, so training never disturbs an in-flight batch."""
+    """Samples from the trainer's own model, LoRA adapters on: no second copy of the weights. A round
+    generates, then trains, never both at once, so nothing disturbs an in-flight batch; each step leaves
+    the model in eval mode (dropout off, LoRA's included)."""
 
     def __init__(self, policy: Policy, batch_size: int = 256):
-        self.model = plain_copy(policy.model).eval().requires_grad_(False)
+        self.model = policy.model
         self.tokenizer = policy.tokenizer
         self.device = policy.device
         self.batch_size = batch_size
         self.terminators = set(policy.stop_token_ids) | {self.tokenizer.pad_token_id}
         self.weight_version = 0
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state_dict)
+    def set_weights(self, model: torch.nn.Module) -> None:
+        """Nothing to copy: the model is sampled in place from now on."""
+        self.model = model
         self.weight_version += 1
 
     def release(self) -> None:
-        """Nothing to give back: the copy is as large as the weights and stays put."""
+        """Nothing to give back: the weights are the trainer's."""
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[list[int]], params: SamplingParams) -> list[list[Completion]]:

@@ -79,8 +79,9 @@ class VLLMGenerator:
         self.weight_version = 0
         self._push(export_weights(policy.model))  # the policy may be a checkpoint or carry LoRA adapters
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        self._push(state_dict)
+    def set_weights(self, model: torch.nn.Module) -> None:
+        """The engine owns its copy of the weights: the model's, adapters merged, are pushed into it."""
+        self._push(export_weights(model))
         self.weight_version += 1
 
     def _push(self, state_dict: Mapping[str, torch.Tensor]) -> None:
