@@ -13,7 +13,8 @@ more when the step needs a separate old-policy pass (epochs or minibatches above
 counts what the step's forwards actually run (prompts once per micro-batch, completions padded to the
 longest of theirs), against those tokens: the padding it pays; `largest_part` is the micro-batch that runs
 the most positions, what the step's activation peak is made of (the step cuts its rows where padding costs
-least, so parts may hold fewer rows than the micro-batch size).
+least, so parts may hold fewer rows than the micro-batch size), and `estimate_gb` the memory planner's
+estimated peak for that micro-batch: run one variant per process to compare it with `peak_rss_gb`.
 
     .venv/bin/python scripts/bench/bench_round.py --variants full:8 full:16 lora:16 --out docs/bench/round-smollm2-135m-2cpu.json
 """
@@ -40,10 +41,12 @@ from node.config import load_config
 from node.selection import rows_to_gate
 from rewards import TaskSource
 from trainer.groups import RolloutGroup
-from trainer.config import GRPOConfig, LoraConfig
+from trainer import plan
+from trainer.config import GRPOConfig, LoraConfig, ModelConfig
 from trainer.generation import SamplingParams
 from trainer.generation.hf import TransformersGenerator
 from trainer.grpo import GRPOTrainer
+from trainer.memory import GB, RoundShape, shape_from_config
 from trainer.policy import encode_prompts
 from trainer.presets import load
 from trainer.rollout import rollout
@@ -60,6 +63,19 @@ def matmul_gflops(seconds: float = 2.0, n: int = 2048) -> float:
     return 2 * n**3 * count / (time.perf_counter() - started) / 1e9
 
 
+def variant_model(model: ModelConfig, kind: str) -> ModelConfig:
+    return model.model_copy(update={"lora": LoraConfig(enabled=kind != "full"), "quantize": "nf4" if kind == "nf4" else "none"})
+
+
+def estimate_gb(config: dict, kind: str, rows: int, positions_per_row: float, prompt: int) -> float:
+    """The planner's estimate of the peak, for the micro-batch that ran the most positions (float32, as on a CPU)."""
+    m = plan.shape(config, kind != "full", False, "float32", plan.Wants(), nf4=kind == "nf4")
+    ran = RoundShape(rows=rows, generation_rows=rows, prompt_tokens=prompt,
+                     completion_tokens=max(1, round(positions_per_row) - prompt))
+    device = plan.Device("cpu", "this machine", float("inf"), float("inf"))
+    return round(plan.peak(plan.estimate(device, m, ran, "transformers", rows, None, False)) / GB, 2)
+
+
 def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux reports KiB
 
@@ -71,7 +87,8 @@ def main() -> None:
     parser.add_argument("--completions", type=count, default=8)
     parser.add_argument("--max-new-tokens", type=count, help="default: the model's recipe")
     parser.add_argument("--variants", nargs="+", default=["full:8"],
-                        help="training variants, full:MICRO or lora:MICRO (MICRO 0: the whole batch in one pass)")
+                        help="training variants, full:MICRO, lora:MICRO or nf4:MICRO (LoRA on an NF4 base; MICRO 0: the "
+                        "whole batch in one pass); the first variant's model samples the round")
     parser.add_argument("--temperature", type=bounded(float, ge=0), help="default: the model's recipe")
     parser.add_argument("--top-p", type=bounded(float, gt=0, le=1), help="default: the model's recipe")
     parser.add_argument("--no-example", action="store_true", help="no worked exchange in the prompt")
@@ -80,6 +97,10 @@ def main() -> None:
     parser.add_argument("--seed", type=bounded(int, ge=0), default=0)
     parser.add_argument("--out", type=Path, help="save the JSON here")
     args = parser.parse_args()
+    for v in args.variants:
+        kind, _, micro = v.partition(":")
+        if kind not in ("full", "lora", "nf4") or not (micro == "" or micro.isdigit()):
+            parser.error(f"--variants: {v!r} is not full:MICRO, lora:MICRO or nf4:MICRO")
     logging.basicConfig(level=logging.WARNING)
     console = Console(width=None if sys.stdout.isatty() else 200)
 
@@ -88,8 +109,10 @@ def main() -> None:
     top_p = node.generation.top_p if args.top_p is None else args.top_p
     args.max_new_tokens = args.max_new_tokens or node.generation.max_new_tokens
     torch.manual_seed(args.seed)
-    policy = load(node.model)
-    params = sum(p.numel() for p in policy.model.parameters())
+    kinds = [v.partition(":")[0] for v in args.variants]
+    policy = load(variant_model(node.model, kinds[0]))
+    config = json.loads((Path(policy.source) / "config.json").read_text())
+    params = shape_from_config(config).parameters  # an NF4 model's tensors hold two weights a byte
     generator = TransformersGenerator(policy)
     tasks = TaskSource(node.tasks.mix(), seed=args.seed).draw(args.tasks)
     sampling = SamplingParams(n=args.completions, temperature=temperature, top_p=top_p,
@@ -110,9 +133,8 @@ def main() -> None:
     rows = []
     for variant in args.variants:
         kind, _, micro = variant.partition(":")
-        lora = kind == "lora"
-        model_cfg = node.model.model_copy(update={"lora": LoraConfig(enabled=lora)})
-        trained = load(model_cfg) if lora else policy
+        lora = kind != "full"
+        trained = policy if kind == kinds[0] else load(variant_model(node.model, kind))
         trainer = GRPOTrainer(trained, GRPOConfig(lr=1e-7, micro_batch=int(micro or 0)), args.max_new_tokens, total_rounds=1)
         trainer.share_prompts &= not args.own_prompts
         trainer.step(groups)  # a running node's steps find AdamW's moments resident: the first allocates them
@@ -129,6 +151,8 @@ def main() -> None:
                      "rounds_per_minute": round(60 / (generate_s + train_s), 3), "peak_rss_gb": round(peak_rss_gb(), 2),
                      "round_gflop": round(flops / 1e9, 1), "train_positions": positions,
                      "largest_part": {"rows": len(largest), "positions": trainer._tokens(largest, batch)},
+                     "estimate_gb": estimate_gb(config, kind, len(largest), trainer._tokens(largest, batch) / len(largest),
+                                                round(prompt_tokens / args.tasks)),
                      "train_padding": round(positions / tokens - 1, 3),
                      "share_of_matmul_peak": round(flops / 1e9 / gflops / (generate_s + train_s), 3)})
 
