@@ -1,9 +1,10 @@
-"""How a node runs on the machine it finds: backend, dtype, LoRA or full fine-tuning, gradient
-checkpointing, micro-batch and vLLM's share of the card, chosen from the device's free memory and the
-model's shape before any weights are loaded (`trainer.memory` holds the estimates).
+"""How a node runs on the machine it finds: backend, dtype, LoRA or full fine-tuning, an NF4 base,
+gradient checkpointing, micro-batch and vLLM's share of the card, chosen from the device's free memory and
+the model's shape before any weights are loaded (`trainer.memory` holds the estimates).
 
 Every choice the user made stands; the planner fills in the rest, preferring what learns and runs
-fastest: full fine-tuning over LoRA, no recomputation over gradient checkpointing, then the fastest
+fastest: full fine-tuning over LoRA, vLLM over the transformers generator (which needs no copy of the
+weights), a 16-bit base over an NF4 one, no recomputation over gradient checkpointing, then the fastest
 micro-batch that fits (not the largest: the memory it would take is left to the rest of the machine).
 A plan that cannot fit is refused with the smallest change that would. Pure code: it is
 tested on described cards; only `probe` touches the hardware.
