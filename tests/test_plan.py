@@ -57,23 +57,24 @@ def test_parameters_match_the_real_tiny_models(tiny_a, tiny_b):
         assert shape_from_config(json.loads((folder / "config.json").read_text())).parameters == pytest.approx(real, rel=0.02)
 
 
-@pytest.mark.parametrize("micro", [8, 16])
-def test_the_estimate_errs_high_but_close_on_the_measured_smollm2_step(micro):
+@pytest.mark.parametrize("run, kind", [("mb8", "full"), ("mb16", "full"), ("lora-mb8", "lora"), ("nf4-mb8", "nf4")])
+def test_the_estimate_errs_high_but_close_on_the_measured_smollm2_step(run, kind):
     """Peak RSS of SmolLM2-135M's second GRPO step (AdamW's moments resident, every row its own prompt, 2 CPU
-    cores), measured by scripts/bench/bench_round.py --own-prompts, against the estimate for the largest
-    micro-batch that step ran: its rows, and its positions per row (prompt and padded completion)."""
+    cores), measured by scripts/bench/bench_round.py --own-prompts, one variant per process, against the
+    estimate for the largest micro-batch that step ran: its rows, and its positions per row."""
     from tests.conftest import ROOT
+    from trainer.plan import shape
 
-    bench = json.loads((ROOT / f"docs/bench/round-smollm2-135m-own-prompts-mb{micro}-2cpu.json").read_text())
+    bench = json.loads((ROOT / f"docs/bench/round-smollm2-135m-own-prompts-{run}-2cpu.json").read_text())
     (row,) = bench["rows"]
     part = row["largest_part"]
     prompt = round(bench["prompt_tokens"] / bench["tasks"])
     rows = bench["tasks"] * bench["completions"]
     ran = RoundShape(rows=rows, generation_rows=rows, prompt_tokens=prompt,
                      completion_tokens=max(1, round(part["positions"] / part["rows"]) - prompt))
-    m = replace(shape_from_config(SMOLLM2), parameters=bench["parameters"], trainable=bench["parameters"])
+    m = shape(SMOLLM2, kind != "full", False, "float32", Wants(), nf4=kind == "nf4")
     estimate_gb = peak(estimate(CPU, m, ran, "transformers", part["rows"], None, False)) / GB
-    assert row["micro_batch"] == micro and row["own_prompts"] and part["rows"] <= micro
+    assert row["variant"] == kind and row["own_prompts"] and part["rows"] <= row["micro_batch"]
     assert row["peak_rss_gb"] <= estimate_gb <= 1.5 * row["peak_rss_gb"]
 
 
