@@ -82,6 +82,10 @@ class NodeConfig(BaseSettings):
         from node.recipes import apply_recipe
 
         apply_recipe(self)
+        return self
+
+    @model_validator(mode="after")
+    def _quantized_base_on_transformers(self) -> "NodeConfig":
         if self.model.quantize == "nf4" and self.generation.backend == "vllm":
             raise ValueError("model.quantize nf4 runs on the transformers backend: vLLM would load its own 16-bit copy "
                              "of the base (set generation.backend to transformers or auto)")

@@ -145,13 +145,14 @@ def main() -> None:
         rows_run = trainer._micro(torch.arange(len(batch.input_ids)), batch)
         positions = sum(trainer._tokens(part, batch) for part in rows_run)  # what the step's forwards run, padding included
         largest = max(rows_run, key=lambda part: trainer._tokens(part, batch))  # what the activations' peak is made of
+        largest_positions = trainer._tokens(largest, batch)
         flops = 2 * params * tokens + (4 if lora else 6) * params * tokens
         rows.append({"variant": kind, "micro_batch": int(micro or 0), "own_prompts": args.own_prompts, "generate_s": round(generate_s, 1),
                      "train_s": round(train_s, 1), "round_s": round(generate_s + train_s, 1),
                      "rounds_per_minute": round(60 / (generate_s + train_s), 3), "peak_rss_gb": round(peak_rss_gb(), 2),
                      "round_gflop": round(flops / 1e9, 1), "train_positions": positions,
-                     "largest_part": {"rows": len(largest), "positions": trainer._tokens(largest, batch)},
-                     "estimate_gb": estimate_gb(config, kind, len(largest), trainer._tokens(largest, batch) / len(largest),
+                     "largest_part": {"rows": len(largest), "positions": largest_positions},
+                     "estimate_gb": estimate_gb(config, kind, len(largest), largest_positions / len(largest),
                                                 round(prompt_tokens / args.tasks)),
                      "train_padding": round(positions / tokens - 1, 3),
                      "share_of_matmul_peak": round(flops / 1e9 / gflops / (generate_s + train_s), 3)})
