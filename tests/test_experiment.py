@@ -134,8 +134,24 @@ def test_held_out_accuracy_is_compared_with_the_same_seeds_silo_at_every_eval_po
     assert experiment.versus_silo(row) == "+0.050 ± 0.635 / -0.010"  # t(1) 12.71 x stdev 0.0707 / sqrt(2)
 
 
+def test_the_quantized_check_pairs_lora_on_an_nf4_base_with_full_fine_tuning_at_the_same_seed():
+    full, nf4 = experiment.grid(["signal"], "quantized")
+    assert (full.name, nf4.name, nf4.silo) == ("smollm2 4/0", "smollm2-nf4 4/0", full)
+    extra = experiment.TESTBEDS["smollm2-nf4"]["extra"]
+    assert extra[extra.index("--model.quantize") + 1] == "nf4" and extra[extra.index("--model.lora.enabled") + 1] == "true"
+    runs = [fake_run(full, s, [10.0], models=("smollm2-135m",)) for s in range(3)]
+    runs += [fake_run(nf4, s, [9.0 + s], models=("smollm2-135m",)) for s in range(3)]
+    for s in range(3):
+        runs[3 + s]["nodes"][0]["curves"]["eval"] = [[0, 0.3], [5, 0.3 + 0.01 * s]]
+    rows = {r["config"]: r for r in experiment.summarize(runs)}
+    assert rows["smollm2-nf4 4/0"]["vs_silo_per_seed"] == pytest.approx([-0.1, 0.0, 0.1])
+    assert rows["smollm2-nf4 4/0"]["eval_last_vs_silo"] == pytest.approx(-0.09)  # 0.31 against 0.4
+    assert experiment.versus_silo(rows["smollm2 4/0"]) == "-"  # the reference itself
+    assert experiment.versus_silo(rows["smollm2-nf4 4/0"]).startswith("-0.090 ± ")
+
+
 def test_the_real_model_grid_halves_the_round_of_the_tiny_one():
-    names = [c.name for c in experiment.grid(["signal", "guarded"], quick=False, real=True)]
+    names = [c.name for c in experiment.grid(["signal", "guarded"], "real")]
     assert names == ["smollm2 4/0", "smollm2 2/2 signal", "smollm2 2/2 guarded", "smollm2+tiny 2/2 signal",
                      "smollm2+tiny 2/2 guarded"]  # one silo for both testbeds
     mixed = experiment.TESTBEDS["smollm2+tiny"]

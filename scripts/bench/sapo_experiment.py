@@ -28,6 +28,11 @@ figure, which is drawn from that JSON alone.
 The real-model grid (`--real`) runs SmolLM2-135M-Instruct with its recipe: two such nodes, and one beside
 a tiny-a node, at 4 + 0 against 2 + 2 groups per round. Both testbeds pair with the same silo (two
 SmolLM2 nodes, no network: the tiny companion cannot change a silo), which runs once per seed.
+
+The quantized check (`--quantized --nodes 1`) runs that silo with full fine-tuning and with LoRA adapters on a
+frozen NF4 base; the NF4 row's "vs silo" columns compare it with full fine-tuning at the same seed:
+
+    .venv/bin/python scripts/bench/sapo_experiment.py --quantized --nodes 1 --rounds 30 --eval-every 10 --seeds 3 --out docs/bench/nf4-check-2cpu --resume
 """
 
 from __future__ import annotations
@@ -82,7 +87,13 @@ TESTBEDS = {
     "smollm2+tiny": {"presets": ["smollm2-135m", "tiny-a"], "task_mixes": [SMOLLM2, tasks(1, 1)], "companions": [False, True],
                      "extra": ["--selection.accept", "any"], "silo": "smollm2"},
 }
+# the same silo on a frozen 4-bit base with LoRA adapters (issue 36's learning check). LoRA's best learning rate is
+# about 10x full fine-tuning's (Schulman et al., "LoRA Without Regret", 2025), so the adapters train at 10x the
+# recipe's 1e-5: the comparison is each arm as a user would run it, not one learning rate for both
+TESTBEDS["smollm2-nf4"] = {**TESTBEDS["smollm2"], "extra": ["--model.quantize", "nf4", "--model.lora.enabled", "true",
+                                                            "--grpo.lr", "1e-4"], "silo": "smollm2"}
 REAL = ("smollm2", "smollm2+tiny")  # testbeds of the short real-model grid (--real)
+GRIDS = ("paper", "quick", "real", "quantized")
 
 
 @dataclass(frozen=True)
@@ -119,11 +130,15 @@ class Config:
         return self.external > 0 and not self.control
 
 
-def grid(rules: list[str], quick: bool, real: bool = False) -> list[Config]:
-    if real:  # half the paper's round (2 + 2 against 4 + 0), which is what 2 cores carry for a real model
+def grid(rules: list[str], kind: str = "paper") -> list[Config]:
+    """The configurations of one of GRIDS: the paper's (tiny presets), its smoke run, the real-model grid, and the
+    4-bit base against full fine-tuning (SmolLM2 silos; the NF4 row's 'silo' is the full fine-tuning one)."""
+    if kind == "quantized":
+        return [Config("smollm2", 4, 0), Config("smollm2-nf4", 4, 0)]
+    if kind == "real":  # half the paper's round (2 + 2 against 4 + 0), which is what 2 cores carry for a real model
         configs = [Config(bed, i, 4 - i, rule) for bed in REAL for i in (4, 2) for rule in (rules if i < 4 else ["uniform"])]
         return [c for c in configs if c.external or c.silo == c]  # a shared silo runs once
-    if quick:
+    if kind == "quick":
         return [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "guarded"), Config("homogeneous", 4, 4, control=True)]
     homo = [Config("homogeneous", 8, 0), Config("homogeneous", 8, 0, overdraw=2), Config("homogeneous", 4, 4, control=True),
             Config("homogeneous", 4, 4, control=True, negatives=True), Config("homogeneous", 4, 4, "signal", negatives=True)]
@@ -216,8 +231,7 @@ def summarize(results: list[dict]) -> list[dict]:
         rows.append(config_row(name, cfg, runs, silo))
         if len(models) > 1:
             rows += [config_row(name, cfg, runs, silo, model) for model in models]
-    names = dict.fromkeys(c.name for quick, real in ((False, False), (True, False), (False, True))
-                          for c in grid(list(RULES), quick, real))
+    names = dict.fromkeys(c.name for kind in GRIDS for c in grid(list(RULES), kind))
     order = {name: i for i, name in enumerate(names)}
     return sorted(rows, key=lambda r: (order.get(r["run_config"], len(order)), r["model"] or ""))
 
@@ -240,6 +254,7 @@ def config_row(name: str, cfg: Config, runs: list[dict], silo: dict[int, dict], 
     every = [n for r in runs for n in nodes(r)]
     return {
         "config": name + (f" [{model}]" if model else ""), "run_config": name, "model": model, **asdict(cfg),
+        "reference": cfg.silo.name,
         "seeds": [r["seed"] for r in runs],
         "cumulative_reward": mean(cum), "cumulative_reward_ci95": ci95(cum),
         "vs_silo": mean(ratios), "vs_silo_ci95": ci95(ratios), "vs_silo_per_seed": ratios,
@@ -307,7 +322,7 @@ def report(out: Path, console: Console) -> None:
 
 def versus_silo(row: dict) -> str:
     """Held-out accuracy minus the paired silo's: at the last eval point (95% CI) and at the worst one."""
-    if row["eval_last_vs_silo"] is None or row["external"] == 0:
+    if row["eval_last_vs_silo"] is None or row["reference"] == row["run_config"]:
         return "-"
     ci = "" if math.isnan(row["eval_last_vs_silo_ci95"]) else f" ± {row['eval_last_vs_silo_ci95']:.3f}"
     return f"{row['eval_last_vs_silo']:+.3f}{ci} / {row['eval_vs_silo_worst']:+.3f}"
@@ -414,6 +429,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="smoke run: 2 nodes, 20 rounds, 1 seed, 3 configurations")
     p.add_argument("--real", action="store_true", help="the real-model grid (SmolLM2-135M, alone and beside tiny-a): "
                    "4 + 0 against 2 + 2 groups per round; pair it with few nodes and rounds on a CPU")
+    p.add_argument("--quantized", action="store_true", help="issue 36's learning check: a SmolLM2 silo (4 groups a "
+                   "round) with full fine-tuning against LoRA on an NF4 base; pair it with --nodes 1")
     p.add_argument("--out", type=Path, default=Path("runs/experiment"))
     args = p.parse_args()
     console = Console(width=max(170, Console().width))  # the table is wide; logs and pipes get it whole
@@ -421,7 +438,8 @@ def main() -> None:
         args.nodes, args.rounds, args.seeds, args.eval_every = 2, 20, 1, 10
     failed = []
     if not args.report:
-        configs = grid(args.rules, args.quick, args.real)
+        kind = "quantized" if args.quantized else "real" if args.real else "quick" if args.quick else "paper"
+        configs = grid(args.rules, kind)
         if args.only:
             unknown = set(args.only) - {c.name for c in configs}
             if unknown:
