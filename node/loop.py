@@ -76,7 +76,7 @@ class Node:
         planner.log_plan(fitted.plan)
         self.cfg = cfg = fitted.cfg
         self.plan = fitted.plan
-        self.memory = MemoryWatch(self.plan.peak_bytes, round_peak_reader(self.plan.device.kind))
+        self.memory = MemoryWatch(self.plan.peak_bytes, round_peak_reader(self.plan.device.kind), self.plan.peak_at)
         self.policy = load_policy(cfg.model, weights_from=resumed.model_dir if resumed else None, tokenizer=fitted.tokenizer,
                                   source=fitted.source)
         self.generator = make_generator(cfg.generation, self.policy)
@@ -209,7 +209,7 @@ class Node:
         self.selector.observe_own(stats.local_logprobs)
         self.round = r
         # 5. the next round's micro-batch from this one's memory peak, evaluation when due, the metrics row
-        micro_batch, memory_peak = self._fit_micro_batch()
+        micro_batch, memory_peak = self._fit_micro_batch(stats.longest_completion)
         evaluation = self._evaluate(stop) if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else (None, None)
         seconds["other"] = time.perf_counter() - started - seconds["generate"] - seconds["train"]
         self._record(self._round_metrics(r, sampled, groups, pick, stats, seconds, evaluation, published,
@@ -231,11 +231,11 @@ class Node:
         published = publish_round(self.gossip, self.cfg.model.name, r, groups, self.cfg.p2p.limits) if self.gossip else 0
         return groups, published
 
-    def _fit_micro_batch(self) -> tuple[int, float | None]:
+    def _fit_micro_batch(self, longest_completion: int) -> tuple[int, float | None]:
         """The micro-batch this round used and its memory peak; the next round's micro-batch is lowered when
         the peak came close to the plan's limit."""
         used = self.trainer.cfg.micro_batch
-        peak, lower = self.memory.after_round(used)
+        peak, lower = self.memory.after_round(used, longest_completion)
         self.trainer.cfg = self.trainer.cfg.model_copy(update={"micro_batch": lower})
         return used, peak
 

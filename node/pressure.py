@@ -30,29 +30,34 @@ def round_peak_reader(device: str) -> Callable[[], float | None]:
 
 
 REPORT_AFTER = 5  # rounds after which a node says how its peak compares with the plan, once
+OFF_BY = 0.20  # past this relative difference from the plan's figure for such rounds, that report is a warning
 
 
 @dataclass
 class MemoryWatch:
-    planned_bytes: float  # the plan's expected peak
+    planned_bytes: float  # the plan's expected peak: the worst round, every completion at max_new_tokens
     read: Callable[[], float | None]
+    # the plan's peak for a round of (micro-batch, longest completion in tokens): the rounds a node runs are
+    # mostly shorter than the worst, so the self-check compares like with like (Plan.peak_at)
+    expect: Callable[[int, int], float] | None = None
     rounds: int = 0
     highest: float = 0.0
+    longest: int = 0  # the longest completion of those rounds, in tokens
+    widest: int = 0  # their largest micro-batch
 
     def start(self) -> None:
         """Begin the first window once the model is loaded: loading is not part of a round's plan."""
         self.read()
 
-    def after_round(self, micro_batch: int) -> tuple[float | None, int]:
+    def after_round(self, micro_batch: int, longest_completion: int = 0) -> tuple[float | None, int]:
         """The round's measured peak, and the micro-batch for the next round: half of this one when the
         peak went past the plan."""
         peak = self.read()
         self.rounds += 1
         self.highest = max(self.highest, peak or 0.0)
+        self.longest, self.widest = max(self.longest, longest_completion), max(self.widest, micro_batch)
         if self.rounds == REPORT_AFTER and self.highest:
-            log.info("memory: the first %d rounds peaked at %.2f GB, %.0f%% of the plan's %.2f GB (the plan is for "
-                     "the worst round: every completion at generation.max_new_tokens)", REPORT_AFTER,
-                     self.highest / GB, 100 * self.highest / self.planned_bytes, self.planned_bytes / GB)
+            self._report()
         if peak is None or peak <= self.planned_bytes:
             return peak, micro_batch
         lower = max(1, micro_batch // 2)
@@ -64,3 +69,22 @@ class MemoryWatch:
                         "give the node more memory (run.memory_gb) or lower generation.batch_size or "
                         "generation.max_new_tokens", peak / GB, self.planned_bytes / GB)
         return peak, lower
+
+    def _report(self) -> None:
+        """Once: the first rounds' peak beside the plan's figure for rounds like them, a warning when the two
+        differ by more than OFF_BY (the estimate, not the node, is then wrong for this machine). Without the
+        rounds' shape, beside the worst round's figure, which a peak below it does not contradict."""
+        if not (self.expect and self.longest):
+            log.info("memory: the first %d rounds peaked at %.2f GB, %.0f%% of the plan's %.2f GB for the worst round",
+                     REPORT_AFTER, self.highest / GB, 100 * self.highest / self.planned_bytes, self.planned_bytes / GB)
+            return
+        expected = self.expect(self.widest, self.longest)
+        off = self.highest / expected - 1
+        said = (f"memory: the first {REPORT_AFTER} rounds peaked at {self.highest / GB:.2f} GB, {100 * off:+.0f}% against "
+                f"the plan's {expected / GB:.2f} GB for rounds like them (micro-batch {self.widest}, completions up to "
+                f"{self.longest} tokens); it reserves {self.planned_bytes / GB:.2f} GB for the worst round")
+        if abs(off) <= OFF_BY:
+            log.info("%s", said)
+        else:
+            log.warning("%s. The estimate is off by more than %d%% on this machine: its figures (trainer/memory.py) need "
+                        "calibrating here; please report this line with `sapo doctor`'s output", said, 100 * OFF_BY)

@@ -85,18 +85,53 @@ def test_a_round_past_the_plan_halves_the_micro_batch_down_to_one(caplog):
         assert watch.after_round(1) == (None, 1)  # nothing to read (not Linux): nothing changes
 
 
-def test_after_a_few_rounds_the_node_says_once_how_its_peak_compares_with_the_plan(caplog):
+def reports(caplog) -> list[tuple[str, str]]:
+    return [(r.levelname, r.getMessage()) for r in caplog.records if "rounds peaked at" in r.getMessage()]
+
+
+def test_after_a_few_rounds_the_node_says_once_how_its_peak_compares_with_the_plan_for_rounds_like_them(caplog):
     from node.pressure import REPORT_AFTER
 
+    asked = []
+
+    def expect(micro_batch: int, longest: int) -> float:
+        asked.append((micro_batch, longest))
+        return 0.64 * GB
+
     peaks = iter([0.5 * GB, 0.7 * GB] + [0.6 * GB] * (REPORT_AFTER + 3))
-    watch = MemoryWatch(planned_bytes=2 * GB, read=lambda: next(peaks))
+    watch = MemoryWatch(planned_bytes=2 * GB, read=lambda: next(peaks), expect=expect)
     watch.start()
     with caplog.at_level(logging.INFO, logger="node.pressure"):
-        for _ in range(REPORT_AFTER + 2):
+        for longest in [10, 40, 20] + [30] * (REPORT_AFTER - 1):
+            watch.after_round(4, longest)
+    assert asked == [(4, 40)]  # once, for the largest micro-batch and the longest completion of those rounds
+    assert reports(caplog) == [("INFO", f"memory: the first {REPORT_AFTER} rounds peaked at 0.70 GB, +9% against the "
+                                "plan's 0.64 GB for rounds like them (micro-batch 4, completions up to 40 tokens); it "
+                                "reserves 2.00 GB for the worst round")]
+
+
+@pytest.mark.parametrize("measured", [0.5, 1.3])
+def test_a_peak_more_than_a_fifth_off_the_plan_for_such_rounds_is_a_warning(caplog, measured):
+    from node.pressure import REPORT_AFTER
+
+    watch = MemoryWatch(planned_bytes=2 * GB, read=lambda: measured * GB, expect=lambda micro, longest: 1.0 * GB)
+    with caplog.at_level(logging.INFO, logger="node.pressure"):
+        for _ in range(REPORT_AFTER):
+            watch.after_round(4, 32)
+    [(level, said)] = reports(caplog)
+    assert level == "WARNING" and f"{100 * (measured - 1):+.0f}% against the plan's 1.00 GB" in said
+    assert "off by more than 20% on this machine" in said
+
+
+def test_without_the_rounds_shape_the_peak_is_set_beside_the_worst_round_and_never_warned_about(caplog):
+    from node.pressure import REPORT_AFTER
+
+    watch = MemoryWatch(planned_bytes=2 * GB, read=lambda: 0.7 * GB)
+    with caplog.at_level(logging.INFO, logger="node.pressure"):
+        for _ in range(REPORT_AFTER):
             watch.after_round(4)
-    said = [r.getMessage() for r in caplog.records if "rounds peaked at" in r.getMessage()]
-    assert said == [f"memory: the first {REPORT_AFTER} rounds peaked at 0.70 GB, 35% of the plan's 2.00 GB (the plan is "
-                    "for the worst round: every completion at generation.max_new_tokens)"]
+    assert reports(caplog) == [("INFO", f"memory: the first {REPORT_AFTER} rounds peaked at 0.70 GB, 35% of the plan's "
+                                "2.00 GB for the worst round")]
 
 
 def test_the_watch_reads_the_resident_peak_on_a_host_and_apple_and_the_reserved_peak_on_a_card():

@@ -58,24 +58,20 @@ def test_parameters_match_the_real_tiny_models(tiny_a, tiny_b):
 
 
 @pytest.mark.parametrize("run, kind", [("mb8", "full"), ("mb16", "full"), ("lora-mb8", "lora"), ("nf4-mb8", "nf4")])
-def test_the_estimate_errs_high_but_close_on_the_measured_smollm2_step(run, kind):
+def test_the_estimate_errs_high_by_less_than_a_fifth_on_the_measured_smollm2_step(run, kind):
     """Peak RSS of SmolLM2-135M's second GRPO step (AdamW's moments resident, every row its own prompt, 2 CPU
     cores), measured by scripts/bench/bench_round.py --own-prompts, one variant per process, against the
     estimate for the largest micro-batch that step ran: its rows, and its positions per row."""
     from tests.conftest import ROOT
-    from trainer.plan import shape
+    from trainer.plan import step_peak
 
     bench = json.loads((ROOT / f"docs/bench/round-smollm2-135m-own-prompts-{run}-2cpu.json").read_text())
     (row,) = bench["rows"]
     part = row["largest_part"]
-    prompt = round(bench["prompt_tokens"] / bench["tasks"])
-    rows = bench["tasks"] * bench["completions"]
-    ran = RoundShape(rows=rows, generation_rows=rows, prompt_tokens=prompt,
-                     completion_tokens=max(1, round(part["positions"] / part["rows"]) - prompt))
-    m = shape(SMOLLM2, kind != "full", False, "float32", Wants(), nf4=kind == "nf4")
-    estimate_gb = peak(estimate(CPU, m, ran, "transformers", part["rows"], None, False)) / GB
+    estimate_gb = step_peak(SMOLLM2, kind, part["rows"], part["positions"] / part["rows"],
+                            round(bench["prompt_tokens"] / bench["tasks"])) / GB
     assert row["variant"] == kind and row["own_prompts"] and part["rows"] <= row["micro_batch"]
-    assert row["peak_rss_gb"] <= estimate_gb <= 1.5 * row["peak_rss_gb"]
+    assert row["peak_rss_gb"] <= estimate_gb <= 1.2 * row["peak_rss_gb"]  # high, by less than a fifth
 
 
 @pytest.mark.parametrize("gb, model, how", [
@@ -195,6 +191,14 @@ def test_a_cpu_node_runs_the_fastest_micro_batch_that_fits_not_the_largest_and_a
     assert card.micro_batch > 8
     assert peak(estimate(Device.card(80), replace(shape_from_config(QWEN["0.5B"]), checkpointing=card.checkpointing),
                          PAPER_ROUND, card.backend, card.micro_batch + 1, None, False)) > card.budget_bytes
+
+
+@pytest.mark.parametrize("device, model", [(cpu(24), SMOLLM2), (Device.card(24), QWEN["1.5B"])])
+def test_the_plan_gives_a_node_its_figure_for_shorter_rounds_than_the_worst(device, model):
+    p = plan(device, model, PAPER_ROUND, Wants())
+    assert p.peak_at(p.micro_batch, PAPER_ROUND.completion_tokens) == pytest.approx(p.peak_bytes)
+    shorter = [p.peak_at(p.micro_batch, n) for n in (256, 64, 16)]
+    assert p.peak_bytes > shorter[0] > shorter[1] > shorter[2] > p.parts["weights"]
 
 
 def test_gradient_checkpointing_and_lora_lower_the_estimate():

@@ -43,6 +43,7 @@ class StepStats:
     external_groups_used: int = 0
     external_masked: int = 0  # external completions masked as off-support
     local_logprobs: list[float] = field(default_factory=list)  # mean token log-prob of each local row, pre-update
+    longest_completion: int = 0  # in tokens: what the round's memory peak is compared with the plan at
 
     def optimizer_metrics(self) -> dict[str, float | None]:
         """Loss, KL, clip fraction, gradient norm and learning rate; None when no optimizer step was taken (a
@@ -94,6 +95,7 @@ class GRPOTrainer:
             return stats
 
         batch, rewards, group_ids, truncated, external, used = self._tensors(kept)
+        stats.longest_completion = batch.completion_mask.shape[1]
         advantages = group_advantages(rewards, group_ids, cfg.advantage_scale)
         loss_mask = batch.completion_mask * (used & ~truncated if cfg.mask_truncated else used)[:, None]
         if not cfg.external_negatives:  # learn from peers' successes only

@@ -8,9 +8,10 @@ AdamW moments for every trainable weight (in the weights' dtype; LoRA adapters i
 a generation batch, and per training token the activations autograd keeps (per layer, a multiple of the
 hidden and MLP widths) plus one chunk of completion logits in float32 (the LM head runs in chunks). The
 multiples are calibrated on SmolLM2-135M on this project's CPU machine: the peak RSS of a running node's
-step (the second, with AdamW's moments resident; every row its own prompt) at micro-batches 8 and 16 is
-below the estimate by less than a third (docs/bench/round-smollm2-135m-own-prompts-mb*-2cpu.json, checked by
-tests/test_plan.py; shared prompts need less, so the estimate stays high). On a GPU, one H200 run of
+step (the second, with AdamW's moments resident; every row its own prompt) at micro-batches 8 and 16, with
+full fine-tuning, LoRA and LoRA on an NF4 base, is below the estimate by 10-15%
+(docs/bench/round-smollm2-135m-own-prompts-*-2cpu.json, held within a fifth by tests/test_plan.py; shared
+prompts need less, so the estimate stays high). On a GPU, one H200 run of
 SmolLM2-135M (docs/bench/doctor-bench-h200) found the transformers generator's cache needs more than its
 size on a card (`trainer.plan.CUDA_CACHE_GROWTH`) and no trained round near the training term, which no
 worst-case step has yet checked there.
@@ -48,6 +49,10 @@ class ModelShape:
     vocab: int
     kv_width: int  # key (= value) width per token and layer
     linear: int = 0  # weights of the attention and MLP projections: what NF4 quantizes
+    # per layer and token, the widths of projection inputs that no trained weight reads: autograd keeps a
+    # linear layer's input only for its weight's gradient, so under LoRA on the attention alone the MLP's
+    # two inputs are not kept (measured: SmolLM2's LoRA step peaks 14% lower in activations than full fine-tuning)
+    frozen_inputs: int = 0
     checkpointing: bool = False  # activations recomputed in backward: each layer keeps only its input
     weight_bytes: int = FLOAT32  # per weight value of the policy (and of its activations)
     nf4: bool = False  # the projections held in NF4 (NF4_BYTES a weight), the rest in weight_bytes
@@ -72,12 +77,15 @@ def shape_from_config(config: dict, lora_r: int | None = None, lora_targets: tup
     per_layer = sum(i * o for i, o in widths.values()) + 2 * hidden
     embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", c.get("tie_word_embeddings", True)) else 2)
     parameters = embeddings + layers * per_layer + hidden
-    trainable = parameters
+    trainable, frozen_inputs = parameters, 0
     if lora_r is not None:
         trainable = layers * sum(lora_r * sum(widths[t]) for t in lora_targets if t in widths)
         parameters += trainable
+        readers = [(hidden, ("q_proj", "k_proj", "v_proj")), (heads * head_dim, ("o_proj",)),
+                   (hidden, ("gate_proj", "up_proj")), (mlp, ("down_proj",))]  # each input, and the projections reading it
+        frozen_inputs = sum(width for width, names in readers if not set(names) & set(lora_targets))
     return ModelShape(parameters=parameters, trainable=trainable, layers=layers, hidden=hidden, mlp=mlp, vocab=vocab,
-                      kv_width=kv_width, linear=layers * sum(i * o for i, o in widths.values()))
+                      kv_width=kv_width, linear=layers * sum(i * o for i, o in widths.values()), frozen_inputs=frozen_inputs)
 
 
 @dataclass(frozen=True)
@@ -104,13 +112,15 @@ def optimizer_bytes(m: ModelShape) -> float:
 
 
 def activation_bytes(m: ModelShape, r: RoundShape, micro_batch: int) -> float:
-    layer = ACT_PER_HIDDEN * m.hidden + ACT_PER_MLP * m.mlp
+    layer = ACT_PER_HIDDEN * m.hidden + ACT_PER_MLP * m.mlp - m.frozen_inputs
     kept = m.layers * m.hidden + layer if m.checkpointing else m.layers * layer
     logits = micro_batch * m.vocab * FLOAT32 * min(r.completion_tokens, max(1, LOGITS_CHUNK_BYTES // (
         micro_batch * m.vocab * FLOAT32)))  # one chunk of positions (at least one) at a time
-    # An NF4 projection is dequantized for its matmul and autograd keeps that copy for the backward pass:
-    # every layer's, unless the layers are recomputed (measured on the CPU backend: +0.5 GB on SmolLM2)
-    dequantized = (m.linear // m.layers if m.checkpointing else m.linear) * m.weight_bytes if m.nf4 else 0
+    # An NF4 projection is dequantized for its matmul, and again for its backward pass (bitsandbytes 0.50 keeps
+    # neither copy). Measured on the CPU backend, SmolLM2's step still peaks 0.87 GB above LoRA on a float32 base,
+    # beyond the smaller weights: about two float32 copies of every projection, which the allocator holds on to.
+    # Counted so, for every layer (one with checkpointing); on a card not yet measured
+    dequantized = 2 * (m.linear // m.layers if m.checkpointing else m.linear) * m.weight_bytes if m.nf4 else 0
     return micro_batch * r.tokens * kept * m.weight_bytes + LOGIT_COPIES * logits + dequantized
 
 

@@ -85,11 +85,19 @@ class Plan:
     parts: dict[str, float]  # what the peak is made of
     peak_bytes: float
     budget_bytes: float
+    model: ModelShape
+    round: RoundShape  # as the generator decodes it
     why: list[str] = field(default_factory=list)
 
     @property
     def training(self) -> str:
         return ("LoRA on an NF4 base" if self.nf4 else "LoRA") if self.lora else "full fine-tuning"
+
+    def peak_at(self, micro_batch: int, completion_tokens: int) -> float:
+        """The expected peak of a round that trains in `micro_batch` and whose longest completion is
+        `completion_tokens` long: what a node's measured peak is compared with (the plan is for the worst round)."""
+        r = replace(self.round, completion_tokens=completion_tokens)
+        return peak(estimate(self.device, self.model, r, self.backend, micro_batch, self.vllm_share, self.vllm_sleep))
 
     def summary(self) -> str:
         how = self.training
@@ -147,6 +155,16 @@ def estimate(device: Device, m: ModelShape, r: RoundShape, backend: str, micro: 
 
 def peak(parts: dict[str, float]) -> float:
     return sum(v for k, v in parts.items() if k not in ("training", "generation")) + max(parts["training"], parts["generation"])
+
+
+def step_peak(config: dict, kind: str, rows: int, positions_per_row: float, prompt_tokens: int) -> float:
+    """The estimated peak of one training step on a CPU (float32, no generator running): a micro-batch of `rows`
+    sequences of `positions_per_row` positions each, `prompt_tokens` of them prompt, for `kind` full, lora or nf4
+    (LoRA on an NF4 base). What scripts/bench/bench_round.py prints beside the peak it measures."""
+    m = shape(config, kind != "full", False, "float32", Wants(), nf4=kind == "nf4")
+    ran = RoundShape(rows=rows, generation_rows=rows, prompt_tokens=prompt_tokens,
+                     completion_tokens=max(1, round(positions_per_row) - prompt_tokens))
+    return peak(estimate(Device("cpu", "a measured CPU", float("inf"), float("inf")), m, ran, "transformers", rows, None, False))
 
 
 def vllm_share_needed(device: Device, m: ModelShape, r: RoundShape) -> float:
@@ -229,7 +247,8 @@ def _fit(device: Device, config: dict, r: RoundShape, wants: Wants, backend: str
                        f"of {r.tokens} tokens at once, and {VLLM_OVERHEAD / GB:.1f} GB for its own work")
     elif rows < r.generation_rows:
         reasons.append(f"the generator decodes {rows} sequences at a time, not all {r.generation_rows}: more would not fit")
-    return Plan(device, backend, dtype, lora, ckpt, nf4, micro, rows, share, sleep, parts, peak(parts), budget, reasons), best
+    return Plan(device, backend, dtype, lora, ckpt, nf4, micro, rows, share, sleep, parts, peak(parts), budget, m, decoding,
+                reasons), best
 
 
 def _smallest_change(device: Device, config: dict, r: RoundShape, wants: Wants, tried: tuple[Plan, int]) -> str:

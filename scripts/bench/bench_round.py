@@ -46,7 +46,7 @@ from trainer.config import GRPOConfig, LoraConfig, ModelConfig
 from trainer.generation import SamplingParams
 from trainer.generation.hf import TransformersGenerator
 from trainer.grpo import GRPOTrainer
-from trainer.memory import GB, RoundShape, shape_from_config
+from trainer.memory import GB, shape_from_config
 from trainer.policy import encode_prompts
 from trainer.presets import load
 from trainer.rollout import rollout
@@ -65,15 +65,6 @@ def matmul_gflops(seconds: float = 2.0, n: int = 2048) -> float:
 
 def variant_model(model: ModelConfig, kind: str) -> ModelConfig:
     return model.model_copy(update={"lora": LoraConfig(enabled=kind != "full"), "quantize": "nf4" if kind == "nf4" else "none"})
-
-
-def estimate_gb(config: dict, kind: str, rows: int, positions_per_row: float, prompt: int) -> float:
-    """The planner's estimate of the peak, for the micro-batch that ran the most positions (float32, as on a CPU)."""
-    m = plan.shape(config, kind != "full", False, "float32", plan.Wants(), nf4=kind == "nf4")
-    ran = RoundShape(rows=rows, generation_rows=rows, prompt_tokens=prompt,
-                     completion_tokens=max(1, round(positions_per_row) - prompt))
-    device = plan.Device("cpu", "this machine", float("inf"), float("inf"))
-    return round(plan.peak(plan.estimate(device, m, ran, "transformers", rows, None, False)) / GB, 2)
 
 
 def peak_rss_gb() -> float:
@@ -152,8 +143,8 @@ def main() -> None:
                      "rounds_per_minute": round(60 / (generate_s + train_s), 3), "peak_rss_gb": round(peak_rss_gb(), 2),
                      "round_gflop": round(flops / 1e9, 1), "train_positions": positions,
                      "largest_part": {"rows": len(largest), "positions": largest_positions},
-                     "estimate_gb": estimate_gb(config, kind, len(largest), largest_positions / len(largest),
-                                                round(prompt_tokens / args.tasks)),
+                     "estimate_gb": round(plan.step_peak(config, kind, len(largest), largest_positions / len(largest),
+                                                         round(prompt_tokens / args.tasks)) / GB, 2),
                      "train_padding": round(positions / tokens - 1, 3),
                      "share_of_matmul_peak": round(flops / 1e9 / gflops / (generate_s + train_s), 3)})
 
