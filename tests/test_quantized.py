@@ -58,13 +58,13 @@ def test_smollm2_on_an_nf4_base_trains_its_adapters_generates_checkpoints_and_re
     trained = load_file(adapters / "adapter_model.safetensors")
     assert any("lora_B" in k and t.abs().sum() > 0 for k, t in trained.items())  # B starts at zero: a step moved it
 
-    second = run_sapo(*run, "--rounds", "4", timeout=900)
+    second = run_sapo(*run, "--rounds", "3", timeout=900)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "round-000002 at round 2" in second.stderr, second.stderr[-2000:]  # "resumed from <ckpt> at round 2"
     later_rows = metrics(tmp_path)[len(rows):]
-    assert [m["round"] for m in later_rows] == [3, 4]
+    assert [m["round"] for m in later_rows] == [3]
     assert later_rows[-1]["weight_version"] >= rows[-1]["weight_version"] > 0  # went on from the first run's weights
-    later = load_file(tmp_path / "checkpoints" / "round-000004" / "model" / "adapter_model.safetensors")
+    later = load_file(tmp_path / "checkpoints" / "round-000003" / "model" / "adapter_model.safetensors")
     moved = any(not later[k].equal(trained[k]) for k in trained)
     assert moved == (sum(m["groups_trained"] for m in later_rows) > 0)  # resumed adapters, changed only by steps
 
