@@ -14,7 +14,7 @@ from rewards import TaskSource
 from trainer import memory
 from trainer.memory import GB, MemoryPlanError
 from trainer.plan import Device, Plan, Wants, plan, probe
-from trainer.policy import ModelLoadError, format_prompt, load_tokenizer, uses_chat_template
+from trainer.policy import ModelLoadError, format_prompt, load_tokenizer, require_packages, uses_chat_template
 from trainer.presets import resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,7 @@ def inputs(cfg: NodeConfig) -> Inputs:
     prompt measured with a quarter more for the longest training prompt."""
     from transformers import AutoConfig
 
+    require_packages(cfg.model)  # before a plan is made with a package that is not there
     source = resolve_model_path(cfg.model)
     try:
         model_config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.model.trust_remote_code).to_dict()

@@ -38,6 +38,28 @@ def test_without_bitsandbytes_the_error_names_the_extra(tiny_a, monkeypatch):
         load_policy(ModelConfig(name=str(tiny_a), quantize="nf4"))
 
 
+@pytest.mark.parametrize("asked, absent, says", [
+    ({"quantize": "nf4"}, ("bitsandbytes", "peft"), "model.quantize nf4 needs peft and bitsandbytes: pip install -e '.[quant]'"),
+    ({"quantize": "nf4"}, ("bitsandbytes",), "model.quantize nf4 needs bitsandbytes: pip install -e '.[quant]'"),
+    ({"lora": {"enabled": True}}, ("peft",), "model.lora.enabled needs peft: pip install -e '.[lora]'"),
+])
+def test_adapters_or_a_quantized_base_without_their_packages_are_refused_before_a_plan_is_made(tiny_a, monkeypatch, caplog,
+                                                                                             asked, absent, says):
+    import importlib.util
+    import logging
+
+    from node import planner
+    from node.config import load_config
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in absent else real(name, *a))
+    cfg = load_config(None, {"model": {"name": str(tiny_a), **asked}})
+    with caplog.at_level(logging.INFO), pytest.raises(ModelLoadError) as refused:
+        planner.fit(cfg)
+    assert str(refused.value) == f"{says} in the sapo-node checkout"
+    assert not any("plan" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.slow
 def test_smollm2_on_an_nf4_base_trains_its_adapters_generates_checkpoints_and_resumes(request, cache_dir, tmp_path):
     pytest.importorskip("bitsandbytes")

@@ -95,6 +95,17 @@ def load_tokenizer(source: str, trust_remote_code: bool = False) -> PreTrainedTo
     return tokenizer
 
 
+def require_packages(cfg: ModelConfig) -> None:
+    """Refuse, naming the extra to install, a config that asks for a package this environment lacks: called
+    before the planner plans with it and before a model loads (transformers' own checks name no command)."""
+    nf4 = cfg.quantize == "nf4"
+    needs = ["peft", "bitsandbytes"] if nf4 else ["peft"] if cfg.lora.enabled is True else []
+    missing = [package for package in needs if importlib.util.find_spec(package) is None]
+    if missing:
+        setting, extra = ("model.quantize nf4", "quant") if nf4 else ("model.lora.enabled", "lora")
+        raise ModelLoadError(f"{setting} needs {' and '.join(missing)}: pip install -e '.[{extra}]' in the sapo-node checkout")
+
+
 def load_policy(cfg: ModelConfig, weights_from: Path | None = None,
                 tokenizer: PreTrainedTokenizerBase | None = None, source: str | None = None) -> Policy:
     """Load the policy from `source` (a folder or hub id; default `cfg.name`: presets are resolved to their
@@ -108,6 +119,7 @@ def load_policy(cfg: ModelConfig, weights_from: Path | None = None,
     if cfg.quantize == "nf4" and not lora:
         raise ModelLoadError("model.quantize nf4 freezes the base in 4 bits: it trains LoRA adapters only "
                              "(set model.lora.enabled to true)")
+    require_packages(cfg)
     quantized = _nf4(device, dtype) if cfg.quantize == "nf4" else {}
     try:
         tokenizer = tokenizer or load_tokenizer(source, cfg.trust_remote_code)
@@ -135,18 +147,14 @@ def _nf4(device: torch.device, dtype: torch.dtype) -> dict:
     """from_pretrained's arguments for a base whose linear weights are held in NF4 and computed in `dtype`.
     Double quantization (the block scales in 8 bits too) saves 0.4 bits a weight, but on the CPU backend of
     bitsandbytes 0.50 it made a forward 9x slower (1.8 s against 15.7 s, SmolLM2-135M, 2 x 32 tokens)."""
-    if importlib.util.find_spec("bitsandbytes") is None:  # transformers' own check names no install command
-        raise ModelLoadError("model.quantize nf4 needs bitsandbytes: pip install -e '.[quant]' in the sapo-node checkout")
     config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
                                 bnb_4bit_use_double_quant=device.type == "cuda")
     return {"quantization_config": config, "device_map": {"": device}}
 
 
 def _with_lora(model: PreTrainedModel, cfg: ModelConfig, adapter_from: Path | None) -> PreTrainedModel:
-    try:
-        from peft import LoraConfig, PeftModel, get_peft_model
-    except ImportError:
-        raise ModelLoadError("model.lora.enabled needs peft: pip install -e '.[lora]' in the sapo-node checkout") from None
+    from peft import LoraConfig, PeftModel, get_peft_model  # present: require_packages
+
     with warnings.catch_warnings():
         # upstream: peft 0.21 reads transformers 5's deprecated `is_gradient_checkpointing` as it wraps a model,
         # a FutureWarning on every LoRA load that says nothing about this node
