@@ -95,7 +95,6 @@ class Node:
             self._restore(resumed)
         (out / "config.json").write_text(cfg.model_dump_json(indent=2))
         (out / "plan.json").write_text(json.dumps(self.plan.record(), indent=2))
-        self.memory.start()
 
     def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
         self.round = ckpt.round
@@ -176,6 +175,7 @@ class Node:
                                       eval_accuracy=eval_acc, eval_by_dataset=eval_by_dataset, n_local=0,
                                       n_external=0, tokens_generated=0, seconds_generate=0.0, seconds_train=0.0,
                                       seconds_other=0.0))
+        self.memory.start()  # its first window is a round's: not the loading, nor the first evaluation
         saved_round = self.round
         while self.round < cfg.run.rounds and not stop.requested:
             if self.gossip is not None and not self.gossip.alive:
@@ -209,7 +209,7 @@ class Node:
         self.selector.observe_own(stats.local_logprobs)
         self.round = r
         # 5. the next round's micro-batch from this one's memory peak, evaluation when due, the metrics row
-        micro_batch, memory_peak = self._fit_micro_batch(stats.longest_completion)
+        micro_batch, memory_peak = self._fit_micro_batch(stats)
         evaluation = self._evaluate(stop) if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else (None, None)
         seconds["other"] = time.perf_counter() - started - seconds["generate"] - seconds["train"]
         self._record(self._round_metrics(r, sampled, groups, pick, stats, seconds, evaluation, published,
@@ -231,11 +231,11 @@ class Node:
         published = publish_round(self.gossip, self.cfg.model.name, r, groups, self.cfg.p2p.limits) if self.gossip else 0
         return groups, published
 
-    def _fit_micro_batch(self, longest_completion: int) -> tuple[int, float | None]:
+    def _fit_micro_batch(self, stats: StepStats) -> tuple[int, float | None]:
         """The micro-batch this round used and its memory peak; the next round's micro-batch is lowered when
         the peak came close to the plan's limit."""
         used = self.trainer.cfg.micro_batch
-        peak, lower = self.memory.after_round(used, longest_completion)
+        peak, lower = self.memory.after_round(used, stats.longest_completion, stats.largest_part)
         self.trainer.cfg = self.trainer.cfg.model_copy(update={"micro_batch": lower})
         return used, peak
 

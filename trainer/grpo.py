@@ -43,7 +43,10 @@ class StepStats:
     external_groups_used: int = 0
     external_masked: int = 0  # external completions masked as off-support
     local_logprobs: list[float] = field(default_factory=list)  # mean token log-prob of each local row, pre-update
-    longest_completion: int = 0  # in tokens: what the round's memory peak is compared with the plan at
+    # what the round's memory peak is compared with the plan at: the longest completion in tokens, and the micro-
+    # batch that ran the most positions (positions, rows), what the step's activations are made of
+    longest_completion: int = 0
+    largest_part: tuple[int, int] = (0, 0)
 
     def optimizer_metrics(self) -> dict[str, float | None]:
         """Loss, KL, clip fraction, gradient norm and learning rate; None when no optimizer step was taken (a
@@ -117,6 +120,7 @@ class GRPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 parts = []
                 for part in self._micro(rows, batch):  # gradients accumulate; memory is one micro-batch's
+                    stats.largest_part = max(stats.largest_part, (self._tokens(part, batch), len(part)))
                     logps = token_logprobs(model, batch.select(part), self.share_prompts)
                     old = logps.detach() if old_logps is None else old_logps[part]
                     sequence_logps[part] = mean_logprobs(old, batch.completion_mask[part])

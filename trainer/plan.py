@@ -93,11 +93,19 @@ class Plan:
     def training(self) -> str:
         return ("LoRA on an NF4 base" if self.nf4 else "LoRA") if self.lora else "full fine-tuning"
 
-    def peak_at(self, micro_batch: int, completion_tokens: int) -> float:
-        """The expected peak of a round that trains in `micro_batch` and whose longest completion is
-        `completion_tokens` long: what a node's measured peak is compared with (the plan is for the worst round)."""
-        r = replace(self.round, completion_tokens=completion_tokens)
-        return peak(estimate(self.device, self.model, r, self.backend, micro_batch, self.vllm_share, self.vllm_sleep))
+    def peak_at(self, rows: int, positions: int, completion_tokens: int) -> float:
+        """The expected peak of a round whose largest micro-batch ran `rows` sequences in `positions` positions (a
+        group's prompt runs once) and whose longest completion is `completion_tokens` long: what a node's measured
+        peak is compared with, since the plan is for the worst round (every row its own prompt, every completion
+        at max_new_tokens), which a real one is far below."""
+        # decoding the round's own rows (the window a node compares holds no evaluation)
+        decoding = replace(self.round, generation_rows=min(self.round.generation_rows, self.round.rows),
+                           completion_tokens=completion_tokens)
+        parts = estimate(self.device, self.model, decoding, self.backend, self.micro_batch, self.vllm_share, self.vllm_sleep)
+        step = replace(self.round, prompt_tokens=0, completion_tokens=max(1, round(positions / rows)))
+        parts["training"] = estimate(self.device, self.model, step, self.backend, rows, self.vllm_share,
+                                     self.vllm_sleep)["training"]
+        return peak(parts)
 
     def summary(self) -> str:
         how = self.training
