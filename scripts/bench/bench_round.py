@@ -130,20 +130,19 @@ def main() -> None:
         trainer.share_prompts &= not args.own_prompts
         trainer.step(groups)  # a running node's steps find AdamW's moments resident: the first allocates them
         started = time.perf_counter()
-        trainer.step(groups)
+        stats = trainer.step(groups)
         train_s = time.perf_counter() - started
         batch = trainer._tensors(groups)[0]
         rows_run = trainer._micro(torch.arange(len(batch.input_ids)), batch)
         positions = sum(trainer._tokens(part, batch) for part in rows_run)  # what the step's forwards run, padding included
-        largest = max(rows_run, key=lambda part: trainer._tokens(part, batch))  # what the activations' peak is made of
-        largest_positions = trainer._tokens(largest, batch)
+        largest_positions, largest_rows = stats.largest_part  # what the activations' peak is made of
         flops = 2 * params * tokens + (4 if lora else 6) * params * tokens
         rows.append({"variant": kind, "micro_batch": int(micro or 0), "own_prompts": args.own_prompts, "generate_s": round(generate_s, 1),
                      "train_s": round(train_s, 1), "round_s": round(generate_s + train_s, 1),
                      "rounds_per_minute": round(60 / (generate_s + train_s), 3), "peak_rss_gb": round(peak_rss_gb(), 2),
                      "round_gflop": round(flops / 1e9, 1), "train_positions": positions,
-                     "largest_part": {"rows": len(largest), "positions": largest_positions},
-                     "estimate_gb": round(plan.step_peak(config, kind, len(largest), largest_positions / len(largest),
+                     "largest_part": {"rows": largest_rows, "positions": largest_positions},
+                     "estimate_gb": round(plan.step_peak(config, kind, largest_rows, largest_positions / largest_rows,
                                                          round(prompt_tokens / args.tasks)) / GB, 2),
                      "train_padding": round(positions / tokens - 1, 3),
                      "share_of_matmul_peak": round(flops / 1e9 / gflops / (generate_s + train_s), 3)})
