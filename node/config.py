@@ -18,7 +18,7 @@ from node.status import StatusConfig
 from p2p.config import P2PConfig
 from p2p.config_errors import describe
 from rewards.config import TasksConfig
-from trainer.config import GenerationConfig, GRPOConfig, ModelConfig
+from trainer.config import VLLM_LORA_RANKS, GenerationConfig, GRPOConfig, ModelConfig
 
 
 class ConfigError(ValueError):
@@ -89,6 +89,14 @@ class NodeConfig(BaseSettings):
         if self.model.quantize == "nf4" and self.generation.backend == "vllm":
             raise ValueError("model.quantize nf4 runs on the transformers backend: vLLM would load its own 16-bit copy "
                              "of the base (set generation.backend to transformers or auto)")
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_vllm_serves(self) -> "NodeConfig":
+        rank, largest = self.model.lora.r, VLLM_LORA_RANKS[-1]
+        if self.generation.vllm.lora_adapters and self.generation.backend != "transformers" and rank > largest:
+            raise ValueError(f"generation.vllm.lora_adapters: vLLM serves LoRA ranks up to {largest}, not "
+                             f"model.lora.r {rank}; lower the rank or turn lora_adapters off")
         return self
 
     def key_file(self) -> Path:

@@ -242,6 +242,19 @@ def test_the_vllm_engine_is_told_the_adapters_rank_and_a_model_without_adapters_
     assert adapter_rank(lora.model) == 12
 
 
+def test_a_lora_rank_vllm_cannot_serve_is_refused_with_the_config_not_at_engine_start():
+    from node.config import ConfigError, load_config
+
+    served = {"model": {"lora": {"r": "512"}}, "generation": {"vllm": {"lora_adapters": "true"}}}
+    assert load_config(None, served).model.lora.r == 512
+    too_large = served | {"model": {"lora": {"r": "640"}}}
+    with pytest.raises(ConfigError, match="vLLM serves LoRA ranks up to 512, not model.lora.r 640"):
+        load_config(None, too_large)
+    # the transformers backend never asks vLLM, so the rank is the user's to choose
+    on_transformers = {"model": {"lora": {"r": "640"}}, "generation": {"backend": "transformers", "vllm": {"lora_adapters": "true"}}}
+    assert load_config(None, on_transformers).model.lora.r == 640
+
+
 @pytest.mark.skipif(not vllm_available(), reason=NO_VLLM)
 def test_vllm_serving_each_steps_adapters_samples_the_lora_models_tokens(model_dir):
     """generation.vllm.lora_adapters: the engine keeps the base it loaded and serves each version's adapters;

@@ -52,6 +52,9 @@ class ModelConfig(Section):
         return self
 
 
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 512)  # the max_lora_rank values vLLM accepts
+
+
 class VLLMConfig(Section):
     gpu_memory_utilization: Literal["auto"] | Annotated[float, Field(gt=0, le=0.95)] = Field(
         "auto", description="share of the GPU vLLM may take (weights + KV cache), the trainer uses the rest; auto: what the "

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from trainer.config import VLLMConfig
+from trainer.config import VLLM_LORA_RANKS, VLLMConfig
 from trainer.generation.base import BackendError, Completion, SamplingParams, isolated_rng, to_completion
 from trainer.policy import Policy, export_weights
 
@@ -31,7 +31,6 @@ INSTALL_HINT = ("pip install -e '.[vllm]' in the sapo-node checkout on a CUDA ma
 # Warnings vLLM logs on every weight push or CPU call that say nothing is wrong: rotary embeddings
 # have no weights to reload, and the CPU build refuses torch.set_num_threads once it has bound threads.
 BENIGN_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.worker.cpu_worker")
-LORA_RANKS = (8, 16, 32, 64, 128, 256, 512)  # the max_lora_rank values vLLM accepts
 
 
 def adapter_rank(model: torch.nn.Module) -> int | None:
@@ -79,11 +78,9 @@ class VLLMGenerator:
                        else {"kv_cache_memory_bytes": int(cfg.cpu_kv_cache_gib * 2**30), "enable_chunked_prefill": False})
         dtype = next(policy.model.parameters()).dtype
         rank = adapter_rank(policy.model) if cfg.lora_adapters else None
-        if rank is not None:
-            if rank > LORA_RANKS[-1]:
-                raise BackendError(f"generation.vllm.lora_adapters: vLLM serves LoRA ranks up to {LORA_RANKS[-1]}, "
-                                   f"not {rank}; lower model.lora.r or turn lora_adapters off")
-            device_args |= {"enable_lora": True, "max_loras": 1, "max_lora_rank": next(k for k in LORA_RANKS if k >= rank)}
+        if rank is not None:  # the node's config refused ranks above the largest (node/config.py)
+            served = next(k for k in VLLM_LORA_RANKS if k >= rank)
+            device_args |= {"enable_lora": True, "max_loras": 1, "max_lora_rank": served}
         try:
             with isolated_rng(self.device):  # vLLM seeds the global RNGs at start-up
                 self.llm = vllm.LLM(
