@@ -356,8 +356,8 @@ def figure(results_json: Path, path: Path) -> None:
     colors = {"uniform": "tab:blue", "signal": "tab:orange", "guarded": "tab:cyan", "adaptive": "tab:green"}
 
     def color(r: dict) -> str:
-        if r["external"] == 0:
-            return "tab:gray"
+        if r["external"] == 0:  # the silo, or another arm compared with it (the quantized grid's NF4 silo)
+            return "tab:gray" if r["reference"] == r["run_config"] else "tab:brown"
         if r["control"]:
             return "tab:purple"
         return "tab:red" if r["negatives"] else colors[r["rule"]]
@@ -394,15 +394,18 @@ def figure(results_json: Path, path: Path) -> None:
     for ax in (ax_cum, ax_eval):
         ax.legend(fontsize=6)
     split = [r for r in rows if r["external"] == r["local"] and r["testbed"] == rows[0]["testbed"] and not r["control"]]
-    for r in split:
+    for r in split or [r for r in rows if r["external"] == 0]:  # a grid of silos alone: their local shares
         if r["model"] is None:
             for key, style in (("local_informative_share", "-"), ("external_informative_share", "--")):
                 curve = mean_curve(r, key)
+                if all(math.isnan(c) for c in curve):  # a silo inspects no external group
+                    continue
                 window = 15
                 smooth = [statistics.mean(c for c in curve[max(0, i - window): i + 1] if not math.isnan(c))
                           if any(not math.isnan(c) for c in curve[max(0, i - window): i + 1]) else float("nan")
                           for i in range(len(curve))]
-                ax_inf.plot(smooth, color=color(r), linestyle=style, label=f"{r['rule']}: {key.split('_')[0]}")
+                ax_inf.plot(smooth, color=color(r), linestyle=style,
+                            label=f"{r['rule'] if split else r['config']}: {key.split('_')[0]}")
     even = split[0]["config"].rsplit(" ", 1)[0] if split else ""
     ax_inf.set(title=f"share of informative groups, {even}\n(local sampled, external inspected; moving mean)",
                xlabel="round", ylim=(0, 1))
