@@ -130,9 +130,14 @@ def run_backend(argv: list[str], backend: str, rounds: int, folder: Path, timeou
     if timed_out or child.returncode != 0 or not any(r["round"] >= 1 for r in rows):
         why = f"not done within {timeout_s:.0f} s" if timed_out else _failure(child.returncode, log_text)
         return {**result, "ok": False, "error": why, "log_tail": log_text.splitlines()[-LOG_TAIL:]}
+    return {**result, "ok": True, **measured(folder, rows)}
+
+
+def measured(folder: Path, rows: list[dict]) -> dict:
+    """`summarize` for a node's run folder: its plan and its config as the node ran them (the plan applied)."""
     plan = json.loads((folder / "plan.json").read_text())
-    ran = json.loads((folder / "config.json").read_text())["generation"]  # as the node ran it, the plan applied
-    return {**result, "ok": True, **summarize(rows, plan, ran["completions_per_group"], ran["max_new_tokens"])}
+    ran = json.loads((folder / "config.json").read_text())["generation"]
+    return summarize(rows, plan, ran["completions_per_group"], ran["max_new_tokens"])
 
 
 def bench(argv: list[str], model: str, rounds: int, out: Path, timeout_s: float, console: Console | None = None) -> int:

@@ -235,3 +235,62 @@ def test_a_grid_is_continued_only_with_resume_and_then_skips_what_finished(tmp_p
     assert resumed.returncode == 0, resumed.stderr
     assert "homogeneous 8/0 seed 0: finished before, skipped" in resumed.stdout
     assert json.loads((tmp_path / "results.json").read_text())["configs"][0]["seeds"] == [0]
+
+
+def test_the_real_grid_takes_the_papers_round_on_a_gpu_and_groups_outside_it_are_one_line(tmp_path):
+    import subprocess
+
+    names = [c.name for c in experiment.grid(["guarded"], "real", groups=8)]
+    assert names == ["smollm2 8/0", "smollm2 4/4 guarded", "smollm2+tiny 4/4 guarded"]
+    assert experiment.grid(["guarded"], "real", groups=8)[1].silo == Config("smollm2", 8, 0)
+    script = str(ROOT / "scripts" / "bench" / "sapo_experiment.py")
+    for flags in (["--groups", "8"], ["--real", "--groups", "3"]):
+        refused = subprocess.run([sys.executable, script, "--out", str(tmp_path), *flags], capture_output=True, text=True,
+                                 cwd=ROOT, timeout=120)
+        assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
+            "sapo_experiment: --groups: an even number of groups per round, for the --real grid only"]
+
+
+def node_folder(folder, peaks: list[float | None], seconds: list[float], device: str):
+    """A finished node's run folder: metrics rows (round 0 evaluates), its plan and config, as `sapo run` writes them."""
+    folder.mkdir(parents=True)
+    rows = [{"round": k, "reward_mean": None if k == 0 else 0.5, "eval_accuracy": 0.3 if k == 0 else None,
+             "eval_by_dataset": {}, "n_local": 0 if k == 0 else 4, "n_external": 0, "tokens_generated": 0 if k == 0 else 320,
+             "seconds_generate": 0.0 if k == 0 else s / 2, "seconds_train": 0.0 if k == 0 else s / 2, "seconds_other": 0.0,
+             "seconds_push": 0.0 if k == 0 else 0.01, "micro_batch": 8, "memory_peak_gb": p, "local_informative": 2,
+             "external_inspected": 0, "external_informative": 0}
+            for k, (s, p) in enumerate(zip([0.0, *seconds], [None, *peaks]))]
+    rows[-1]["eval_accuracy"] = 0.4
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "plan.json").write_text(json.dumps({"summary": f"{device}: transformers backend", "device": device,
+                                                  "peak_gb": 6.0}))
+    (folder / "config.json").write_text(json.dumps({"generation": {"completions_per_group": 8, "max_new_tokens": 64}}))
+    return folder
+
+
+def test_each_node_reports_seconds_per_round_and_its_peak_beside_the_plan_and_the_table_names_the_card(tmp_path):
+    from rich.console import Console
+
+    card = "cuda (NVIDIA H100 80GB HBM3, 79.1 GB free)"
+    summary = {"name": "node0", "model": "smollm2-135m", "companion": False, "exit_code": 0, "cumulative_reward": 1.5,
+               "tokens_generated": 960, "seconds": 9.0, "external_used": 0, "external_inspected": 0,
+               "external_informative": 0, "local_groups": 12, "local_informative": 6}
+    # round 1 is the warm-up and round 3 evaluates: round 2 alone is the steady round
+    record = experiment.node_record(node_folder(tmp_path / "node0", [4.0, 4.5, 5.0], [9.0, 2.0, 3.0], card), summary)
+    assert record["timing"]["round_s"] == pytest.approx(2.0) and record["timing"]["peak_gb"] == 5.0
+    assert record["timing"]["planned_peak_gb"] == 6.0 and record["timing"]["device"] == card
+    older = experiment.node_record(node_folder(tmp_path / "older", [4.0, 4.0], [9.0, 2.0], card), summary)
+    (tmp_path / "older" / "plan.json").unlink()
+    assert experiment.node_record(tmp_path / "older", summary)["timing"] is None and older["timing"] is not None
+    runs = [fake_run(Config("smollm2", 8, 0), 0, [10.0], models=("smollm2-135m",))]
+    runs[0]["nodes"][0]["timing"] = record["timing"]
+    row = experiment.summarize(runs)[0]
+    assert (row["round_s"], row["peak_gb"], row["planned_peak_gb"]) == (pytest.approx(2.0), 5.0, 6.0)
+    assert experiment.per_round(row) == "2.00 s, 5.00 / 6.00"
+    folder = tmp_path / "grid" / "smollm2-8-0" / "seed0"
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps(runs[0]))
+    experiment.report(tmp_path / "grid", Console(file=open(tmp_path / "table.txt", "w"), width=300))
+    assert "NVIDIA H100 80GB HBM3" in json.loads((tmp_path / "grid" / "results.json").read_text())["subtitle"]
+    assert (tmp_path / "grid" / "results.md").read_text().splitlines()[2].endswith("| 2.00 s, 5.00 / 6.00 | 1 |")
+    assert experiment.per_round(experiment.summarize([fake_run(Config("smollm2", 8, 0), 0, [10.0])])[0]) == "-"

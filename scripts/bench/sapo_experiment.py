@@ -29,6 +29,12 @@ The real-model grid (`--real`) runs SmolLM2-135M-Instruct with its recipe: two s
 a tiny-a node, at 4 + 0 against 2 + 2 groups per round. Both testbeds pair with the same silo (two
 SmolLM2 nodes, no network: the tiny companion cannot change a silo), which runs once per seed.
 
+On a GPU (issue 32, part 5) the same grid takes the paper's round of 8 groups, 8 + 0 against 4 + 4, for more
+rounds; `--first-seed` lets one process per configuration and seed run at once on one card. Every run records
+each node's seconds per round and its peak memory beside its plan's estimate (as `sapo doctor --bench` does):
+
+    python3 scripts/bench/sapo_experiment.py --real --groups 8 --nodes 2 --rounds 80 --eval-every 20 --seeds 1 --first-seed 0 --rules guarded --only "smollm2 8/0" --out runs/gpu-grid --resume
+
 The quantized check (`--quantized --nodes 1`) runs that silo with full fine-tuning and with LoRA adapters on a
 frozen NF4 base; the NF4 row's "vs silo" columns compare it with full fine-tuning at the same seed:
 
@@ -53,6 +59,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from node.argtypes import count  # noqa: E402
+from node.bench import measured  # noqa: E402
 from node.swarm import SwarmError, SwarmSpec, run  # noqa: E402
 from node.recipes import RECIPES  # noqa: E402
 from node.selection_config import RULES  # noqa: E402
@@ -130,13 +137,15 @@ class Config:
         return self.external > 0 and not self.control
 
 
-def grid(rules: list[str], kind: str = "paper") -> list[Config]:
-    """The configurations of one of GRIDS: the paper's (tiny presets), its smoke run, the real-model grid, and the
-    4-bit base against full fine-tuning (SmolLM2 silos; the NF4 row's 'silo' is the full fine-tuning one)."""
+def grid(rules: list[str], kind: str = "paper", groups: int = 4) -> list[Config]:
+    """The configurations of one of GRIDS: the paper's (tiny presets), its smoke run, the real-model grid (`groups`
+    a round: I + 0 against I/2 + I/2), and the 4-bit base against full fine-tuning (SmolLM2 silos; the NF4 row's
+    'silo' is the full fine-tuning one)."""
     if kind == "quantized":
         return [Config("smollm2", 4, 0), Config("smollm2-nf4", 4, 0)]
-    if kind == "real":  # half the paper's round (2 + 2 against 4 + 0), which is what 2 cores carry for a real model
-        configs = [Config(bed, i, 4 - i, rule) for bed in REAL for i in (4, 2) for rule in (rules if i < 4 else ["uniform"])]
+    if kind == "real":  # 4 groups by default: half the paper's round, which is what 2 cores carry for a real model
+        configs = [Config(bed, i, groups - i, rule) for bed in REAL for i in (groups, groups // 2)
+                   for rule in (rules if i < groups else ["uniform"])]
         return [c for c in configs if c.external or c.silo == c]  # a shared silo runs once
     if kind == "quick":
         return [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "guarded"), Config("homogeneous", 4, 4, control=True)]
@@ -165,7 +174,12 @@ def node_record(node_dir: Path, summary: dict) -> dict:
     evals = [r for r in rows if r.get("eval_accuracy") is not None]
     trained = [r for r in rows if r["round"] > 0]
     share = lambda num, den: [r[num] / r[den] if r[den] else None for r in trained]  # noqa: E731
+    # seconds per round and peak memory beside the plan's estimate, as `sapo doctor --bench` reports them
+    timing = measured(node_dir, rows) if (node_dir / "plan.json").exists() and len(trained) > 1 else None
+    kept = ("round_s", "generate_s", "train_s", "push_s", "peak_gb", "planned_peak_gb", "verdict")
     return {
+        "timing": None if timing is None else {**{k: timing[k] for k in kept}, "device": timing["plan"]["device"],
+                                               "plan": timing["plan"]["summary"]},
         **{k: summary[k] for k in ("name", "model", "companion", "exit_code", "cumulative_reward", "tokens_generated", "seconds",
                                    "external_used", "external_inspected", "external_informative", "local_groups",
                                    "local_informative")},
@@ -266,7 +280,31 @@ def config_row(name: str, cfg: Config, runs: list[dict], silo: dict[int, dict], 
         "local_informative_share": node("local_informative") / max(1e-9, node("local_groups")),
         "external_informative_share": node("external_informative") / node("external_inspected") if node("external_inspected") else None,
         "external_used_per_round": node("external_used") / runs[0]["rounds"],
+        **timing_row([n["timing"] for n in every if n.get("timing")]),
     }
+
+
+def timing_row(timings: list[dict]) -> dict:
+    """Seconds per round (mean) and the peak memory (the highest) beside the plan's estimate (the mean) over a row's
+    nodes; None where the runs predate plan.json."""
+    if not timings:
+        return {"round_s": None, "peak_gb": None, "planned_peak_gb": None}
+    peaks = [t["peak_gb"] for t in timings if t["peak_gb"] is not None]
+    return {"round_s": mean([t["round_s"] for t in timings]), "peak_gb": max(peaks, default=None),
+            "planned_peak_gb": mean([t["planned_peak_gb"] for t in timings])}
+
+
+def per_round(row: dict) -> str:
+    if row["round_s"] is None:
+        return "-"
+    peak = "-" if row["peak_gb"] is None else f"{row['peak_gb']:.2f}"
+    return f"{row['round_s']:.2f} s, {peak} / {row['planned_peak_gb']:.2f}"
+
+
+def hardware(first: dict) -> str:
+    """Where the runs ran: the card a node's plan names, else the host's cores."""
+    device = next((n["timing"]["device"] for n in first["nodes"] if n.get("timing")), "")
+    return device.split(" (", 1)[1].split(",", 1)[0] if device.startswith("cuda") else f"{first['cpus']}-core CPU"
 
 
 def eval_curve(run: dict, model: str | None) -> dict[int, float]:
@@ -300,18 +338,19 @@ def report(out: Path, console: Console) -> None:
     first = results[0]
     models = ", ".join(dict.fromkeys(n["model"] for r in results for n in r["nodes"]))
     subtitle = (f"{models}; {first['nodes_n']} nodes x {first['rounds']} rounds, "
-                f"seeds per config: up to {max(len(r['seeds']) for r in rows)}")
-    table = Table(title=f"SAPO swarm vs silo: {subtitle}, {first['cpus']}-core CPU")
+                f"seeds per config: up to {max(len(r['seeds']) for r in rows)}, {hardware(first)}")
+    table = Table(title=f"SAPO swarm vs silo: {subtitle}")
     for col in ("configuration", "cumulative reward", "vs silo (paired)", "eval before -> after", "eval vs silo: last / worst",
-                "local / ext informative", "ext used /round", "tokens /node", "reward /1k tokens", "seeds"):
-        table.add_column(col, justify="right")
+                "local / ext informative", "ext used /round", "tokens /node", "reward /1k tokens", "round, peak / plan GB",
+                "seeds"):
+        table.add_column(col, justify="right", no_wrap=col == "configuration")
     for r in rows:
         ext = "-" if r["external_informative_share"] is None else f"{r['external_informative_share']:.2f}"
         table.add_row(r["config"], f"{r['cumulative_reward']:.2f} ± {r['cumulative_reward_ci95']:.2f}",
                       f"{100 * r['vs_silo']:+.1f}% ± {100 * r['vs_silo_ci95']:.1f}",
                       f"{r['eval_first']:.3f} -> {r['eval_last']:.3f}", versus_silo(r),
                       f"{r['local_informative_share']:.2f} / {ext}", f"{r['external_used_per_round']:.2f}",
-                      f"{r['tokens_per_node']:,.0f}", f"{r['reward_per_1k_tokens']:.2f}", str(len(r["seeds"])))
+                      f"{r['tokens_per_node']:,.0f}", f"{r['reward_per_1k_tokens']:.2f}", per_round(r), str(len(r["seeds"])))
     console.print(table)
     (out / "results.json").write_text(json.dumps({"subtitle": subtitle, "configs": rows, "runs": results,
                                                   "failed_runs_left_out": len(left_out)}))
@@ -331,15 +370,15 @@ def versus_silo(row: dict) -> str:
 def markdown(rows: list[dict]) -> str:
     lines = ["| configuration | cumulative reward (95% CI) | vs silo, paired (95% CI) | eval before -> after | "
              "eval vs silo, last (95% CI) / worst point | informative share local / external | tokens per node | "
-             "reward per 1k tokens | seeds |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "reward per 1k tokens | seconds per round, peak / planned GB | seeds |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         ext = "-" if r["external_informative_share"] is None else f"{r['external_informative_share']:.2f}"
         ci = lambda x: "n/a" if math.isnan(x) else f"{x:.2f}"  # noqa: E731
         lines.append(f"| {r['config']} | {r['cumulative_reward']:.2f} ± {ci(r['cumulative_reward_ci95'])} | "
                      f"{100 * r['vs_silo']:+.1f}% ± {ci(100 * r['vs_silo_ci95'])} | {r['eval_first']:.3f} -> {r['eval_last']:.3f} | "
                      f"{versus_silo(r)} | {r['local_informative_share']:.2f} / {ext} | {r['tokens_per_node']:,.0f} | "
-                     f"{r['reward_per_1k_tokens']:.2f} | {len(r['seeds'])} |")
+                     f"{r['reward_per_1k_tokens']:.2f} | {per_round(r)} | {len(r['seeds'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -424,6 +463,7 @@ def main() -> None:
     p.add_argument("--rounds", type=count, default=300)
     p.add_argument("--eval-every", type=count, default=50)
     p.add_argument("--seeds", type=count, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="run seeds K .. K + seeds - 1 (grids split across processes)")
     p.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES)
     p.add_argument("--only", nargs="+", metavar="CONFIG", help="run only these configurations (names as in the table)")
     p.add_argument("--report", action="store_true", help="merge the finished runs under --out; run nothing")
@@ -432,6 +472,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="smoke run: 2 nodes, 20 rounds, 1 seed, 3 configurations")
     p.add_argument("--real", action="store_true", help="the real-model grid (SmolLM2-135M, alone and beside tiny-a): "
                    "4 + 0 against 2 + 2 groups per round; pair it with few nodes and rounds on a CPU")
+    p.add_argument("--groups", type=count, help="--real: groups per round, I + 0 against I/2 + I/2 (default 4; the "
+                   "paper's round is 8)")
     p.add_argument("--quantized", action="store_true", help="issue 36's learning check: a SmolLM2 silo (4 groups a "
                    "round) with full fine-tuning against LoRA on an NF4 base; pair it with --nodes 1")
     p.add_argument("--out", type=Path, default=Path("runs/experiment"))
@@ -439,10 +481,14 @@ def main() -> None:
     console = Console(width=max(170, Console().width))  # the table is wide; logs and pipes get it whole
     if args.quick:
         args.nodes, args.rounds, args.seeds, args.eval_every = 2, 20, 1, 10
+    if args.groups is not None and (not args.real or args.groups % 2):
+        raise SystemExit("sapo_experiment: --groups: an even number of groups per round, for the --real grid only")
+    if args.first_seed < 0:
+        raise SystemExit(f"sapo_experiment: --first-seed: {args.first_seed} is negative")
     failed = []
     if not args.report:
         kind = "quantized" if args.quantized else "real" if args.real else "quick" if args.quick else "paper"
-        configs = grid(args.rules, kind)
+        configs = grid(args.rules, kind, args.groups or 4)
         if args.only:
             unknown = set(args.only) - {c.name for c in configs}
             if unknown:
@@ -456,7 +502,7 @@ def main() -> None:
         for preset in dict.fromkeys(p for c in configs for p in TESTBEDS[c.testbed]["presets"]):
             ensure(preset, default_cache_dir())
         started = time.time()
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for cfg in configs:
                 result = run_one(cfg, seed, args, console)
                 if result.get("failed"):
