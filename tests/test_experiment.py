@@ -294,3 +294,14 @@ def test_each_node_reports_seconds_per_round_and_its_peak_beside_the_plan_and_th
     assert "NVIDIA H100 80GB HBM3" in json.loads((tmp_path / "grid" / "results.json").read_text())["subtitle"]
     assert (tmp_path / "grid" / "results.md").read_text().splitlines()[2].endswith("| 2.00 s, 5.00 / 6.00 | 1 |")
     assert experiment.per_round(experiment.summarize([fake_run(Config("smollm2", 8, 0), 0, [10.0])])[0]) == "-"
+
+
+def test_a_node_beside_a_companion_is_paired_with_the_silo_node_of_its_own_seed():
+    silo, swarm = Config("smollm2", 4, 0), Config("smollm2+tiny", 2, 2, "guarded")
+    runs = [fake_run(silo, 0, [10.0, 20.0], models=("smollm2-135m",)),
+            fake_run(swarm, 0, [11.0, 500.0], models=("smollm2-135m", "tiny-a"))]
+    runs[0]["nodes"][1]["curves"]["eval"] = [[0, 0.3], [5, 0.9]]  # node1's seed learns far more alone
+    runs[1]["nodes"][1]["companion"] = True
+    row = {r["config"]: r for r in experiment.summarize(runs)}["smollm2+tiny 2/2 guarded"]
+    assert row["vs_silo_per_seed"] == pytest.approx([0.1])  # against node0 alone (10), not the silo's mean (15)
+    assert row["eval_vs_silo"] == [[0, 0.0], [5, 0.0]] and row["eval_vs_silo_worst"] == 0.0

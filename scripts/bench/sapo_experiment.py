@@ -245,7 +245,8 @@ def summarize(results: list[dict]) -> list[dict]:
         rows.append(config_row(name, cfg, runs, silo))
         if len(models) > 1:
             rows += [config_row(name, cfg, runs, silo, model) for model in models]
-    names = dict.fromkeys(c.name for kind in GRIDS for c in grid(list(RULES), kind))
+    sizes = sorted({r["local"] + r["external"] for r in results})  # the real grid's round: 4 groups, or 8 on a GPU
+    names = dict.fromkeys(c.name for kind in GRIDS for groups in sizes for c in grid(list(RULES), kind, groups))
     order = {name: i for i, name in enumerate(names)}
     return sorted(rows, key=lambda r: (order.get(r["run_config"], len(order)), r["model"] or ""))
 
@@ -255,12 +256,13 @@ def config_row(name: str, cfg: Config, runs: list[dict], silo: dict[int, dict], 
     seed's silo."""
     nodes = lambda r: picked(r, model)  # noqa: E731
     cum = [mean([n["cumulative_reward"] for n in nodes(r)]) for r in runs]
-    paired = [(c, mean([n["cumulative_reward"] for n in nodes(silo[r["seed"]])])) for c, r in zip(cum, runs) if r["seed"] in silo]
+    paired = [(c, mean([n["cumulative_reward"] for n in twins(silo[r["seed"]], r, model)])) for c, r in zip(cum, runs)
+              if r["seed"] in silo]
     ratios = [c / s - 1 for c, s in paired]
     eval_gain = [mean([n["eval_last"] - n["eval_first"] for n in nodes(r)]) for r in runs]
     # held-out accuracy against the same seed's silo at each eval point, then the mean over seeds
-    gaps = [{k: acc - silo_curve[k] for k, acc in eval_curve(r, model).items() if k in silo_curve}
-            for r in runs if r["seed"] in silo for silo_curve in [eval_curve(silo[r["seed"]], model)]]
+    gaps = [{k: acc - silo_curve[k] for k, acc in eval_curve(nodes(r)).items() if k in silo_curve}
+            for r in runs if r["seed"] in silo for silo_curve in [eval_curve(twins(silo[r["seed"]], r, model))]]
     points = sorted(set.intersection(*(set(g) for g in gaps))) if gaps else []
     eval_vs_silo = [[k, mean([g[k] for g in gaps])] for k in points]
     last_gap = [g[points[-1]] for g in gaps] if points else []
@@ -307,13 +309,20 @@ def hardware(first: dict) -> str:
     return device.split(" (", 1)[1].split(",", 1)[0] if device.startswith("cuda") else f"{first['cpus']}-core CPU"
 
 
-def eval_curve(run: dict, model: str | None) -> dict[int, float]:
-    """Held-out accuracy at each eval round, the mean over the run's nodes of `model`."""
+def eval_curve(nodes: list[dict]) -> dict[int, float]:
+    """Held-out accuracy at each eval round, the mean over `nodes`."""
     by_round: dict[int, list[float]] = {}
-    for n in picked(run, model):
+    for n in nodes:
         for rnd, acc in n["curves"]["eval"]:
             by_round.setdefault(rnd, []).append(acc)
     return {rnd: mean(accs) for rnd, accs in by_round.items()}
+
+
+def twins(silo: dict, run: dict, model: str | None) -> list[dict]:
+    """The silo's nodes that ran as `run`'s did but alone: node k has the same seed, model and task mix in both, so
+    a SmolLM2 node beside a companion is paired with the silo's node of its seed, not with the mean of two seeds."""
+    names = {n["name"] for n in picked(run, model)}
+    return [n for n in picked(silo, model) if n["name"] in names] or picked(silo, model)
 
 
 def picked(run: dict, model: str | None) -> list[dict]:
