@@ -43,7 +43,10 @@ cannot take the honest peers' inspections, while a newcomer can still prove itse
 proven, unproven groups get at most `explore` x `max_inspect` inspections a round even when the proven
 peers' groups run out: under a flood of 60 useless groups a round, a node that looked at every one
 spent ~27 regenerations a round on them and slowed down as much as its honest neighbour
-(scripts/bench/bench_hostile.py). The pool applies the same split to what it keeps (`p2p.pool`), from the
+(scripts/bench/bench_hostile.py). A peer already *tried* (`TRIED` inspections, decayed) that has not proven
+itself gets that share even while no peer is proven, behind the groups of peers not yet tried: beside a prolific
+weak peer and no other, a SmolLM2 node under `guarded` inspected ~30 of its groups a round and dropped every one,
+the gate alone 2.7 s of a 5.3 s round on an H100 (docs/bench/README.md, "On a GPU"). The pool applies the same split to what it keeps (`p2p.pool`), from the
 same statistic (`proven`).
 
 Local groups get the same treatment when `local_overdraw` > 1: more tasks are drawn and sampled
@@ -77,6 +80,7 @@ log = logging.getLogger(__name__)
 
 MIN_OWN_ROWS = 16  # own completions the support gate needs before it lets external text in
 PROVEN_HITS = 0.25  # one informative group, decayed by 0.98 a round, keeps a peer proven for ~68 rounds
+TRIED = 8.0  # inspections (decayed) after which an unproven peer has had its chance: Beta(1, 1) -> mean 0.1
 
 
 def informative(group: RolloutGroup) -> bool:
@@ -195,6 +199,12 @@ class Selector:
         entry = self.peers.counts.get(peer)
         return entry is not None and entry[0] >= PROVEN_HITS
 
+    def tried(self, peer: str) -> bool:
+        """Whether `peer` has had its chance here: inspected `TRIED` times (decayed) without proving itself
+        (a peer found forgotten after ~100 quiet rounds is fresh again)."""
+        entry = self.peers.counts.get(peer)
+        return entry is not None and entry[1] >= TRIED and entry[0] < PROVEN_HITS
+
     def local_tasks(self, slots: int) -> int:
         """How many local tasks to draw for `slots` local slots."""
         return math.ceil(slots * self.cfg.local_overdraw)
@@ -270,9 +280,11 @@ class Selector:
         """Candidates in the order they are inspected; consumed only as far as the round needs."""
         proven = {peer: self.proven(peer) for peer in {c.peer for c in candidates}}
         first = self._rule_order([c for c in candidates if proven[c.peer]], rng)
-        unproven = fair_order([c for c in candidates if not proven[c.peer]], rng)
+        share = math.ceil(self.cfg.explore * self.cfg.max_inspect)
+        fresh = fair_order([c for c in candidates if not proven[c.peer] and not self.tried(c.peer)], rng)
+        unproven = fresh + fair_order([c for c in candidates if self.tried(c.peer)], rng)[:share]
         if any(map(self.proven, self.peers.counts)):
-            unproven = unproven[:math.ceil(self.cfg.explore * self.cfg.max_inspect)]
+            unproven = unproven[:share]
         rest = iter(unproven)
         while True:
             source, other = (rest, first) if rng.random() < self.cfg.explore else (first, rest)

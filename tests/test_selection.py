@@ -292,6 +292,24 @@ def test_once_a_peer_is_proven_a_flood_gets_at_most_the_explore_share_of_max_ins
         assert [g.source for g in p.groups] == ["honest"] and p.inspected == 1 + 7  # ceil(0.1 x 64) unproven
 
 
+def test_a_peer_tried_and_never_useful_gets_the_explore_share_behind_newcomers_and_can_still_prove_itself():
+    """No peer is proven: a weak peer whose every group the gate drops is looked at in full once, then only
+    explore x max_inspect a round, after any peer not yet tried; once it writes usable groups it is proven."""
+    sel = selector(rule="guarded", external_groups=4, explore=0.1, max_inspect=64, budget_s=60)
+    pool = RolloutPool(PoolConfig(size=1000, max_peer_share=1.0, unproven_share=1.0, max_age_s=1e9), proven=sel.proven)
+    offer(pool, "weak", [group(i, signal=True, wrap="z") for i in range(30)])
+    first = pick(sel, pool)
+    assert first.inspected == 30 and first.groups == [] and sel.tried("weak") and not sel.proven("weak")
+    offer(pool, "weak", [group(100 + i, signal=True, wrap="z") for i in range(30)], created=NOW + 2)
+    offer(pool, "newcomer", [group(200 + i, signal=True, wrap="z") for i in range(10)], created=NOW + 2)
+    second = pick(sel, pool, 2)
+    assert second.inspected == 10 + 7 and second.groups == []  # the newcomer in full, then ceil(0.1 x 64)
+    assert sel.tried("newcomer")
+    offer(pool, "weak", [group(300 + i, signal=True) for i in range(5)], created=NOW + 3)
+    third = pick(sel, pool, 3, seed=3)
+    assert [g.source for g in third.groups] == ["weak"] * 4 and sel.proven("weak") and not sel.tried("weak")
+
+
 def test_the_guarded_rule_takes_nothing_before_it_knows_the_nodes_own_writing():
     sel = Selector(SelectionConfig(rule="guarded", external_groups=2), TasksConfig(), logprobs=logprobs)
     pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
