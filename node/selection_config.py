@@ -38,8 +38,8 @@ class SelectionConfig(BaseModel):
     decay: float = Field(0.98, gt=0, lt=1, description="adaptive: per-round decay of what it learned about peers")
     explore: float = Field(0.1, ge=0, le=1, description="share of inspections given to groups of unproven peers (whose "
                            "groups have not carried signal here yet) while proven peers have groups, and at most "
-                           "explore x max_inspect of them a round once any peer is proven; adaptive: also the share "
-                           "given to a uniformly random group")
+                           "explore x max_inspect of them a round once any peer is proven, or once their peer has had 8 inspections "
+                           "that found nothing; adaptive: also the share given to a uniformly random group")
     max_tracked: int = Field(4096, ge=1, description="adaptive: most peers it keeps statistics for")
     support_quantile: float = Field(0.05, gt=0, lt=1, description="guarded: an external completion is pushed up only if "
                                     "its mean token log-prob under this node is at least this quantile of the node's own "
