@@ -278,11 +278,12 @@ class Selector:
 
     def _order(self, candidates: list[PooledGroup], rng: random.Random) -> Iterator[PooledGroup]:
         """Candidates in the order they are inspected; consumed only as far as the round needs."""
-        proven = {peer: self.proven(peer) for peer in {c.peer for c in candidates}}
+        peers = {c.peer for c in candidates}
+        proven, tried = {p: self.proven(p) for p in peers}, {p: self.tried(p) for p in peers}
         first = self._rule_order([c for c in candidates if proven[c.peer]], rng)
         share = math.ceil(self.cfg.explore * self.cfg.max_inspect)
-        fresh = fair_order([c for c in candidates if not proven[c.peer] and not self.tried(c.peer)], rng)
-        unproven = fresh + fair_order([c for c in candidates if self.tried(c.peer)], rng)[:share]
+        fresh = fair_order([c for c in candidates if not proven[c.peer] and not tried[c.peer]], rng)
+        unproven = fresh + fair_order([c for c in candidates if tried[c.peer]], rng)[:share]
         if any(map(self.proven, self.peers.counts)):
             unproven = unproven[:share]
         rest = iter(unproven)
