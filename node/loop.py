@@ -253,7 +253,7 @@ class Node:
             external_informative=pick.informative, **stats.optimizer_metrics(),
             weight_version=self.generator.weight_version,
             n_external_used=stats.external_groups_used, external_masked=stats.external_masked,
-            external_gated=pick.gated, seconds_gate=pick.gate_s, support_cutoff=self.selector.support.cutoff(),
+            external_gated=pick.gated, external_held_back=pick.held_back, seconds_gate=pick.gate_s, support_cutoff=self.selector.support.cutoff(),
             external_reward_mean=_mean([x for g in pick.groups for x in g.rewards]),
             external_peers=len({g.source for g in pick.groups}), external_dropped=dict(pick.dropped),
             external_sources=dict(Counter(g.source for g in pick.groups)),

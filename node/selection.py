@@ -145,6 +145,7 @@ class Pick:
     out_of_budget: bool = False  # the round's re-scoring budget ended the search
     gated: int = 0  # rows to push up that the support gate left out (`guarded`)
     gate_s: float = 0.0  # seconds spent computing this node's log-probs of them
+    held_back: int = 0  # pool groups of peers already tried left out of the round's order (kept in the pool)
 
 
 class DecayedRates:
@@ -219,7 +220,7 @@ class Selector:
         filtering = cfg.rule != "uniform"
         deadline = time.monotonic() + cfg.budget_s
         gating: list[tuple[str, RolloutGroup]] = []  # informative by reward, waiting for the support gate
-        for pooled in self._order(pool.groups(), rng):
+        for pooled in self._order(pool.groups(), rng, pick):
             if len(pick.groups) + len(gating) == cfg.external_groups:
                 self._gate(gating, cutoff, pick, round_)  # one forward pass for the lot
             if len(pick.groups) == cfg.external_groups or (filtering and pick.inspected == cfg.max_inspect):
@@ -276,16 +277,19 @@ class Selector:
             return groups
         return sorted(groups, key=lambda g: not informative(g))[:slots]  # stable: draw order within each kind
 
-    def _order(self, candidates: list[PooledGroup], rng: random.Random) -> Iterator[PooledGroup]:
-        """Candidates in the order they are inspected; consumed only as far as the round needs."""
+    def _order(self, candidates: list[PooledGroup], rng: random.Random, pick: Pick) -> Iterator[PooledGroup]:
+        """Candidates in the order they are inspected; consumed only as far as the round needs. Counts in
+        `pick` the groups of tried peers it leaves out, so that how often the tried-peer share acts is measured."""
         peers = {c.peer for c in candidates}
         proven, tried = {p: self.proven(p) for p in peers}, {p: self.tried(p) for p in peers}
         first = self._rule_order([c for c in candidates if proven[c.peer]], rng)
         share = math.ceil(self.cfg.explore * self.cfg.max_inspect)
         fresh = fair_order([c for c in candidates if not proven[c.peer] and not tried[c.peer]], rng)
-        unproven = fresh + fair_order([c for c in candidates if tried[c.peer]], rng)[:share]
+        of_tried = fair_order([c for c in candidates if tried[c.peer]], rng)
+        unproven = fresh + of_tried[:share]
         if any(map(self.proven, self.peers.counts)):
             unproven = unproven[:share]
+        pick.held_back = len(of_tried) - sum(tried[c.peer] for c in unproven)
         rest = iter(unproven)
         while True:
             source, other = (rest, first) if rng.random() < self.cfg.explore else (first, rest)

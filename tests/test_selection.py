@@ -300,10 +300,12 @@ def test_a_peer_tried_and_never_useful_gets_the_explore_share_behind_newcomers_a
     offer(pool, "weak", [group(i, signal=True, wrap="z") for i in range(30)])
     first = pick(sel, pool)
     assert first.inspected == 30 and first.groups == [] and sel.tried("weak") and not sel.proven("weak")
+    assert first.held_back == 0  # not tried when the round began
     offer(pool, "weak", [group(100 + i, signal=True, wrap="z") for i in range(30)], created=NOW + 2)
     offer(pool, "newcomer", [group(200 + i, signal=True, wrap="z") for i in range(10)], created=NOW + 2)
     second = pick(sel, pool, 2)
     assert second.inspected == 10 + 7 and second.groups == []  # the newcomer in full, then ceil(0.1 x 64)
+    assert second.held_back == 30 - 7 and len(pool) == 30 - 7  # counted, and kept in the pool
     assert sel.tried("newcomer")
     offer(pool, "weak", [group(300 + i, signal=True) for i in range(5)], created=NOW + 3)
     third = pick(sel, pool, 3, seed=3)
