@@ -55,6 +55,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import signal
 import statistics
 import subprocess
@@ -552,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
                                 run_dialback_relayed(args.window, args.code, Path(work), [RELAY_PORT, 22, 80, 443]))
                 print(json.dumps(runs[-1]), flush=True)
         relay_report(runs, commit, args.window)
-        return save(args, {"command": " ".join(sys.argv), "code": commit, "attack": args.attack, "runs": runs})
+        return save(args, {"command": shlex.join(sys.argv), "code": commit, "attack": args.attack, "runs": runs})
     if args.attack in ("level-hijack", "px-aim"):
         runs = []
         for seed in range(args.seeds):
@@ -564,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
                                     else run_px_aim(size, h, args.window, args.code, Path(work)))
                     print(json.dumps(runs[-1]), flush=True)
         summary = (level_hijack_report if args.attack == "level-hijack" else px_aim_report)(runs, commit, args.window)
-        return save(args, {"command": " ".join(sys.argv), "code": commit, "attack": args.attack, "rule": args.rule,
+        return save(args, {"command": shlex.join(sys.argv), "code": commit, "attack": args.attack, "rule": args.rule,
                            "summary": summary, "runs": runs})
     runs = []
     for seed in range(args.seeds):
@@ -602,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['neighbour_rounds_per_s']:.2f}", f"{row['neighbour_accepted']:.0f}",
                       str(row.get("writes_wrap_max", "-")))
     Console().print(table)
-    return save(args, {"command": " ".join(sys.argv), "code": commit, "attack": args.attack, "flood": args.flood,
+    return save(args, {"command": shlex.join(sys.argv), "code": commit, "attack": args.attack, "flood": args.flood,
                        "rule": args.rule, "topology": args.topology, "summary": summary, "runs": runs})
 
 
