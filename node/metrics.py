@@ -40,7 +40,7 @@ class RoundMetrics:
     n_external_used: int = 0  # external groups that carried signal into the loss
     external_masked: int = 0  # external completions masked as off this policy's support
     external_gated: int = 0  # external completions to push up that the support gate left out (rule `guarded`)
-    external_held_back: int = 0  # pool groups of peers tried without use left out of the round's order (`guarded`)
+    external_held_back: int = 0  # pool groups of peers tried without use left out of the round's order (kept pooled)
     seconds_gate: float = 0.0  # of the round, seconds computing this node's log-probs of external completions
     support_cutoff: float | None = None  # the support gate's cut-off after the round (mean token log-prob)
     external_reward_mean: float | None = None  # this node's scores of the external completions
