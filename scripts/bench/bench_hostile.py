@@ -30,8 +30,8 @@ honest nodes (3 tiny-a training nodes, the rest gossip probes publishing 4 group
 checkout) runs a window, then H strangers (`--hostile`; half subscribe to level 24 of their own shards, half
 to every level of the first node's own shard, `--claim-shards-of`; none publishes) connect to the first
 node for a window and leave, and a last window follows. Per window: each honest node's deepest shard
-level, the external groups each training node uses per round, and ERROR lines or tracebacks in the
-training nodes' logs.
+level, the external groups each training node uses per round, and ERROR lines or tracebacks in every
+honest node's log (each kept in the JSON with the lines after it; so in every mode).
 
 `--attack px-aim`: `--sizes` N gossip probes, and for the middle window H strangers that answer every
 peer-exchange ask with 32 made-up peers at random ports of 127.0.0.1 (`tests.probe --lie-peers`). Per
@@ -202,14 +202,20 @@ class Procs:
         on_mark()
         return dict(zip(("before", "attack", "after"), zip(marks, marks[1:])))
 
-    def errors(self, name: str) -> int:
-        """ERROR lines and tracebacks in a process's log, each printed with the lines after it (the log
-        goes with the run's temporary folder)."""
+    def errors(self, name: str) -> list[str]:
+        """ERROR lines and tracebacks in a process's log, each with the lines after it: printed, and kept in
+        the result, since the log goes with the run's temporary folder."""
         lines = (self.work / f"{name}.log").read_text(errors="replace").splitlines()
-        found = [i for i, line in enumerate(lines) if " ERROR " in line or line.startswith("Traceback")]
-        for i in found:
-            print(f"{name}.log: " + "\n    ".join(lines[i:i + 8]), file=sys.stderr)
-        return len(found)
+        found = ["\n".join(lines[i:i + 8]) for i, line in enumerate(lines)
+                 if " ERROR " in line or line.startswith("Traceback")]
+        for excerpt in found:
+            print(f"{name}.log: " + excerpt.replace("\n", "\n    "), file=sys.stderr)
+        return found
+
+
+def error_lines(run: dict) -> int:
+    """ERROR lines and tracebacks of a run, all its honest processes together."""
+    return sum(len(found) for found in run["errors"].values())
 
 
 def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path, flood: str,
@@ -263,7 +269,8 @@ def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: P
             "target_external_dropped": dropped, "target_p2p": last.get("p2p"),
             # the messages the neighbour accepted in the window: the target's forwards of the flood among them
             "neighbour_accepted": window_delta(neighbour, "accepted"),
-            "target_rejected_no_signal": window_delta(target, "rejected", "no_signal")}
+            "target_rejected_no_signal": window_delta(target, "rejected", "no_signal"),
+            "errors": {n: procs.errors(n) for n in ("target", "neighbour")}}
 
 
 def window_delta(rs: list[dict], *path: str) -> int | None:
@@ -353,7 +360,7 @@ def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Pa
                       "external_used_per_round": statistics.mean(per_node[n]["external_used_per_round"]
                                                                  for n in trainers)}
     return {"attack": "level-hijack", "size": size, "hostile": hostile, "seed": seed, "rule": rule,
-            "window_s": window, "phases": out, "errors": {n: procs.errors(n) for n in trainers}}
+            "window_s": window, "phases": out, "errors": {n: procs.errors(n) for n in trainers + gossipers}}
 
 
 RELAY_PORT = 4001
@@ -477,7 +484,7 @@ def relay_report(runs: list[dict], commit: str, window: float) -> None:
                        f" (before / attack / after; attack against the mean of the others: x{r['round_time_ratio']:.2f})")
         else:
             outcome = f"answer {r['reply']}: relay ports reported open {r['relay_ports_reported_open']}"
-        table.add_row(str(r.get("hostile", 1)), outcome, str(sum(r["errors"].values())))
+        table.add_row(str(r.get("hostile", 1)), outcome, str(error_lines(r)))
     Console().print(table)
 
 
@@ -491,12 +498,12 @@ def level_hijack_report(runs: list[dict], commit: str, window: float) -> list[di
         table.add_row(str(r["size"]), str(r["hostile"]), str(r["seed"]),
                       " / ".join(str(ph[k]["deepest_level"]) for k in ("before", "attack", "after")),
                       " / ".join(f"{ph[k]['external_used_per_round']:.2f}" for k in ("before", "attack", "after")),
-                      str(sum(r["errors"].values())))
+                      str(error_lines(r)))
     Console().print(table)
     return [{"size": r["size"], "hostile": r["hostile"], "seed": r["seed"],
              **{f"deepest_level_{k}": r["phases"][k]["deepest_level"] for k in ("before", "attack", "after")},
              **{f"external_used_{k}": r["phases"][k]["external_used_per_round"] for k in ("before", "attack", "after")},
-             "error_lines": sum(r["errors"].values())} for r in runs]
+             "error_lines": error_lines(r)} for r in runs]
 
 
 def px_aim_report(runs: list[dict], commit: str, window: float) -> list[dict]:
@@ -506,10 +513,10 @@ def px_aim_report(runs: list[dict], commit: str, window: float) -> list[dict]:
     for r in runs:
         table.add_row(str(r["size"]), str(r["hostile"]), " / ".join(
             f"{r['phases'][k]['dials_per_node_per_min']:.1f}" for k in ("before", "attack", "after")),
-            str(sum(r["errors"].values())))
+            str(error_lines(r)))
     Console().print(table)
     return [{"size": r["size"], "hostile": r["hostile"], **{f"dials_per_node_per_min_{k}": r["phases"][k][
-        "dials_per_node_per_min"] for k in ("before", "attack", "after")}, "error_lines": sum(r["errors"].values())}
+        "dials_per_node_per_min"] for k in ("before", "attack", "after")}, "error_lines": error_lines(r)}
         for r in runs]
 
 
@@ -579,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{args.window:.0f} s windows, {args.seeds} seeds)")
     for col in ("hostile", "honest used / round", "share of 0", "honest offered / round", "all used / round", "inspected / round",
                 "target CPU s / round", "neighbour CPU s / round", "neighbour rounds/s", "neighbour msgs accepted",
-                f"writes wrap (of {SAMPLES})"):
+                f"writes wrap (of {SAMPLES})", "ERROR lines"):
         table.add_column(col)
     summary = []
     base = [r for r in runs if r["hostile"] == 0]
@@ -588,7 +595,8 @@ def main(argv: list[str] | None = None) -> int:
         row = {"hostile": h, **{k: statistics.mean(r[k] for r in arm) for k in (
             "honest_used_per_round", "honest_supply_per_round", "external_used_per_round", "inspected_per_round", "target_rounds_per_s",
             "neighbour_rounds_per_s", "target_cpu_s_per_round", "neighbour_cpu_s_per_round")},
-               "neighbour_accepted": statistics.mean(r["neighbour_accepted"] or 0 for r in arm)}
+               "neighbour_accepted": statistics.mean(r["neighbour_accepted"] or 0 for r in arm),
+               "error_lines": sum(error_lines(r) for r in arm)}
         if arm[0]["writes_wrap_of_50"] is not None:  # the most of any node and family, in any seed
             row["writes_wrap_max"] = max(n for r in arm for node in r["writes_wrap_of_50"].values() for n in node.values())
         if base:
@@ -601,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['inspected_per_round']:.1f}",
                       f"{row['target_cpu_s_per_round']:.2f}", f"{row['neighbour_cpu_s_per_round']:.2f}",
                       f"{row['neighbour_rounds_per_s']:.2f}", f"{row['neighbour_accepted']:.0f}",
-                      str(row.get("writes_wrap_max", "-")))
+                      str(row.get("writes_wrap_max", "-")), str(row["error_lines"]))
     Console().print(table)
     return save(args, {"command": shlex.join(sys.argv), "code": commit, "attack": args.attack, "flood": args.flood,
                        "rule": args.rule, "topology": args.topology, "summary": summary, "runs": runs})

@@ -115,6 +115,7 @@ TOPIC_CASES: dict[str, list[str]] = {  # the valid message under other topic ids
     "the signer's shard of an epoch long past": [shard_topic(BASE, PAST, 2)],
     "no topic": [],
     "level 0 twice": [f"{BASE}/s", f"{BASE}/s"],
+    "levels 0 and 1 of the signer's shard in one message": [shard_topic(BASE, KEY, lv) for lv in (0, 1)],
     "levels 0, 1 and 2 in one message (protocol 2)": [shard_topic(BASE, KEY, lv) for lv in (0, 1, 2)],
     "a level-25 topic": [shard_topic(BASE, KEY, 24) + "0"],
     "another network's topic": [f"{BASE}/s".replace("/local/", "/testnet/")],
