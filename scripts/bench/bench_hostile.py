@@ -30,8 +30,9 @@ honest nodes (3 tiny-a training nodes, the rest gossip probes publishing 4 group
 checkout) runs a window, then H strangers (`--hostile`; half subscribe to level 24 of their own shards, half
 to every level of the first node's own shard, `--claim-shards-of`; none publishes) connect to the first
 node for a window and leave, and a last window follows. Per window: each honest node's deepest shard
-level, the external groups each training node uses per round, and ERROR lines or tracebacks in every
-honest node's log (each kept in the JSON with the lines after it; so in every mode).
+level and the external groups each training node uses per round. In every mode each run also keeps what
+its honest processes left: ERROR lines and tracebacks (with the lines after each), exit codes after SIGTERM,
+and rounds missing from or repeated in the training nodes' metrics ("lost" in the tables).
 
 `--attack px-aim`: `--sizes` N gossip probes, and for the middle window H strangers that answer every
 peer-exchange ask with 32 made-up peers at random ports of 127.0.0.1 (`tests.probe --lie-peers`). Per
@@ -213,9 +214,29 @@ class Procs:
         return found
 
 
+    def outcome(self, names: list[str], nodes: dict[str, Path] | None = None) -> dict:
+        """What the honest processes `names` left behind, once stopped: their ERROR lines, their exit codes
+        (SIGTERM ends each with 0 when it shuts down cleanly), and for the training nodes in `nodes` (name ->
+        run folder) the rounds missing from or repeated in their metrics."""
+        return {"errors": {n: self.errors(n) for n in names}, "exit_codes": {n: self.procs[n].returncode for n in names},
+                "round_gaps": {n: round_gaps(out) for n, out in (nodes or {}).items()}}
+
+
+def round_gaps(out: Path) -> int:
+    """Rounds missing from a node's metrics or written twice: what a crash, a lost write or a second writer
+    would leave."""
+    seen = [r["round"] for r in rows(out)]
+    return max(seen, default=0) - len(set(seen)) + len(seen) - len(set(seen))
+
+
 def error_lines(run: dict) -> int:
     """ERROR lines and tracebacks of a run, all its honest processes together."""
     return sum(len(found) for found in run["errors"].values())
+
+
+def lost(run: dict) -> int:
+    """Honest processes that did not exit cleanly, and metrics rounds lost or repeated, in a run."""
+    return sum(code != 0 for code in run["exit_codes"].values()) + sum(run["round_gaps"].values())
 
 
 def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path, flood: str,
@@ -270,7 +291,7 @@ def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: P
             # the messages the neighbour accepted in the window: the target's forwards of the flood among them
             "neighbour_accepted": window_delta(neighbour, "accepted"),
             "target_rejected_no_signal": window_delta(target, "rejected", "no_signal"),
-            "errors": {n: procs.errors(n) for n in ("target", "neighbour")}}
+            **procs.outcome(["target", "neighbour"], {"target": target_out, "neighbour": neighbour_out})}
 
 
 def window_delta(rs: list[dict], *path: str) -> int | None:
@@ -319,7 +340,7 @@ def run_px_aim(size: int, hostile: int, window: float, code: Path, work: Path) -
         out[phase] = {"nodes": per_node, "dials_per_node_per_min": statistics.mean(
             (v["dials"] or 0) for v in per_node.values()) * 60 / (b - a)}
     return {"attack": "px-aim", "size": size, "hostile": hostile, "window_s": window, "phases": out,
-            "errors": {n: procs.errors(n) for n in honest}}
+            **procs.outcome(honest)}
 
 
 def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path,
@@ -360,7 +381,8 @@ def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Pa
                       "external_used_per_round": statistics.mean(per_node[n]["external_used_per_round"]
                                                                  for n in trainers)}
     return {"attack": "level-hijack", "size": size, "hostile": hostile, "seed": seed, "rule": rule,
-            "window_s": window, "phases": out, "errors": {n: procs.errors(n) for n in trainers + gossipers}}
+            "window_s": window, "phases": out,
+            **procs.outcome(trainers + gossipers, {n: work / n for n in trainers})}
 
 
 RELAY_PORT = 4001
@@ -405,7 +427,7 @@ def run_relay_squat(hostile: int, slots: int, window: float, code: Path, work: P
             procs.stop()
     return {"attack": "relay-squat", "hostile": hostile, "relay_slots": slots, "window_s": window,
             "strangers_granted": sum(granted), "homes_with_slot": len(got), "seconds_to_slot": got,
-            "errors": {n: procs.errors(n) for n in ("relay", "home0", "home1")}}
+            **procs.outcome(["relay", "home0", "home1"])}
 
 
 def run_relay_abuse(hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path, rule: str) -> dict:
@@ -439,7 +461,7 @@ def run_relay_abuse(hostile: int, window: float, seed: int, code: Path, cache: P
             # against the windows around it: a tiny-a node's rounds shorten as it learns, so before alone flatters
             "round_time_ratio": out["attack"]["seconds_per_round"] / statistics.mean(
                 out[k]["seconds_per_round"] for k in ("before", "after")),
-            "errors": {"relay": procs.errors("relay")}}
+            **procs.outcome(["relay", "sink"], {"relay": work / "relay"})}
 
 
 def run_dialback_relayed(window: float, code: Path, work: Path, ports: list[int]) -> dict:
@@ -463,7 +485,7 @@ def run_dialback_relayed(window: float, code: Path, work: Path, ports: list[int]
             procs.stop()
     return {"attack": "dialback-relayed", "ports_asked": ports, "relay_listens_on": RELAY_PORT, "reply": reply,
             "relay_ports_reported_open": reply.get("reached", []),
-            "errors": {n: procs.errors(n) for n in ("relay", "home")}}
+            **procs.outcome(["relay", "home"])}
 
 
 RELAY_ATTACKS = ("relay-squat", "relay-abuse", "dialback-relayed")
@@ -471,7 +493,7 @@ RELAY_ATTACKS = ("relay-squat", "relay-abuse", "dialback-relayed")
 
 def relay_report(runs: list[dict], commit: str, window: float) -> None:
     table = Table(title=f"{runs[0]['attack']} (code {commit}, {window:.0f} s windows)")
-    for col in ("strangers", "outcome", "ERROR lines"):
+    for col in ("strangers", "outcome", "ERROR lines / lost"):
         table.add_column(col)
     for r in runs:
         if r["attack"] == "relay-squat":
@@ -484,39 +506,40 @@ def relay_report(runs: list[dict], commit: str, window: float) -> None:
                        f" (before / attack / after; attack against the mean of the others: x{r['round_time_ratio']:.2f})")
         else:
             outcome = f"answer {r['reply']}: relay ports reported open {r['relay_ports_reported_open']}"
-        table.add_row(str(r.get("hostile", 1)), outcome, str(error_lines(r)))
+        table.add_row(str(r.get("hostile", 1)), outcome, f"{error_lines(r)} / {lost(r)}")
     Console().print(table)
 
 
 def level_hijack_report(runs: list[dict], commit: str, window: float) -> list[dict]:
     table = Table(title=f"subscribe-only strangers at one node (code {commit}, {window:.0f} s windows)")
     for col in ("nodes", "strangers", "seed", "deepest level before / attack / after",
-                "external used / round before / attack / after", "ERROR lines"):
+                "external used / round before / attack / after", "ERROR lines / lost"):
         table.add_column(col)
     for r in runs:
         ph = r["phases"]
         table.add_row(str(r["size"]), str(r["hostile"]), str(r["seed"]),
                       " / ".join(str(ph[k]["deepest_level"]) for k in ("before", "attack", "after")),
                       " / ".join(f"{ph[k]['external_used_per_round']:.2f}" for k in ("before", "attack", "after")),
-                      str(error_lines(r)))
+                      f"{error_lines(r)} / {lost(r)}")
     Console().print(table)
     return [{"size": r["size"], "hostile": r["hostile"], "seed": r["seed"],
              **{f"deepest_level_{k}": r["phases"][k]["deepest_level"] for k in ("before", "attack", "after")},
              **{f"external_used_{k}": r["phases"][k]["external_used_per_round"] for k in ("before", "attack", "after")},
-             "error_lines": error_lines(r)} for r in runs]
+             "error_lines": error_lines(r), "lost": lost(r)} for r in runs]
 
 
 def px_aim_report(runs: list[dict], commit: str, window: float) -> list[dict]:
     table = Table(title=f"peer-exchange answers aimed at one host (code {commit}, {window:.0f} s windows)")
-    for col in ("nodes", "strangers", "dials / node / min before / attack / after", "ERROR lines"):
+    for col in ("nodes", "strangers", "dials / node / min before / attack / after", "ERROR lines / lost"):
         table.add_column(col)
     for r in runs:
         table.add_row(str(r["size"]), str(r["hostile"]), " / ".join(
             f"{r['phases'][k]['dials_per_node_per_min']:.1f}" for k in ("before", "attack", "after")),
-            str(error_lines(r)))
+            f"{error_lines(r)} / {lost(r)}")
     Console().print(table)
     return [{"size": r["size"], "hostile": r["hostile"], **{f"dials_per_node_per_min_{k}": r["phases"][k][
-        "dials_per_node_per_min"] for k in ("before", "attack", "after")}, "error_lines": error_lines(r)}
+        "dials_per_node_per_min"] for k in ("before", "attack", "after")}, "error_lines": error_lines(r),
+        "lost": lost(r)}
         for r in runs]
 
 
@@ -586,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{args.window:.0f} s windows, {args.seeds} seeds)")
     for col in ("hostile", "honest used / round", "share of 0", "honest offered / round", "all used / round", "inspected / round",
                 "target CPU s / round", "neighbour CPU s / round", "neighbour rounds/s", "neighbour msgs accepted",
-                f"writes wrap (of {SAMPLES})", "ERROR lines"):
+                f"writes wrap (of {SAMPLES})", "ERROR lines / lost"):
         table.add_column(col)
     summary = []
     base = [r for r in runs if r["hostile"] == 0]
@@ -596,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
             "honest_used_per_round", "honest_supply_per_round", "external_used_per_round", "inspected_per_round", "target_rounds_per_s",
             "neighbour_rounds_per_s", "target_cpu_s_per_round", "neighbour_cpu_s_per_round")},
                "neighbour_accepted": statistics.mean(r["neighbour_accepted"] or 0 for r in arm),
-               "error_lines": sum(error_lines(r) for r in arm)}
+               "error_lines": sum(error_lines(r) for r in arm), "lost": sum(lost(r) for r in arm)}
         if arm[0]["writes_wrap_of_50"] is not None:  # the most of any node and family, in any seed
             row["writes_wrap_max"] = max(n for r in arm for node in r["writes_wrap_of_50"].values() for n in node.values())
         if base:
@@ -609,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['inspected_per_round']:.1f}",
                       f"{row['target_cpu_s_per_round']:.2f}", f"{row['neighbour_cpu_s_per_round']:.2f}",
                       f"{row['neighbour_rounds_per_s']:.2f}", f"{row['neighbour_accepted']:.0f}",
-                      str(row.get("writes_wrap_max", "-")), str(row["error_lines"]))
+                      str(row.get("writes_wrap_max", "-")), f"{row['error_lines']} / {row['lost']}")
     Console().print(table)
     return save(args, {"command": shlex.join(sys.argv), "code": commit, "attack": args.attack, "flood": args.flood,
                        "rule": args.rule, "topology": args.topology, "summary": summary, "runs": runs})
