@@ -372,6 +372,8 @@ def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Pa
             per_node[n] = {"rounds": len(rs), "external_used_per_round": statistics.mean(r["n_external"] for r in rs)
                            if rs else 0.0, "deepest_level": max((x.get("shard_level", 0) for x in p2p), default=None),
                            "peers_max": max((r["peers"] for r in rs), default=0),
+                           # GossipSub mesh peers on our topic: strangers in the mesh crowd honest peers out
+                           "mesh_peers_mean": statistics.mean(x.get("mesh_peers") or 0 for x in p2p) if p2p else None,
                            "levels_probed": sorted({lv for x in p2p for lv in x.get("shard_probes", [])})}
         for n in gossipers:
             levels = [e["shard_level"] for e in probe_events(work / f"{n}.jsonl") if a <= e["t"] <= b and "shard_level" in e]
