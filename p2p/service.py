@@ -179,7 +179,9 @@ class _Libp2pLogFilter(logging.Filter):
         "reading from hop stream",
         # a peer that went away (killed, offline): its connection resets and streams opened on it fail;
         # routine churn, seen in the peer count
-        r"Error in handle_incoming for peer \S+: ConnectionClosedError", "MultiselectClient handshake: (read|write) failed")))
+        r"Error in handle_incoming for peer \S+: ConnectionClosedError", "MultiselectClient handshake: (read|write) failed",
+        # a peer that dialed us and left or stalled before its connection was up (counted, `inbound_upgrade_failed`)
+        "fail to upgrade mux for peer")))
 
     def __init__(self, level: int):
         super().__init__()
@@ -197,14 +199,16 @@ class _Libp2pLogFilter(logging.Filter):
 
 
 RPC_TOO_LARGE = "Inbound pubsub RPC from peer %s exceeded size limit: %s"  # py-libp2p's record for its size cap
+MUX_FAILED = "fail to upgrade mux for peer %s"  # its record for an inbound connection whose muxer was never agreed
 LIBP2P_DROPS: Counter[str] = Counter()  # what py-libp2p reports only in its logs; process-wide
 RELAY_LOGGER = "libp2p.relay.circuit_v2.protocol"
 
 
 class _CountLibp2pRecords(logging.Filter):
     """Counts records py-libp2p logs for events it tells nobody else about, and lets a record through only
-    at the level libp2p logs at here (`passes`). On pubsub: RPCs dropped for its inbound size cap. On
-    the relay: every error its hop and stop handlers log, all caused by what a peer did on the stream
+    at the level libp2p logs at here (`passes`). On pubsub: RPCs dropped for its inbound size cap. On the
+    swarm: inbound connections that never agreed a muxer (a peer that left or stalled mid-handshake,
+    `inbound_upgrade_failed`; 30 strangers leaving at once wrote one such ERROR line). On the relay: every error its hop and stop handlers log, all caused by what a peer did on the stream
     (reset it, sent a malformed or unexpected message, a stranger refused a slot) and each peer can cause
     any number of them; counted as `relay_stream_errors`, logged only when the node logs at DEBUG."""
 
@@ -230,6 +234,7 @@ def quiet_libp2p_logs() -> None:
     lib.propagate = True
     lib.setLevel(level)
     counted = {"libp2p.pubsub.pubsub": (level, lambda r: "dropped_rpc_too_large" if r.msg == RPC_TOO_LARGE else None),
+               "libp2p.network.swarm": (level, lambda r: "inbound_upgrade_failed" if r.msg == MUX_FAILED else None),
                RELAY_LOGGER: (level if level < logging.ERROR else logging.CRITICAL,
                               lambda r: "relay_stream_errors" if r.levelno >= logging.ERROR else None)}
     for name, (passes, count) in counted.items():

@@ -1,10 +1,11 @@
 """Which py-libp2p log records reach the node's log: errors, minus the ones routine events cause."""
 
+import contextlib
 import logging
 
 import pytest
 
-from p2p.service import LIBP2P_DROPS, RELAY_LOGGER, _Libp2pLogFilter, quiet_libp2p_logs
+from p2p.service import LIBP2P_DROPS, MUX_FAILED, RELAY_LOGGER, _Libp2pLogFilter, quiet_libp2p_logs
 
 PEER = "12D3KooWDaCNFeSck173CYJ69sKf9uSCKmCfX3A1R7bXhHGsVtbn"
 
@@ -18,6 +19,7 @@ def record(name: str, level: int, msg: str) -> logging.LogRecord:
     "MultiselectClient handshake: read failed: fail to read from multiselect communicator",
     "MultiselectClient handshake: write failed: fail to write to multiselect communicator",
     "Failed to open TCP stream: connection refused",
+    MUX_FAILED % PEER,
 ])
 def test_a_peer_going_away_is_not_an_error_in_our_log(msg):
     assert not _Libp2pLogFilter(logging.ERROR).filter(record("libp2p.stream_muxer.yamux", logging.ERROR, msg))
@@ -31,21 +33,38 @@ def test_other_libp2p_errors_and_our_own_records_pass():
     assert not keep.filter(record("libp2p.pubsub", logging.WARNING, "a warning below the level"))
 
 
-@pytest.mark.parametrize("node_level, shown", [(logging.INFO, False), (logging.DEBUG, True)])
-def test_relay_errors_a_peer_causes_are_counted_and_shown_only_at_debug(node_level, shown):
+@contextlib.contextmanager
+def node_log(level: int):
+    """The records that reach the node's log handlers while it logs at `level`, py-libp2p's routed there."""
     root = logging.getLogger()
     handler, old_level = logging.Handler(), root.level
     seen: list[logging.LogRecord] = []
     handler.emit = seen.append
     root.addHandler(handler)
-    root.setLevel(node_level)
+    root.setLevel(level)
     try:
         quiet_libp2p_logs()
-        before = LIBP2P_DROPS["relay_stream_errors"]
-        logging.getLogger(RELAY_LOGGER).error(f"Unexpected error handling hop stream from {PEER}: ")
-        logging.getLogger(RELAY_LOGGER).error("Error sending status message: Cannot write to stream; stream is reset")
+        yield seen
     finally:
         root.removeHandler(handler)
         root.setLevel(old_level)
+
+
+@pytest.mark.parametrize("node_level, shown", [(logging.INFO, False), (logging.DEBUG, True)])
+def test_relay_errors_a_peer_causes_are_counted_and_shown_only_at_debug(node_level, shown):
+    before = LIBP2P_DROPS["relay_stream_errors"]
+    with node_log(node_level) as seen:
+        logging.getLogger(RELAY_LOGGER).error(f"Unexpected error handling hop stream from {PEER}: ")
+        logging.getLogger(RELAY_LOGGER).error("Error sending status message: Cannot write to stream; stream is reset")
     assert LIBP2P_DROPS["relay_stream_errors"] == before + 2
     assert len(seen) == (2 if shown else 0)
+
+
+
+def test_an_inbound_peer_that_leaves_mid_handshake_is_counted_not_logged():
+    before = LIBP2P_DROPS["inbound_upgrade_failed"]
+    with node_log(logging.INFO) as seen:
+        logging.getLogger("libp2p.network.swarm").error(MUX_FAILED, PEER)
+        logging.getLogger("libp2p.network.swarm").error("some other swarm failure")
+    assert LIBP2P_DROPS["inbound_upgrade_failed"] == before + 1
+    assert [r.getMessage() for r in seen] == ["some other swarm failure"]

@@ -140,6 +140,9 @@ def peer_id(code: Path, out: Path, env: dict, listen: str) -> tuple[str, str]:
     return addr.rsplit("/p2p/", 1)[1], addr
 
 
+TRACEBACK_LINES = 80  # kept of a traceback, enough for its exception groups' causes
+
+
 class Procs:
     """Processes of one run, each logging to its own file in `work`; stopped with SIGTERM, then killed."""
 
@@ -207,8 +210,8 @@ class Procs:
         """ERROR lines and tracebacks in a process's log, each with the lines after it: printed, and kept in
         the result, since the log goes with the run's temporary folder."""
         lines = (self.work / f"{name}.log").read_text(errors="replace").splitlines()
-        found = ["\n".join(lines[i:i + 8]) for i, line in enumerate(lines)
-                 if " ERROR " in line or line.startswith("Traceback")]
+        found = ["\n".join(lines[i:i + (TRACEBACK_LINES if line.startswith("Traceback") else 8)])
+                 for i, line in enumerate(lines) if " ERROR " in line or line.startswith("Traceback")]
         for excerpt in found:
             print(f"{name}.log: " + excerpt.replace("\n", "\n    "), file=sys.stderr)
         return found
