@@ -165,6 +165,9 @@ def _why(e: BaseException) -> str:
     return text
 
 
+MUX_FAILED = "fail to upgrade mux for peer %s"  # py-libp2p's record of an inbound connection that agreed no muxer
+
+
 class _Libp2pLogFilter(logging.Filter):
     """py-libp2p records below `level` (some of its loggers set their own, lower levels) and errors
     it logs for events that are expected (and that we report ourselves, once)."""
@@ -181,7 +184,7 @@ class _Libp2pLogFilter(logging.Filter):
         # routine churn, seen in the peer count
         r"Error in handle_incoming for peer \S+: ConnectionClosedError", "MultiselectClient handshake: (read|write) failed",
         # a peer that dialed us and left or stalled before its connection was up (counted, `inbound_upgrade_failed`)
-        "fail to upgrade mux for peer")))
+        re.escape(MUX_FAILED.removesuffix(" %s")))))
 
     def __init__(self, level: int):
         super().__init__()
@@ -199,7 +202,6 @@ class _Libp2pLogFilter(logging.Filter):
 
 
 RPC_TOO_LARGE = "Inbound pubsub RPC from peer %s exceeded size limit: %s"  # py-libp2p's record for its size cap
-MUX_FAILED = "fail to upgrade mux for peer %s"  # its record for an inbound connection whose muxer was never agreed
 LIBP2P_DROPS: Counter[str] = Counter()  # what py-libp2p reports only in its logs; process-wide
 RELAY_LOGGER = "libp2p.relay.circuit_v2.protocol"
 
@@ -208,9 +210,10 @@ class _CountLibp2pRecords(logging.Filter):
     """Counts records py-libp2p logs for events it tells nobody else about, and lets a record through only
     at the level libp2p logs at here (`passes`). On pubsub: RPCs dropped for its inbound size cap. On the
     swarm: inbound connections that never agreed a muxer (a peer that left or stalled mid-handshake,
-    `inbound_upgrade_failed`; 30 strangers leaving at once wrote one such ERROR line). On the relay: every error its hop and stop handlers log, all caused by what a peer did on the stream
-    (reset it, sent a malformed or unexpected message, a stranger refused a slot) and each peer can cause
-    any number of them; counted as `relay_stream_errors`, logged only when the node logs at DEBUG."""
+    `inbound_upgrade_failed`; 30 strangers leaving at once wrote one such ERROR line). On the relay: every
+    error its hop and stop handlers log, all caused by what a peer did on the stream (reset it, sent a
+    malformed or unexpected message, a stranger refused a slot) and each peer can cause any number of them;
+    counted as `relay_stream_errors`, logged only when the node logs at DEBUG."""
 
     def __init__(self, level: int, counted: Callable[[logging.LogRecord], str | None]):
         super().__init__()

@@ -216,12 +216,12 @@ class Procs:
             print(f"{name}.log: " + excerpt.replace("\n", "\n    "), file=sys.stderr)
         return found
 
-
     def outcome(self, names: list[str], nodes: dict[str, Path] | None = None) -> dict:
         """What the honest processes `names` left behind, once stopped: their ERROR lines, their exit codes
         (SIGTERM ends each with 0 when it shuts down cleanly), and for the training nodes in `nodes` (name ->
         run folder) the rounds missing from or repeated in their metrics."""
-        return {"errors": {n: self.errors(n) for n in names}, "exit_codes": {n: self.procs[n].returncode for n in names},
+        return {"errors": {n: self.errors(n) for n in names},
+                "exit_codes": {n: self.procs[n].returncode for n in names},
                 "round_gaps": {n: round_gaps(out) for n, out in (nodes or {}).items()}}
 
 
@@ -229,7 +229,8 @@ def round_gaps(out: Path) -> int:
     """Rounds missing from a node's metrics or written twice: what a crash, a lost write or a second writer
     would leave."""
     seen = [r["round"] for r in rows(out)]
-    return max(seen, default=0) - len(set(seen)) + len(seen) - len(set(seen))
+    distinct = len(set(seen))
+    return (max(seen, default=0) - distinct) + (len(seen) - distinct)  # missing + repeated
 
 
 def error_lines(run: dict) -> int:
