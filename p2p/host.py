@@ -32,7 +32,7 @@ from multiaddr import Multiaddr
 from p2p.config import P2PConfig
 from p2p.hints import REMEMBERED, HintBudget
 from p2p.policy import MessagePolicy
-from p2p.pubsub import CountingGossipSub, GuardedPubsub
+from p2p.pubsub import CountingGossipSub, GuardedPubsub, delivery_scores
 from p2p.reach import Reach, is_circuit
 from p2p.seen import SeenKeys
 from p2p.shards import publish_topics, shard_topic, shared_bits, topic_level
@@ -103,7 +103,7 @@ class GossipHost:
             self.counts, protocols=[PROTOCOL_ID_V11], degree=cfg.mesh_degree,
             degree_low=cfg.mesh_low(), degree_high=2 * cfg.mesh_degree,
             heartbeat_interval=cfg.heartbeat_s, adaptive_gossip_enabled=False,
-            max_messages_per_topic_per_second=cfg.max_messages_per_s,
+            max_messages_per_topic_per_second=cfg.max_messages_per_s, score_params=delivery_scores(cfg.heartbeat_s),
         )
         self.pubsub = GuardedPubsub(self.host, self.gossipsub, strict_signing=True, counts=self.counts)
         self.outbox_send, self.outbox_recv = trio.open_memory_channel[bytes](64)

@@ -15,8 +15,27 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.score import ScoreParams, TopicScoreParams
 
 log = logging.getLogger(__name__)
+
+SCORE_HALF_LIFE_S = 120.0  # how long a neighbour's record of deliveries lasts
+SCORE_CAP = 100.0  # deliveries (or rejections) counted at most, so that a long past does not outweigh the present
+
+
+def delivery_scores(heartbeat_s: float) -> ScoreParams:
+    """GossipSub peer scores from what each neighbour delivers: +1 for each valid message it was first to bring
+    us, -1 for each it sent that our validator refused, both decaying with a half-life of SCORE_HALF_LIFE_S.
+
+    py-libp2p always scores its neighbours, and when a topic's mesh holds more than 2D peers prunes the lowest
+    scores first; with its default weights every score is 0 and the order is arbitrary. Subscribe-only
+    strangers joining the mesh could then prune the honest neighbours, which py-libp2p's 60 s backoff after a
+    PRUNE keeps out of the mesh after the strangers leave. Here the neighbours that bring valid rollouts
+    outrank those that bring nothing or junk. No threshold uses these scores: they order pruning and
+    refuse nobody."""
+    decay = 0.5 ** (heartbeat_s / SCORE_HALF_LIFE_S)
+    return ScoreParams(p2_first_message_deliveries=TopicScoreParams(weight=1.0, cap=SCORE_CAP, decay=decay),
+                       p4_invalid_messages=TopicScoreParams(weight=1.0, cap=SCORE_CAP, decay=decay))
 
 
 class CountingGossipSub(GossipSub):
@@ -32,6 +51,13 @@ class CountingGossipSub(GossipSub):
             return True
         self.counts["dropped_rate_limit"] += 1
         return False
+
+    async def _maintain_mesh_quality(self, topic: str) -> None:
+        """No swapping of mesh peers by score. py-libp2p swaps its worst mesh peer for a better-scored outsider
+        at every heartbeat, PRUNE and 60 s backoff included: with delivery scores that churns a healthy
+        mesh (each neighbour's first deliveries rise and fall with who happened to forward first), and its
+        undo path indexes `mesh[topic]` after an await, when a shard move may have left the topic. Pruning
+        an oversubscribed mesh by score is what keeps the neighbours that deliver."""
 
 
 class GuardedPubsub(Pubsub):
