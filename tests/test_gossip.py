@@ -263,6 +263,21 @@ def test_a_peer_on_an_older_protocols_rollout_topic_is_counted_and_named_once(tm
     assert len(lines) == 1 and old_topic in lines[0], lines
 
 
+def test_a_testnet_node_without_a_bootstrap_peer_says_so_in_one_line_and_a_local_one_does_not(tmp_path, caplog):
+    def warned(cfg: P2PConfig, key: str) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="p2p.host"), \
+                Gossip(cfg, tmp_path / key, on_message=lambda msg: None, signal=group_carries_signal):
+            deadline = time.time() + 10
+            while not any("bootstrap" in r.getMessage() for r in caplog.records) and time.time() < deadline:
+                time.sleep(0.2)
+        return [r.getMessage() for r in caplog.records if "no bootstrap peer" in r.getMessage()]
+
+    lines = warned(P2PConfig(listen=[LOOPBACK], network="testnet"), "testnet.key")
+    assert len(lines) == 1 and "network 'testnet'" in lines[0] and "--p2p.bootstrap_file" in lines[0], lines
+    assert warned(P2PConfig(listen=[LOOPBACK]), "local.key") == []
+
+
 def log_lines(probe: ProbeProcess, word: str) -> list[str]:
     return [line for line in probe.log_path.read_text().splitlines() if word in line]
 

@@ -57,3 +57,23 @@ def test_network_flag_on_the_command_line(tmp_path):
     assert "Traceback" not in bad.stderr
     missing = run_sapo("config", "--network", str(tmp_path / "lab.toml"))
     assert missing.returncode == 2 and f"network profile file {tmp_path / 'lab.toml'} does not exist" in missing.stderr
+
+
+def test_an_operators_bootstrap_list_takes_comments_and_names_a_bad_line(tmp_path):
+    listing = tmp_path / "bootstrap.txt"
+    other = PEER.replace("203.0.113.7", "203.0.113.8")
+    listing.write_text(f"# testnet bootstrap\n{PEER}  # the first\n\n{other}\n")
+    assert P2PConfig(network="testnet", bootstrap_file=listing).bootstrap_peers() == [PEER, other]
+    listing.write_text(f"{PEER}\n/ip4/203.0.113.9/tcp/7420\n")
+    with pytest.raises(ValueError, match=r"bootstrap.txt line 2: .*has no /p2p/<peer id> part"):
+        P2PConfig(network="testnet", bootstrap_file=listing)
+
+
+def test_a_bad_bootstrap_list_is_one_line_at_the_command_line(tmp_path):
+    listing = tmp_path / "bootstrap.txt"
+    listing.write_text("/ip4/203.0.113.9/tcp/7420\n")
+    bad = run_sapo("config", "--network", "testnet", "--p2p.bootstrap_file", str(listing))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert f"{listing} line 1" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    env = run_sapo("config", env={"SAPO_P2P__BOOTSTRAP_FILE": str(tmp_path / "none.txt")})
+    assert env.returncode == 2 and f"cannot read {tmp_path / 'none.txt'}" in env.stderr
