@@ -12,6 +12,7 @@ from typing import Sequence
 
 from node.config import ConfigError, NodeConfig, load_config
 from node.flags import add_config_flags, config_argv, config_from_flags, overrides
+from trainer.pretrained import PresetError
 
 log = logging.getLogger("sapo")
 
@@ -146,9 +147,9 @@ def cmd_id(args: argparse.Namespace) -> int:
 
 
 def cmd_swarm(args: argparse.Namespace) -> int:
+    spec, cache_dir = _swarm_spec(args)
     from node.swarm import SwarmError, run
 
-    spec, cache_dir = _swarm_spec(args)
     try:
         summary = run(spec, cache_dir=cache_dir)
     except SwarmError as e:
@@ -163,7 +164,6 @@ def _swarm_spec(args: argparse.Namespace):
     import shlex
 
     from node.preflight import model_problem
-    from node.swarm import SwarmSpec
     from trainer import presets as named
 
     for flag, value, low in (("--nodes", args.nodes, 1), ("--rounds", args.rounds, 1), ("--local", args.local, 1),
@@ -189,6 +189,8 @@ def _swarm_spec(args: argparse.Namespace):
     for name in dict.fromkeys(presets):
         if name in named.names():
             named.ensure(name, cache_dir)
+    from node.swarm import SwarmSpec  # after the checks: it loads libp2p
+
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=args.local, external=args.external, presets=presets,
                      out=args.out, seed=args.seed, extra=extra, task_mixes=task_mixes, baseline=args.baseline)
     return spec, cache_dir
@@ -328,11 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sapo: interrupted; the last complete checkpoint is kept", file=sys.stderr)
         return 130
-    except Exception as e:
-        from trainer.pretrained import PresetError  # here, not above: it loads torch, and --help must not
-
-        if not isinstance(e, PresetError):
-            raise
+    except PresetError as e:
         print(f"sapo: {e}", file=sys.stderr)
         return 1
 

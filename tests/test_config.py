@@ -166,14 +166,31 @@ def test_a_real_models_recipe_fills_only_what_the_user_left_unset(tmp_path, monk
     assert load_config(overrides={"model": {"name": "tiny-a"}}).generation.temperature == 1.0  # no recipe
 
 
-def test_reading_a_config_and_the_cli_help_load_neither_torch_nor_transformers():
-    """A bad flag or `sapo --help` answers in under a second, not after 6 s of imports (node/selection_config.py)."""
+def test_reading_a_config_the_cli_help_and_the_preflights_refusals_load_neither_torch_nor_transformers(tmp_path):
+    """A bad flag, `sapo --help`, a misspelt model, a run folder in use or `sapo swarm --nodes 0` answers in about
+    a second, not after 6 s of imports (node/selection_config.py, trainer/tiny.py's table)."""
     import subprocess
 
-    code = ("import sys, contextlib, io\nimport node.config, node.cli\nnode.config.load_config()\n"
-            "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
-            "    node.cli.main(['--help'])\n"
-            "print(sorted(m for m in ('torch', 'transformers', 'libp2p') if m in sys.modules))")
+    code = f"""import sys, contextlib, io
+from pathlib import Path
+import node.config, node.cli
+from node import preflight
+node.config.load_config()
+with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+    node.cli.main(['--help'])
+assert node.cli.main(['swarm', '--nodes', '0']) == 2
+assert 'did you mean tiny-a?' in preflight.model_problem('tiny-aa', Path({str(tmp_path)!r}))
+cfg = node.config.load_config(overrides={{'run': {{'out_dir': {str(tmp_path / 'run')!r}}}, 'p2p': {{'enabled': False}},
+                                          'status': {{'enabled': False}}}})
+cfg.run.out_dir.mkdir()
+held = preflight.lock_out_dir(cfg.run.out_dir)
+try:
+    preflight.check(cfg)
+except node.config.ConfigError as e:
+    assert 'is in use by another node' in str(e), e
+else:
+    raise AssertionError('a second node took a run folder in use')
+print(sorted(m for m in ('torch', 'transformers', 'libp2p') if m in sys.modules))"""
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "[]"

@@ -12,11 +12,13 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from trainer.config import ModelConfig
 from trainer.pretrained import PresetError
-from trainer.policy import ModelLoadError, Policy, load_policy
+
+if TYPE_CHECKING:  # loading a policy imports torch; naming and finding presets must not (node/preflight.py)
+    from trainer.policy import Policy
 
 __all__ = ["PresetError", "names", "ensure", "is_cached", "metadata", "cached_build", "resolve_model_path", "load"]
 
@@ -32,11 +34,15 @@ def resolve_model_path(cfg: ModelConfig) -> str:
     try:
         return str(ensure(cfg.name, cfg.cache_dir))
     except PresetError as e:
+        from trainer.policy import ModelLoadError
+
         raise ModelLoadError(str(e)) from None
 
 
 def load(cfg: ModelConfig, **kwargs) -> Policy:
     """`load_policy` for any model name a user gives: a preset (built or fetched first), a folder or a hub id."""
+    from trainer.policy import load_policy
+
     return load_policy(cfg, source=resolve_model_path(cfg), **kwargs)
 
 

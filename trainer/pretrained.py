@@ -15,8 +15,6 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +114,7 @@ def convert(gguf: Path):
     A GGUF-loaded model keeps a quantization config and refuses `save_pretrained`; a plain model
     built from the same config without it, holding the same weights, saves as any other.
     """
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:

@@ -10,15 +10,15 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
-
-import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from typing import TYPE_CHECKING, Literal
 
 from rewards import TaskSource
 from rewards.scoring import CLOSE, OPEN
 from rewards.source import DatasetMix
+
+if TYPE_CHECKING:  # the recipe's own imports wait for a build: the table above it is read before torch loads
+    import torch
+    from transformers import PreTrainedTokenizerFast
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,9 @@ def target_text(answer: str) -> str:
 
 
 def train_tokenizer(preset: TinyPreset) -> PreTrainedTokenizerFast:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
     corpus_tasks = TaskSource(list(TASK_MIX), seed=SFT_SEED).draw(4000)
     corpus = [t.prompt + target_text(t.answer) for t in corpus_tasks]
     tok = Tokenizer(models.BPE())
@@ -78,6 +81,9 @@ def train_tokenizer(preset: TinyPreset) -> PreTrainedTokenizerFast:
 
 
 def make_model(preset: TinyPreset, tokenizer: PreTrainedTokenizerFast) -> torch.nn.Module:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
     common = dict(vocab_size=len(tokenizer), hidden_size=preset.hidden, intermediate_size=preset.intermediate,
                   num_hidden_layers=preset.layers, num_attention_heads=preset.heads,
                   num_key_value_heads=preset.kv_heads, max_position_embeddings=256, tie_word_embeddings=True,
@@ -90,6 +96,8 @@ def make_model(preset: TinyPreset, tokenizer: PreTrainedTokenizerFast) -> torch.
 
 def build_preset(name: str, out: Path, preset: TinyPreset | None = None) -> dict:
     """Build preset `name` (or a variant of it) into `out`, which must not exist yet; returns its metadata."""
+    import torch
+
     from trainer.batch import collate, token_logprobs
     from trainer.generation.hf import TransformersGenerator
     from trainer.policy import Policy, encode_prompts
