@@ -5,6 +5,7 @@ corrupt key or a misspelt model name should cost a second and one line, not a mi
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import errno
 import fcntl
@@ -13,6 +14,7 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 from urllib.parse import urlparse
 
 from node.config import ConfigError, NodeConfig
@@ -57,7 +59,7 @@ def check(cfg: NodeConfig, model: bool = True) -> Preflight:
         raise
 
 
-def lock_out_dir(out: Path) -> int:
+def lock_out_dir(out: Path, setting: str = "run.out_dir") -> int:
     """An exclusive lock on the run folder for as long as this process lives (the kernel drops it at any exit):
     a second node on the same folder would resume from the first one's checkpoint, take its identity and
     interleave its metrics. The holder's pid is written in the lock file, for the refusal's message."""
@@ -67,11 +69,21 @@ def lock_out_dir(out: Path) -> int:
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise ConfigError(f"run.out_dir: {out} is in use by another node (pid {holder}): stop that node, or choose "
+        raise ConfigError(f"{setting}: {out} is in use by another node (pid {holder}): stop that node, or choose "
                           "another --out") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+@contextlib.contextmanager
+def out_dir_locked(out: Path, setting: str) -> Iterator[None]:
+    """`lock_out_dir` for a block: `sapo swarm` holds its folder while its nodes run and it summarises them."""
+    fd = lock_out_dir(out, setting)
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 def _check_out_dir(out: Path) -> None:

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from node.preflight import out_dir_locked
 from p2p.identity import load_or_create, peer_id
 
 log = logging.getLogger(__name__)
@@ -427,18 +428,20 @@ def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None 
         stopping = True
 
     spec = share_memory(spec, cache_dir)
-    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    nodes: list[Child] = []
-    silos: list[Child] = []
-    children = nodes  # everything to show and stop
-    try:
-        children = nodes = start(spec, cache_dir, spec.processes())
-        if spec.baseline:
-            silos = start(spec.silo(), cache_dir, spec.processes(), prefix="silo")
-            children = nodes + silos
-        watch(children, spec.rounds, console, live, lambda: stopping)
-    finally:
-        stop(children)
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    return summarize(spec, nodes, silos, stopping)
+    spec.out.mkdir(parents=True, exist_ok=True)
+    with out_dir_locked(spec.out, setting="--out"):  # a second swarm here would resume our nodes' runs as its own
+        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        nodes: list[Child] = []
+        silos: list[Child] = []
+        children = nodes  # everything to show and stop
+        try:
+            children = nodes = start(spec, cache_dir, spec.processes())
+            if spec.baseline:
+                silos = start(spec.silo(), cache_dir, spec.processes(), prefix="silo")
+                children = nodes + silos
+            watch(children, spec.rounds, console, live, lambda: stopping)
+        finally:
+            stop(children)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        return summarize(spec, nodes, silos, stopping)

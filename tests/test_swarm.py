@@ -408,3 +408,20 @@ def test_the_swarm_watch_reads_a_metrics_file_rewound_on_resume_from_the_start(t
         f.write(json.dumps({"round": 31}) + "\n" + '{"round": 3')  # the next round, and a torn line
     child.refresh()
     assert [r["round"] for r in child.rows] == list(range(1, 32))
+
+
+def test_a_second_swarm_on_a_folder_in_use_is_refused_in_one_line_and_starts_nothing(tiny_a, cache_dir, tmp_path):
+    from node.preflight import lock_out_dir
+
+    out = tmp_path / "s"
+    out.mkdir()
+    held = lock_out_dir(out)  # the first swarm's hold on its folder
+    try:
+        r = run_sapo("swarm", "--nodes", "2", "--rounds", "1", "--presets", "tiny-a", "--out", str(out),
+                     "--cache-dir", str(cache_dir))
+    finally:
+        os.close(held)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (f"sapo: config error: --out: {out} is in use by another node "
+                                                 f"(pid {os.getpid()}): stop that node, or choose another --out")
+    assert sorted(p.name for p in out.iterdir()) == [".node.lock"]
