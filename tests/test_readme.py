@@ -32,6 +32,8 @@ NOT_RUN = {
     ".venv/bin/python scripts/bench/bench_hostile.py": "benchmark: minutes",
     ".venv/bin/python scripts/bench/diagnose_peer.py": "diagnosis: an hour and more on the real model",
     ".venv-vllm/bin/python scripts/bench/bench_generation.py": "benchmark; the second line needs a GPU",
+    ".venv/bin/sapo swarm --nodes 2 --rounds 20 --presets smollm2-135m": "experiment: four real-model nodes for 20 rounds on one machine",
+    ".venv/bin/sapo doctor --bench --model smollm2-135m": "benchmark: minutes of real-model rounds; the H200 rows need a GPU",
     "bash scripts/setup.sh": "needs the model hub (Qwen2.5-0.5B) and another node's address",
     ".venv/bin/pip install -e '.[vllm]'": "needs a CUDA machine (CI's second stage tests the CPU build of vLLM)",
     "node0 (tiny-a): 300 rounds": "output of the demo, not a command",
@@ -128,6 +130,7 @@ def test_the_two_node_example_trains_both_nodes_together(tmp_path, tiny_a):
             os.killpg(proc.pid, signal.SIGKILL)  # the backgrounded node too, whatever happened
     assert proc.returncode == 0, stderr[-3000:]
     assert "[a] round 100/100" in stderr and "[b] round 100/100" in stderr  # which node wrote each line
+    assert not re.findall(r"\w*Warning\b.*", stderr)  # a user reads a FutureWarning as something gone wrong
     for node, rounds in (("a", 100), ("b", 100)):
         rows = [json.loads(line) for line in (tmp_path / "runs" / node / "metrics.jsonl").read_text().splitlines()][1:]
         assert len(rows) == rounds and max(m["peers"] for m in rows) == 1
