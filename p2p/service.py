@@ -166,6 +166,8 @@ def _why(e: BaseException) -> str:
 
 
 MUX_FAILED = "fail to upgrade mux for peer %s"  # py-libp2p's record of an inbound connection that agreed no muxer
+# py-libp2p's record (with a whole traceback) of an identify answer it could not write: the asker left first
+IDENTIFY_FAILED = "Error sending identify response to %s: %s (type: %s)\n%s"
 
 
 class _Libp2pLogFilter(logging.Filter):
@@ -183,8 +185,9 @@ class _Libp2pLogFilter(logging.Filter):
         # a peer that went away (killed, offline): its connection resets and streams opened on it fail;
         # routine churn, seen in the peer count
         r"Error in handle_incoming for peer \S+: ConnectionClosedError", "MultiselectClient handshake: (read|write) failed",
-        # a peer that dialed us and left or stalled before its connection was up (counted, `inbound_upgrade_failed`)
-        re.escape(MUX_FAILED.removesuffix(" %s")))))
+        # a peer that dialed us and left or stalled before its connection was up (counted, `inbound_upgrade_failed`),
+        # or left before our identify answer (counted, `identify_reply_failed`)
+        re.escape(MUX_FAILED.removesuffix(" %s")), re.escape(IDENTIFY_FAILED.split(" %s")[0]))))
 
     def __init__(self, level: int):
         super().__init__()
@@ -210,7 +213,8 @@ class _CountLibp2pRecords(logging.Filter):
     """Counts records py-libp2p logs for events it tells nobody else about, and lets a record through only
     at the level libp2p logs at here (`passes`). On pubsub: RPCs dropped for its inbound size cap. On the
     swarm: inbound connections that never agreed a muxer (a peer that left or stalled mid-handshake,
-    `inbound_upgrade_failed`; 30 strangers leaving at once wrote one such ERROR line). On the relay: every
+    `inbound_upgrade_failed`; 30 strangers leaving at once wrote one such ERROR line). On identify: answers
+    the asker left before (`identify_reply_failed`; the same strangers wrote two, each with a traceback). On the relay: every
     error its hop and stop handlers log, all caused by what a peer did on the stream (reset it, sent a
     malformed or unexpected message, a stranger refused a slot) and each peer can cause any number of them;
     counted as `relay_stream_errors`, logged only when the node logs at DEBUG."""
@@ -238,6 +242,8 @@ def quiet_libp2p_logs() -> None:
     lib.setLevel(level)
     counted = {"libp2p.pubsub.pubsub": (level, lambda r: "dropped_rpc_too_large" if r.msg == RPC_TOO_LARGE else None),
                "libp2p.network.swarm": (level, lambda r: "inbound_upgrade_failed" if r.msg == MUX_FAILED else None),
+               "libp2p.identity.identify.identify": (
+                   level, lambda r: "identify_reply_failed" if r.msg == IDENTIFY_FAILED else None),
                RELAY_LOGGER: (level if level < logging.ERROR else logging.CRITICAL,
                               lambda r: "relay_stream_errors" if r.levelno >= logging.ERROR else None)}
     for name, (passes, count) in counted.items():

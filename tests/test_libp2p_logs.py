@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from p2p.service import LIBP2P_DROPS, MUX_FAILED, RELAY_LOGGER, _Libp2pLogFilter, quiet_libp2p_logs
+from p2p.service import IDENTIFY_FAILED, LIBP2P_DROPS, MUX_FAILED, RELAY_LOGGER, _Libp2pLogFilter, quiet_libp2p_logs
 
 PEER = "12D3KooWDaCNFeSck173CYJ69sKf9uSCKmCfX3A1R7bXhHGsVtbn"
 
@@ -68,3 +68,15 @@ def test_an_inbound_peer_that_leaves_mid_handshake_is_counted_not_logged():
         logging.getLogger("libp2p.network.swarm").error("some other swarm failure")
     assert LIBP2P_DROPS["inbound_upgrade_failed"] == before + 1
     assert [r.getMessage() for r in seen] == ["some other swarm failure"]
+
+
+def test_an_identify_answer_the_asker_left_before_is_counted_not_logged():
+    """30 strangers leaving at once: py-libp2p logs each unwritable identify answer at ERROR with a traceback."""
+    before = LIBP2P_DROPS["identify_reply_failed"]
+    reset = "Write operation failed: TCP connection reset by remote peer"
+    with node_log(logging.INFO) as seen:
+        logging.getLogger("libp2p.identity.identify.identify").error(IDENTIFY_FAILED, PEER, reset, "StreamError",
+                                                                     "Traceback (most recent call last): ...")
+        logging.getLogger("libp2p.identity.identify.identify").error("some other identify failure")
+    assert LIBP2P_DROPS["identify_reply_failed"] == before + 1
+    assert [r.getMessage() for r in seen] == ["some other identify failure"]
