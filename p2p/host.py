@@ -24,7 +24,6 @@ from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
-from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.address_validation import expand_wildcard_address
 from multiaddr import Multiaddr
@@ -32,7 +31,7 @@ from multiaddr import Multiaddr
 from p2p.config import P2PConfig
 from p2p.hints import REMEMBERED, HintBudget
 from p2p.policy import MessagePolicy
-from p2p.pubsub import CountingGossipSub, GuardedPubsub, delivery_scores
+from p2p.pubsub import GuardedPubsub, gossipsub_router
 from p2p.reach import Reach, is_circuit
 from p2p.seen import SeenKeys
 from p2p.shards import publish_topics, shard_topic, shared_bits, topic_level
@@ -99,12 +98,7 @@ class GossipHost:
         self.base = cfg.rollout_topic_base()
         self.shard = cfg.shards.level_of(self.me.to_bytes(), cfg.profile().shard_epoch_s, time.time())
         self.topic = shard_topic(self.base, self.shard.key, self.shard.level)
-        self.gossipsub = CountingGossipSub(
-            self.counts, protocols=[PROTOCOL_ID_V11], degree=cfg.mesh_degree,
-            degree_low=cfg.mesh_low(), degree_high=2 * cfg.mesh_degree,
-            heartbeat_interval=cfg.heartbeat_s, adaptive_gossip_enabled=False,
-            max_messages_per_topic_per_second=cfg.max_messages_per_s, score_params=delivery_scores(cfg.heartbeat_s),
-        )
+        self.gossipsub = gossipsub_router(self.counts, cfg)
         self.pubsub = GuardedPubsub(self.host, self.gossipsub, strict_signing=True, counts=self.counts)
         self.outbox_send, self.outbox_recv = trio.open_memory_channel[bytes](64)
 

@@ -12,15 +12,30 @@ import trio
 from google.protobuf.message import DecodeError
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
-from libp2p.pubsub.gossipsub import GossipSub
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.score import ScoreParams, TopicScoreParams
+
+from p2p.config import P2PConfig
 
 log = logging.getLogger(__name__)
 
 SCORE_HALF_LIFE_S = 120.0  # how long a neighbour's record of deliveries lasts
 SCORE_CAP = 100.0  # deliveries (or rejections) counted at most, so that a long past does not outweigh the present
+# How long a pruned neighbour stays out of the mesh (GossipSub's default is 60 s). A neighbour pruned by mistake,
+# say while strangers crowded the mesh, is grafted back within this when the mesh is short; a pruned stranger
+# that grafts again is pruned again by score once the mesh is over D_hi.
+PRUNE_BACKOFF_S = 10
+
+
+def gossipsub_router(counts: Counter[str], cfg: P2PConfig) -> CountingGossipSub:
+    """GossipSub with the parameters PROTOCOL.md section 1 recommends, the degree and heartbeat from `cfg`."""
+    return CountingGossipSub(
+        counts, protocols=[PROTOCOL_ID_V11], degree=cfg.mesh_degree, degree_low=cfg.mesh_low(),
+        degree_high=2 * cfg.mesh_degree, heartbeat_interval=cfg.heartbeat_s, adaptive_gossip_enabled=False,
+        max_messages_per_topic_per_second=cfg.max_messages_per_s, score_params=delivery_scores(cfg.heartbeat_s),
+        prune_back_off=PRUNE_BACKOFF_S)
 
 
 def delivery_scores(heartbeat_s: float) -> ScoreParams:

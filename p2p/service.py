@@ -8,6 +8,7 @@ bytes over without blocking (TrioToken.run_sync_soon), received messages come ba
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -111,11 +112,19 @@ class Gossip:
         trio.from_thread.run_sync(swap, trio_token=self._token)
 
     def stats(self) -> dict[str, object]:
-        host = self._host
-        counts = dict(host.counts) if host else {}
-        live = host.stats() if host else {}  # first: it counts the connected peers and the mesh afresh
-        return {"peer_id": self.peer_id, "peers": host.n_peers if host else 0, "mesh_peers": host.n_mesh if host else 0,
-                **live, **counts, **LIBP2P_DROPS, **self.policy.stats()}
+        """Read on the p2p thread, which changes the host's tables and counters between any two lines of another
+        thread: read from the training loop, 30 strangers leaving at once raised 'dictionary changed size during
+        iteration' there and stopped the node."""
+        host, snapshot = self._host, {}
+        if host is not None and self._token is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                snapshot = trio.from_thread.run_sync(self._snapshot, host, trio_token=self._token)
+        return {"peer_id": self.peer_id, "peers": 0, "mesh_peers": 0, **snapshot, **self.policy.stats()}
+
+    @staticmethod
+    def _snapshot(host: GossipHost) -> dict[str, object]:
+        live = host.stats()  # first: it counts the connected peers and the mesh afresh
+        return {"peers": host.n_peers, "mesh_peers": host.n_mesh, **live, **host.counts, **LIBP2P_DROPS}
 
     def stop(self, timeout: float = 10.0) -> None:
         if self._token is not None and self._stop is not None and self._thread.is_alive():

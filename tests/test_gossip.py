@@ -249,11 +249,11 @@ def test_a_peer_on_an_older_protocols_rollout_topic_is_counted_and_named_once(tm
             await pubsub.wait_until_ready()
             await pubsub.subscribe(old_topic)
             await host.connect(info_from_p2p_addr(multiaddr.Multiaddr(addr)))
-            with trio.fail_after(20):
-                while node.stats().get("peers_other_protocol") != 1:
+            with trio.fail_after(20):  # stats() waits on the node's own trio thread: ask from a worker thread
+                while (await trio.to_thread.run_sync(node.stats)).get("peers_other_protocol") != 1:
                     await trio.sleep(0.2)
             await trio.sleep(5)  # two more shard checks: still one peer, still one line
-            return node.stats()
+            return await trio.to_thread.run_sync(node.stats)
 
     with caplog.at_level(logging.WARNING, logger="p2p.host"), \
             Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "new.key", on_message=lambda msg: None, signal=group_carries_signal) as node:
@@ -276,6 +276,17 @@ def test_a_testnet_node_without_a_bootstrap_peer_says_so_in_one_line_and_a_local
     lines = warned(P2PConfig(listen=[LOOPBACK], network="testnet"), "testnet.key")
     assert len(lines) == 1 and "network 'testnet'" in lines[0] and "--p2p.bootstrap_file" in lines[0], lines
     assert warned(P2PConfig(listen=[LOOPBACK]), "local.key") == []
+
+
+def test_stats_are_read_on_the_p2p_thread_whose_tables_they_read(tmp_path):
+    """Read from the training loop's thread, the host's peer tables changed mid-read when 30 strangers left at once
+    ('dictionary changed size during iteration') and the node stopped."""
+    with Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "n.key", on_message=lambda msg: None,
+                signal=group_carries_signal) as node:
+        read_on, original = [], node._host.stats
+        node._host.stats = lambda: read_on.append(threading.current_thread()) or original()
+        stats = node.stats()
+    assert read_on == [node._thread] and stats["peers"] == 0 and "shard_level" in stats
 
 
 def log_lines(probe: ProbeProcess, word: str) -> list[str]:

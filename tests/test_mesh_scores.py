@@ -3,6 +3,7 @@ only subscribe, nor senders of what the validator refuses (p2p.pubsub.delivery_s
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import trio
@@ -12,7 +13,8 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 from libp2p.pubsub.score import ScoreParams
 
-from p2p.pubsub import SCORE_HALF_LIFE_S, CountingGossipSub, delivery_scores
+from p2p.config import P2PConfig
+from p2p.pubsub import PRUNE_BACKOFF_S, SCORE_HALF_LIFE_S, CountingGossipSub, gossipsub_router
 
 TOPIC = "/sapo/local/rollouts/3/s"
 
@@ -21,7 +23,10 @@ def peer() -> ID:
     return ID.from_pubkey(create_new_key_pair().public_key)
 
 
-def router(params: ScoreParams) -> CountingGossipSub:
+def router(params: ScoreParams | None = None) -> CountingGossipSub:
+    """The node's own router (one heartbeat a second), or py-libp2p's with `params` for a comparison."""
+    if params is None:
+        return gossipsub_router(Counter(), P2PConfig())
     return CountingGossipSub(Counter(), protocols=[PROTOCOL_ID_V11], degree=4, degree_low=3, degree_high=8,
                              heartbeat_interval=1, score_params=params)
 
@@ -40,7 +45,7 @@ def crowded_mesh(gossip: CountingGossipSub) -> tuple[list[ID], list[ID], list[ID
 
 
 def test_an_oversubscribed_mesh_prunes_junk_and_strangers_before_neighbours_that_deliver():
-    gossip = router(delivery_scores(heartbeat_s=1.0))
+    gossip = router()
     honest, strangers, junk = crowded_mesh(gossip)
     pruned = gossip._select_peers_for_pruning(TOPIC, len(gossip.mesh[TOPIC]) - gossip.degree)
     assert junk[0] in pruned and not set(honest) & set(pruned)
@@ -54,7 +59,7 @@ def test_with_py_libp2ps_default_weights_every_score_is_zero_and_the_order_says_
 
 
 def test_a_neighbours_record_halves_over_the_half_life_and_is_capped():
-    gossip = router(delivery_scores(heartbeat_s=1.0))
+    gossip = router()
     p = peer()
     for _ in range(500):
         gossip.scorer.on_first_delivery(p, TOPIC)
@@ -66,7 +71,7 @@ def test_a_neighbours_record_halves_over_the_half_life_and_is_capped():
 
 
 def test_a_full_mesh_is_not_churned_by_swapping_its_worst_peer_for_a_better_scored_outsider():
-    gossip = router(delivery_scores(heartbeat_s=1.0))
+    gossip = router()
     mesh, outsider = [peer() for _ in range(4)], peer()
     for _ in range(50):
         gossip.scorer.on_first_delivery(outsider, TOPIC)
@@ -81,3 +86,12 @@ def test_a_full_mesh_is_not_churned_by_swapping_its_worst_peer_for_a_better_scor
     gossip.emit_prune = gossip.emit_graft = control  # py-libp2p's own heartbeat would PRUNE one and GRAFT it
     trio.run(gossip._maintain_mesh_quality, TOPIC)
     assert gossip.mesh[TOPIC] == set(mesh) and not sent
+
+
+def test_a_pruned_neighbour_may_be_grafted_again_after_seconds_not_a_minute(monkeypatch):
+    gossip, p = router(), peer()
+    gossip._add_back_off(p, TOPIC, False)  # what a PRUNE leaves behind, on either side
+    assert gossip._check_back_off(p, TOPIC)
+    now = time.time()
+    monkeypatch.setattr(time, "time", lambda: now + PRUNE_BACKOFF_S + 1)
+    assert PRUNE_BACKOFF_S < 60 and not gossip._check_back_off(p, TOPIC)
