@@ -44,8 +44,8 @@ def delivery_scores(heartbeat_s: float) -> ScoreParams:
 
     py-libp2p always scores its neighbours, and when a topic's mesh holds more than 2D peers prunes the lowest
     scores first; with its default weights every score is 0 and the order is arbitrary. Subscribe-only
-    strangers joining the mesh could then prune the honest neighbours, which py-libp2p's 60 s backoff after a
-    PRUNE keeps out of the mesh after the strangers leave. Here the neighbours that bring valid rollouts
+    strangers joining the mesh could then prune the honest neighbours, which the backoff after a PRUNE (60 s
+    by default) kept out of the mesh after the strangers left. Here the neighbours that bring valid rollouts
     outrank those that bring nothing or junk. No threshold uses these scores: they order pruning and
     refuse nobody."""
     decay = 0.5 ** (heartbeat_s / SCORE_HALF_LIFE_S)
@@ -69,7 +69,7 @@ class CountingGossipSub(GossipSub):
 
     async def _maintain_mesh_quality(self, topic: str) -> None:
         """No swapping of mesh peers by score. py-libp2p swaps its worst mesh peer for a better-scored outsider
-        at every heartbeat, PRUNE and 60 s backoff included: with delivery scores that churns a healthy
+        at every heartbeat, PRUNE and backoff included: with delivery scores that churns a healthy
         mesh (each neighbour's first deliveries rise and fall with who happened to forward first), and its
         undo path indexes `mesh[topic]` after an await, when a shard move may have left the topic. Pruning
         an oversubscribed mesh by score is what keeps the neighbours that deliver."""

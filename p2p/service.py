@@ -223,10 +223,10 @@ class _CountLibp2pRecords(logging.Filter):
     at the level libp2p logs at here (`passes`). On pubsub: RPCs dropped for its inbound size cap. On the
     swarm: inbound connections that never agreed a muxer (a peer that left or stalled mid-handshake,
     `inbound_upgrade_failed`; 30 strangers leaving at once wrote one such ERROR line). On identify: answers
-    the asker left before (`identify_reply_failed`; the same strangers wrote two, each with a traceback). On the relay: every
-    error its hop and stop handlers log, all caused by what a peer did on the stream (reset it, sent a
-    malformed or unexpected message, a stranger refused a slot) and each peer can cause any number of them;
-    counted as `relay_stream_errors`, logged only when the node logs at DEBUG."""
+    the asker left before (`identify_reply_failed`; the same strangers wrote two, each with a traceback). On
+    the relay: every error its hop and stop handlers log, all caused by what a peer did on the stream (reset
+    it, sent a malformed or unexpected message, a stranger refused a slot) and each peer can cause any number
+    of them; counted as `relay_stream_errors`, logged only when the node logs at DEBUG."""
 
     def __init__(self, level: int, counted: Callable[[logging.LogRecord], str | None]):
         super().__init__()
