@@ -30,6 +30,7 @@ import random
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -71,7 +72,7 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux reports KiB
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--tasks", type=count, default=8)
@@ -92,6 +93,73 @@ def main() -> None:
         kind, _, micro = v.partition(":")
         if kind not in ("full", "lora", "nf4") or not (micro == "" or micro.isdigit()):
             parser.error(f"--variants: {v!r} is not full:MICRO, lora:MICRO or nf4:MICRO")
+    return args
+
+
+@dataclass
+class Round:
+    """One sampled round, its rewards replaced by coin flips so that every group carries a gradient."""
+    groups: list[RolloutGroup]
+    generate_s: float
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def sample_round(policy, node, sampling: SamplingParams, args: argparse.Namespace) -> Round:
+    tasks = TaskSource(node.tasks.mix(), seed=args.seed).draw(args.tasks)
+    started = time.perf_counter()
+    groups = rollout(TransformersGenerator(policy), policy, tasks, sampling)
+    generate_s = time.perf_counter() - started
+    prompt_tokens = sum(len(ids) for ids in encode_prompts(policy, [t.prompt for t in tasks]))
+    coin = random.Random(args.seed)
+    for g in groups:
+        g.rewards = [float(coin.random() < 0.5) for _ in g.rewards]
+        g.rewards[0], g.rewards[1] = 0.0, 1.0  # never a group without signal
+        g.truncated = [False] * len(g.rewards)  # every row takes part in the loss
+    return Round(groups, generate_s, prompt_tokens, sum(len(c) for g in groups for c in g.completion_ids))
+
+
+def measure_variant(variant: str, policy, node, config: dict, params: int, sampled: Round, gflops: float,
+                    args: argparse.Namespace) -> dict:
+    """The second of two GRPO steps on the round (a running node's steps find AdamW's moments resident: the
+    first allocates them), its memory planner estimate and its share of the machine's matmul peak."""
+    kind, _, micro = variant.partition(":")
+    trainer = GRPOTrainer(policy, GRPOConfig(lr=1e-7, micro_batch=int(micro or 0)), args.max_new_tokens, total_rounds=1)
+    trainer.share_prompts &= not args.own_prompts
+    trainer.step(sampled.groups)
+    started = time.perf_counter()
+    stats = trainer.step(sampled.groups)
+    train_s = time.perf_counter() - started
+    batch = trainer._tensors(sampled.groups)[0]
+    rows_run = trainer._micro(torch.arange(len(batch.input_ids)), batch)
+    positions = sum(trainer._tokens(part, batch) for part in rows_run)  # what the step's forwards run, padding included
+    largest_positions, largest_rows = stats.largest_part  # what the activations' peak is made of
+    tokens = sampled.prompt_tokens + sampled.completion_tokens  # each distinct prompt runs once, in sampling and training
+    flops = 2 * params * tokens + (6 if kind == "full" else 4) * params * tokens
+    round_s = sampled.generate_s + train_s
+    return {"variant": kind, "micro_batch": int(micro or 0), "own_prompts": args.own_prompts,
+            "generate_s": round(sampled.generate_s, 1), "train_s": round(train_s, 1), "round_s": round(round_s, 1),
+            "rounds_per_minute": round(60 / round_s, 3), "peak_rss_gb": round(peak_rss_gb(), 2),
+            "round_gflop": round(flops / 1e9, 1), "train_positions": positions,
+            "largest_part": {"rows": largest_rows, "positions": largest_positions},
+            "estimate_gb": round(plan.step_peak(config, kind, largest_rows, largest_positions / largest_rows,
+                                                round(sampled.prompt_tokens / args.tasks)) / GB, 2),
+            "train_padding": round(positions / tokens - 1, 3),
+            "share_of_matmul_peak": round(flops / 1e9 / gflops / round_s, 3)}
+
+
+def gate_seconds(policy, node, groups: list[RolloutGroup], args: argparse.Namespace) -> tuple[float, int]:
+    """The guarded rule's support gate: this node's log-probs of the rows it would push up in J = 4 external
+    groups (text, re-tokenized)."""
+    external = [RolloutGroup(g.task, g.completions, g.rewards, g.truncated, source="peer") for g in groups[:4]]
+    gate = GRPOTrainer(policy, GRPOConfig(), args.max_new_tokens, total_rounds=1, stop=tuple(node.generation.stop))
+    started = time.perf_counter()
+    gate.sequence_logprobs([rows_to_gate(g) for g in external])
+    return time.perf_counter() - started, len(external)
+
+
+def main() -> None:
+    args = parse_args()
     logging.basicConfig(level=logging.WARNING)
     console = Console(width=None if sys.stdout.isatty() else 200)
 
@@ -104,59 +172,17 @@ def main() -> None:
     policy = load(variant_model(node.model, kinds[0]))
     config = json.loads((Path(policy.source) / "config.json").read_text())
     params = shape_from_config(config).parameters  # an NF4 model's tensors hold two weights a byte
-    generator = TransformersGenerator(policy)
-    tasks = TaskSource(node.tasks.mix(), seed=args.seed).draw(args.tasks)
     sampling = SamplingParams(n=args.completions, temperature=temperature, top_p=top_p,
                               max_new_tokens=args.max_new_tokens, stop=tuple(node.generation.stop), seed=args.seed)
-    started = time.perf_counter()
-    groups = rollout(generator, policy, tasks, sampling)
-    generate_s = time.perf_counter() - started
-    prompt_tokens = sum(len(ids) for ids in encode_prompts(policy, [t.prompt for t in tasks]))
-    completion_tokens = sum(len(c) for g in groups for c in g.completion_ids)
-    coin = random.Random(args.seed)
-    for g in groups:
-        g.rewards = [float(coin.random() < 0.5) for _ in g.rewards]
-        g.rewards[0], g.rewards[1] = 0.0, 1.0  # never a group without signal
-        g.truncated = [False] * len(g.rewards)  # every row takes part in the loss
-
+    sampled = sample_round(policy, node, sampling, args)
     gflops = matmul_gflops()
-    tokens = prompt_tokens + completion_tokens  # each distinct prompt runs once, in sampling and in training
-    rows = []
-    for variant in args.variants:
-        kind, _, micro = variant.partition(":")
-        lora = kind != "full"
-        trained = policy if kind == kinds[0] else load(variant_model(node.model, kind))
-        trainer = GRPOTrainer(trained, GRPOConfig(lr=1e-7, micro_batch=int(micro or 0)), args.max_new_tokens, total_rounds=1)
-        trainer.share_prompts &= not args.own_prompts
-        trainer.step(groups)  # a running node's steps find AdamW's moments resident: the first allocates them
-        started = time.perf_counter()
-        stats = trainer.step(groups)
-        train_s = time.perf_counter() - started
-        batch = trainer._tensors(groups)[0]
-        rows_run = trainer._micro(torch.arange(len(batch.input_ids)), batch)
-        positions = sum(trainer._tokens(part, batch) for part in rows_run)  # what the step's forwards run, padding included
-        largest_positions, largest_rows = stats.largest_part  # what the activations' peak is made of
-        flops = 2 * params * tokens + (4 if lora else 6) * params * tokens
-        rows.append({"variant": kind, "micro_batch": int(micro or 0), "own_prompts": args.own_prompts, "generate_s": round(generate_s, 1),
-                     "train_s": round(train_s, 1), "round_s": round(generate_s + train_s, 1),
-                     "rounds_per_minute": round(60 / (generate_s + train_s), 3), "peak_rss_gb": round(peak_rss_gb(), 2),
-                     "round_gflop": round(flops / 1e9, 1), "train_positions": positions,
-                     "largest_part": {"rows": largest_rows, "positions": largest_positions},
-                     "estimate_gb": round(plan.step_peak(config, kind, largest_rows, largest_positions / largest_rows,
-                                                         round(prompt_tokens / args.tasks)) / GB, 2),
-                     "train_padding": round(positions / tokens - 1, 3),
-                     "share_of_matmul_peak": round(flops / 1e9 / gflops / (generate_s + train_s), 3)})
-
-    # the guarded rule's support gate: this node's log-probs of the rows it would push up in J = 4 external
-    # groups (text, re-tokenized)
-    external = [RolloutGroup(g.task, g.completions, g.rewards, g.truncated, source="peer") for g in groups[:4]]
-    gate = GRPOTrainer(policy, GRPOConfig(), args.max_new_tokens, total_rounds=1, stop=tuple(node.generation.stop))
-    started = time.perf_counter()
-    gate.sequence_logprobs([rows_to_gate(g) for g in external])
-    gate_s = time.perf_counter() - started
+    rows = [measure_variant(variant, policy if kind == kinds[0] else load(variant_model(node.model, kind)), node,
+                            config, params, sampled, gflops, args)
+            for variant, kind in zip(args.variants, kinds)]
+    gate_s, gated = gate_seconds(policy, node, sampled.groups, args)
 
     table = Table(title=f"one round on {args.model}: {args.tasks} tasks x {args.completions} completions x "
-                        f"<= {args.max_new_tokens} new tokens ({completion_tokens} generated)")
+                        f"<= {args.max_new_tokens} new tokens ({sampled.completion_tokens} generated)")
     for key in rows[0]:
         table.add_column(key.replace("_", " "), justify="right")
     for r in rows:
@@ -164,16 +190,16 @@ def main() -> None:
     console.print(table)
     console.print(f"{params / 1e6:.1f}M parameters; float32 matrix product: {gflops:.0f} GFLOP/s on "
                   f"{torch.get_num_threads()} threads (peak RSS is the process's, cumulative over the rows); "
-                  f"the support gate over {len(external)} external groups: {gate_s:.2f} s")
+                  f"the support gate over {gated} external groups: {gate_s:.2f} s")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
             "model": args.model, "parameters": params, "tasks": args.tasks, "completions": args.completions,
             "task_mix": [d.model_dump() for d in node.tasks.datasets], "chat_example": node.model.chat_example,
             "max_new_tokens": args.max_new_tokens, "temperature": temperature, "top_p": top_p,
-            "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "matmul_gflops": round(gflops, 1),
-            "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "machine": platform.machine(), "rows": rows,
-            "support_gate_s": round(gate_s, 2), "support_gate_groups": len(external),
+            "prompt_tokens": sampled.prompt_tokens, "completion_tokens": sampled.completion_tokens,
+            "matmul_gflops": round(gflops, 1), "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+            "machine": platform.machine(), "rows": rows, "support_gate_s": round(gate_s, 2), "support_gate_groups": gated,
         }, indent=2))
         console.print(f"saved {args.out}")
 
