@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -52,12 +53,23 @@ def stats_at(probe: ProbeProcess, t: float) -> dict:
     return before[-1] if before else probe.events("stats")[0]
 
 
-def run_swarm(n: int, args: argparse.Namespace, workdir: Path) -> dict:
+@dataclass
+class Soak:
+    """A swarm's probes after their measured window, [start, end], and what the lab's lossy link counted."""
+    probes: list[ProbeProcess]
+    start: float
+    end: float
+    peers_at_start: int
+    link: dict
+
+
+def soak(n: int, per_node: float, args: argparse.Namespace, workdir: Path) -> Soak:
+    """Start n probes publishing `per_node` messages a second (each in a network namespace of its own behind the
+    lossy middle with --path), let them mesh, measure for --soak seconds, stop them."""
     shape = ["--groups", str(args.groups), "--completions", str(args.completions), "--chars", str(args.chars),
              "--mesh-degree", str(args.mesh_degree), "--max-peers", str(args.max_peers), "--shards", json.dumps(args.shards)]
-    per_node = 1 / args.round_s if args.round_s else args.rate / n
     with contextlib.ExitStack() as stack:
-        if args.path:  # each node in a network namespace of its own, every path through the lossy middle
+        if args.path:
             lab = stack.enter_context(netlab.Lab(workdir, delay_ms=args.path[0] / 2, loss=args.path[1]))
             hosts = [lab.add_host() for _ in range(n)]
             where = [(h.cmd(), f"/ip4/{h.ip}/tcp/0") for h in hosts]
@@ -78,9 +90,14 @@ def run_swarm(n: int, args: argparse.Namespace, workdir: Path) -> dict:
         end = time.time()
         for p in probes:
             p.stop()
-        link = lab.link_counts() if args.path else {}
+        return Soak(probes, start, end, peers_at_start, lab.link_counts() if args.path else {})
 
-    ids = {p.peer_id: p for p in probes}
+
+def deliveries(run: Soak) -> tuple[dict, int, list[float]]:
+    """The messages published in the window (settled), how many of those each probe should have received (it
+    read a topic the author published under), and the latencies of those it did."""
+    ids = {p.peer_id: p for p in run.probes}
+    base = P2PConfig(network="local").rollout_topic_base()
 
     def topics_at(probe: ProbeProcess, t: float) -> tuple[str, list[str]]:
         """The topic `probe` listened on at time t, and those it published under."""
@@ -88,47 +105,56 @@ def run_swarm(n: int, args: argparse.Namespace, workdir: Path) -> dict:
         key = shard_key(ID.from_base58(probe.peer_id).to_bytes(), s["shard_epoch"])
         return shard_topic(base, key, s["shard_level"]), publish_topics(base, key, s["shard_level"])
 
-    base = P2PConfig(network="local").rollout_topic_base()
-    published = {(p.peer_id, e["round"]): e["created"] for p in probes for e in p.events("published")
-                 if start <= e["created"] <= end - SETTLE_S}
-    expected = delivered = 0
-    latencies: list[float] = []
-    for p in probes:
+    published = {(p.peer_id, e["round"]): e["created"] for p in run.probes for e in p.events("published")
+                 if run.start <= e["created"] <= run.end - SETTLE_S}
+    expected, latencies = 0, []
+    for p in run.probes:
         got = {(e["peer"], e["round"]): e["at"] for e in p.events("received")}
         for (author, rnd), created in published.items():
             if author == p.peer_id or topics_at(p, created + 1)[0] not in topics_at(ids[author], created)[1]:
                 continue
             expected += 1
             if (author, rnd) in got:
-                delivered += 1
                 latencies.append(got[(author, rnd)] - created)
+    return published, expected, latencies
 
-    cpu_per_msg, cpu_per_round, handled_per_round, rss_growth, rss_growth_late, rss_end = [], [], [], [], [], []
-    for p in probes:
-        a, mid, b = stats_at(p, start), stats_at(p, (start + end) / 2), stats_at(p, end)
+
+def usage(run: Soak, per_node: float) -> dict[str, list[float]]:
+    """Each probe's CPU per message and per round, messages handled per round, and memory growth in the window."""
+    out: dict[str, list[float]] = {k: [] for k in ("cpu_per_msg", "cpu_per_round", "handled_per_round", "rss_growth",
+                                                   "rss_growth_late", "rss_end")}
+    for p in run.probes:
+        a, mid, b = stats_at(p, run.start), stats_at(p, (run.start + run.end) / 2), stats_at(p, run.end)
         handled = (b["accepted"] - a["accepted"]) + (b.get("published", 0) - a.get("published", 0))
         rounds = (b["t"] - a["t"]) * per_node
-        cpu_per_msg.append((b["cpu_s"] - a["cpu_s"]) / max(1, handled))
-        cpu_per_round.append((b["cpu_s"] - a["cpu_s"]) / rounds)
-        handled_per_round.append(handled / rounds)
-        rss_growth.append(100 * (b["rss_mb"] - a["rss_mb"]) / a["rss_mb"])
-        rss_growth_late.append(100 * (b["rss_mb"] - mid["rss_mb"]) / mid["rss_mb"])  # a leak keeps growing here
-        rss_end.append(b["rss_mb"])
-    rejected = sum(sum(p.stats().get("rejected", {}).values()) for p in ids.values())
+        out["cpu_per_msg"].append((b["cpu_s"] - a["cpu_s"]) / max(1, handled))
+        out["cpu_per_round"].append((b["cpu_s"] - a["cpu_s"]) / rounds)
+        out["handled_per_round"].append(handled / rounds)
+        out["rss_growth"].append(100 * (b["rss_mb"] - a["rss_mb"]) / a["rss_mb"])
+        out["rss_growth_late"].append(100 * (b["rss_mb"] - mid["rss_mb"]) / mid["rss_mb"])  # a leak keeps growing here
+        out["rss_end"].append(b["rss_mb"])
+    return out
+
+
+def run_swarm(n: int, args: argparse.Namespace, workdir: Path) -> dict:
+    per_node = 1 / args.round_s if args.round_s else args.rate / n
+    run = soak(n, per_node, args, workdir)
+    published, expected, latencies = deliveries(run)
+    use = usage(run, per_node)
     return {
         "nodes": n, "rate_total_msg_s": n * per_node, "messages_published": len(published),
-        "message_bytes": statistics.mean(e["bytes"] for p in probes for e in p.events("published")),
-        "delivery_ratio": delivered / expected if expected else float("nan"),
+        "message_bytes": statistics.mean(e["bytes"] for p in run.probes for e in p.events("published")),
+        "delivery_ratio": len(latencies) / expected if expected else float("nan"),
         "latency_p50_ms": 1000 * percentile(latencies, 0.50), "latency_p95_ms": 1000 * percentile(latencies, 0.95),
         "latency_max_ms": 1000 * max(latencies, default=float("nan")),
-        "cpu_ms_per_message_per_node": 1000 * statistics.mean(cpu_per_msg),
-        "round_s": 1 / per_node, "cpu_ms_per_round_per_node": 1000 * statistics.mean(cpu_per_round),
-        "cpu_ms_per_round_per_node_max": 1000 * max(cpu_per_round),
-        "messages_handled_per_round_per_node": statistics.mean(handled_per_round),
-        "shard_levels": sorted(stats_at(p, end)["shard_level"] for p in probes),
-        "rss_growth_pct_max": max(rss_growth), "rss_growth_second_half_pct_max": max(rss_growth_late),
-        "rss_mb_end_max": max(rss_end), "rejected": rejected, "peers_at_start_min": peers_at_start,
-        "path_link_packets": link,
+        "cpu_ms_per_message_per_node": 1000 * statistics.mean(use["cpu_per_msg"]),
+        "round_s": 1 / per_node, "cpu_ms_per_round_per_node": 1000 * statistics.mean(use["cpu_per_round"]),
+        "cpu_ms_per_round_per_node_max": 1000 * max(use["cpu_per_round"]),
+        "messages_handled_per_round_per_node": statistics.mean(use["handled_per_round"]),
+        "shard_levels": sorted(stats_at(p, run.end)["shard_level"] for p in run.probes),
+        "rss_growth_pct_max": max(use["rss_growth"]), "rss_growth_second_half_pct_max": max(use["rss_growth_late"]),
+        "rss_mb_end_max": max(use["rss_end"]), "rejected": sum(sum(p.stats().get("rejected", {}).values()) for p in run.probes),
+        "peers_at_start_min": run.peers_at_start, "path_link_packets": run.link,
     }
 
 
