@@ -104,7 +104,7 @@ def thirds(series: list[tuple[float, float]], start: float, end: float) -> tuple
     return (statistics.mean(first) if first else float("nan"), statistics.mean(last) if last else float("nan"))
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=9)
     p.add_argument("--period", type=positive, default=60.0, help="seconds between kills")
@@ -117,9 +117,12 @@ def main() -> None:
     args = p.parse_args()
     if args.nodes < SURVIVORS + 3:
         p.error(f"--nodes must be at least {SURVIVORS + 3}: {SURVIVORS} survivors and a third to kill")
-    exit_on_sigterm()
-    console = Console(width=160)
+    return args
 
+
+def plan_nodes(args: argparse.Namespace) -> tuple[list[Node], list[list[int]]]:
+    """The nodes (0 and 1 are everyone's bootstrap peers) and the groups killed in turn: a third each, never
+    one of the first SURVIVORS."""
     ports = [free_port() for _ in range(args.nodes)]
     outs = [args.workdir / f"node{k}" for k in range(args.nodes)]
     for out in outs:
@@ -127,8 +130,14 @@ def main() -> None:
     bootstrap = [f"/ip4/127.0.0.1/tcp/{ports[k]}/p2p/{peer_id(load_or_create(outs[k] / 'node.key'))}" for k in (0, 1)]
     nodes = [Node(k, outs[k], ports[k], node_args(k, outs[k], ports[k], bootstrap, args)) for k in range(args.nodes)]
     third = max(1, args.nodes // 3)
-    groups = [list(range(SURVIVORS + i, args.nodes, (args.nodes - SURVIVORS) // third)) for i in
-              range((args.nodes - SURVIVORS) // third)]
+    step = (args.nodes - SURVIVORS) // third
+    return nodes, [list(range(SURVIVORS + i, args.nodes, step)) for i in range(step)]
+
+
+def churn(nodes: list[Node], groups: list[list[int]], args: argparse.Namespace, console: Console
+          ) -> tuple[list[dict], float, float]:
+    """Start every node, then for --duration kill and restart one group every --period seconds; stop them all
+    (SIGTERM, then SIGKILL after 120 s). Returns each restart and the churn's start and end."""
     restarts: list[dict] = []
     try:
         for node in nodes:
@@ -143,14 +152,7 @@ def main() -> None:
             for node in nodes:
                 node.sample_rss()
             if time.time() >= next_kill:
-                for k in groups[turn % len(groups)]:
-                    node = nodes[k]
-                    node.kill()  # then read what it left: the newest complete checkpoint is what it resumes from
-                    checkpoint = node.checkpoint_round()
-                    rounds_before = max((r["round"] for r in node.rows()), default=0)
-                    node.start()
-                    restarts.append({"node": k, "at": node.starts[-1], "checkpoint_round": checkpoint,
-                                     "last_round_before_kill": rounds_before})
+                restarts += [restart(nodes[k]) for k in groups[turn % len(groups)]]
                 console.log(f"killed and restarted nodes {groups[turn % len(groups)]}")
                 turn += 1
                 next_kill += args.period
@@ -167,45 +169,60 @@ def main() -> None:
                     node.proc.wait(120)
                 except subprocess.TimeoutExpired:
                     node.kill()
+    return restarts, churn_start, churn_end
 
-    ids = {k: peer_id(load_or_create(outs[k] / "node.key")) for k in range(args.nodes)}
-    for r in restarts:
-        rows = nodes[r["node"]].rows()
-        since = r["at"]
-        resumed = next((row["round"] for row in rows if row["time"] >= since and row["round"] > 0), None)
-        r.update({"resumed_round": resumed, "resumed_from_checkpoint": resumed == r["checkpoint_round"] + 1,
-                  "peer_id_kept": ids[r["node"]] == peer_id(load_or_create(outs[r["node"]] / "node.key")),
-                  "s_to_first_round": first_after(rows, since, lambda row: row["round"] > 0),
-                  "s_to_peer": first_after(rows, since, lambda row: (row.get("peers") or 0) >= 1),
-                  "s_to_swarm_group": first_after(rows, since, lambda row: (row.get("n_external_received") or 0) > 0)})
-    survivors = []
-    for node in nodes[:SURVIVORS]:
-        rows = [r for r in node.rows() if r["round"] > 0]
-        rounds = [r["round"] for r in rows]
-        log_errors = [line for line in (node.out / "node.log").read_text(errors="replace").splitlines() if " ERROR " in line]
-        before = [r for r in rows if r["time"] < churn_start]
-        during = [r for r in rows if churn_start <= r["time"] <= churn_end]
-        pool = [(r["time"], float(((r.get("p2p") or {}).get("pool") or {}).get("size", 0))) for r in rows]
-        survivors.append({
-            "node": node.k, "exit_code": node.proc.returncode, "rounds": len(rows), "error_lines": len(log_errors),
-            "rounds_contiguous": rounds == list(range(rounds[0], rounds[0] + len(rounds))) if rounds else False,
-            "rounds_per_min_before": 60 * len(before) / max(1.0, churn_start - min((r["time"] for r in rows), default=churn_start)),
-            "rounds_per_min_during": 60 * len(during) / (churn_end - churn_start),
-            "rss_mb_first_third": thirds(node.rss, churn_start, churn_end)[0],
-            "rss_mb_last_third": thirds(node.rss, churn_start, churn_end)[1],
-            "pool_first_third": thirds(pool, churn_start, churn_end)[0],
-            "pool_last_third": thirds(pool, churn_start, churn_end)[1],
-            "pool_max": max((v for _, v in pool), default=0), "rss_mb_max": max((v for _, v in node.rss), default=0),
-            "peers_last": rows[-1].get("peers") if rows else None})
 
+def restart(node: Node) -> dict:
+    node.kill()  # then read what it left: the newest complete checkpoint is what it resumes from
+    checkpoint = node.checkpoint_round()
+    rounds_before = max((r["round"] for r in node.rows()), default=0)
+    node.start()
+    return {"node": node.k, "at": node.starts[-1], "checkpoint_round": checkpoint, "last_round_before_kill": rounds_before}
+
+
+def restart_outcome(node: Node, r: dict, peer_before: str) -> dict:
+    """Whether a restart resumed from its checkpoint with its identity, and how soon it trained, met a peer and
+    got a swarm group."""
+    rows, since = node.rows(), r["at"]
+    resumed = next((row["round"] for row in rows if row["time"] >= since and row["round"] > 0), None)
+    return {**r, "resumed_round": resumed, "resumed_from_checkpoint": resumed == r["checkpoint_round"] + 1,
+            "peer_id_kept": peer_before == peer_id(load_or_create(node.out / "node.key")),
+            "s_to_first_round": first_after(rows, since, lambda row: row["round"] > 0),
+            "s_to_peer": first_after(rows, since, lambda row: (row.get("peers") or 0) >= 1),
+            "s_to_swarm_group": first_after(rows, since, lambda row: (row.get("n_external_received") or 0) > 0)}
+
+
+def survivor(node: Node, churn_start: float, churn_end: float) -> dict:
+    """A never-killed node: its exit, whether its rounds ran on without a gap, its pace, memory and pool."""
+    rows = [r for r in node.rows() if r["round"] > 0]
+    rounds = [r["round"] for r in rows]
+    log_errors = [line for line in (node.out / "node.log").read_text(errors="replace").splitlines() if " ERROR " in line]
+    before = [r for r in rows if r["time"] < churn_start]
+    during = [r for r in rows if churn_start <= r["time"] <= churn_end]
+    pool = [(r["time"], float(((r.get("p2p") or {}).get("pool") or {}).get("size", 0))) for r in rows]
+    rss, pools = thirds(node.rss, churn_start, churn_end), thirds(pool, churn_start, churn_end)
+    return {
+        "node": node.k, "exit_code": node.proc.returncode, "rounds": len(rows), "error_lines": len(log_errors),
+        "rounds_contiguous": rounds == list(range(rounds[0], rounds[0] + len(rounds))) if rounds else False,
+        "rounds_per_min_before": 60 * len(before) / max(1.0, churn_start - min((r["time"] for r in rows), default=churn_start)),
+        "rounds_per_min_during": 60 * len(during) / (churn_end - churn_start),
+        "rss_mb_first_third": rss[0], "rss_mb_last_third": rss[1], "pool_first_third": pools[0], "pool_last_third": pools[1],
+        "pool_max": max((v for _, v in pool), default=0), "rss_mb_max": max((v for _, v in node.rss), default=0),
+        "peers_last": rows[-1].get("peers") if rows else None}
+
+
+def summarize(restarts: list[dict]) -> dict:
     def stat(key: str) -> dict:
         values = sorted(v for r in restarts if (v := r[key]) is not None)
         return {"n": len(values), "missing": len(restarts) - len(values),
                 "median": statistics.median(values) if values else None, "max": max(values, default=None)}
 
-    summary = {"restarts": len(restarts), "resumed_from_checkpoint": sum(r["resumed_from_checkpoint"] for r in restarts),
-               "peer_id_kept": sum(r["peer_id_kept"] for r in restarts),
-               **{k: stat(k) for k in ("s_to_first_round", "s_to_peer", "s_to_swarm_group")}}
+    return {"restarts": len(restarts), "resumed_from_checkpoint": sum(r["resumed_from_checkpoint"] for r in restarts),
+            "peer_id_kept": sum(r["peer_id_kept"] for r in restarts),
+            **{k: stat(k) for k in ("s_to_first_round", "s_to_peer", "s_to_swarm_group")}}
+
+
+def survivors_table(survivors: list[dict], args: argparse.Namespace) -> Table:
     table = Table(title=f"churn: {args.nodes} nodes, a third killed every {args.period:g} s for {args.duration:g} s")
     for col in ("survivor", "exit", "rounds", "contiguous", "ERROR lines", "rounds/min before", "during",
                 "RSS MB first/last third (max)", f"pool first/last third (max; cap {POOL_CAP})", "peers at end"):
@@ -215,7 +232,20 @@ def main() -> None:
                       str(s["error_lines"]), f"{s['rounds_per_min_before']:.1f}", f"{s['rounds_per_min_during']:.1f}",
                       f"{s['rss_mb_first_third']:.0f} / {s['rss_mb_last_third']:.0f} ({s['rss_mb_max']:.0f})",
                       f"{s['pool_first_third']:.0f} / {s['pool_last_third']:.0f} ({s['pool_max']:.0f})", str(s["peers_last"]))
-    console.print(table)
+    return table
+
+
+def main() -> None:
+    args = parse_args()
+    exit_on_sigterm()
+    console = Console(width=160)
+    nodes, groups = plan_nodes(args)
+    ids = {n.k: peer_id(load_or_create(n.out / "node.key")) for n in nodes}
+    restarts, churn_start, churn_end = churn(nodes, groups, args, console)
+    restarts = [restart_outcome(nodes[r["node"]], r, ids[r["node"]]) for r in restarts]
+    survivors = [survivor(node, churn_start, churn_end) for node in nodes[:SURVIVORS]]
+    summary = summarize(restarts)
+    console.print(survivors_table(survivors, args))
     console.print(summary)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
