@@ -256,16 +256,10 @@ def config_row(name: str, cfg: Config, runs: list[dict], silo: dict[int, dict], 
     seed's silo."""
     nodes = lambda r: picked(r, model)  # noqa: E731
     cum = [mean([n["cumulative_reward"] for n in nodes(r)]) for r in runs]
-    paired = [(c, mean([n["cumulative_reward"] for n in twins(silo[r["seed"]], r, model)])) for c, r in zip(cum, runs)
-              if r["seed"] in silo]
-    ratios = [c / s - 1 for c, s in paired]
+    ratios = [c / mean([n["cumulative_reward"] for n in twins(silo[r["seed"]], r, model)]) - 1
+              for c, r in zip(cum, runs) if r["seed"] in silo]
     eval_gain = [mean([n["eval_last"] - n["eval_first"] for n in nodes(r)]) for r in runs]
-    # held-out accuracy against the same seed's silo at each eval point, then the mean over seeds
-    gaps = [{k: acc - silo_curve[k] for k, acc in eval_curve(nodes(r)).items() if k in silo_curve}
-            for r in runs if r["seed"] in silo for silo_curve in [eval_curve(twins(silo[r["seed"]], r, model))]]
-    points = sorted(set.intersection(*(set(g) for g in gaps))) if gaps else []
-    eval_vs_silo = [[k, mean([g[k] for g in gaps])] for k in points]
-    last_gap = [g[points[-1]] for g in gaps] if points else []
+    eval_vs_silo, last_gap = held_out_vs_silo(runs, silo, model)
     node = lambda key: mean([n[key] for r in runs for n in nodes(r)])  # noqa: E731
     every = [n for r in runs for n in nodes(r)]
     return {
@@ -278,12 +272,27 @@ def config_row(name: str, cfg: Config, runs: list[dict], silo: dict[int, dict], 
         "eval_vs_silo": eval_vs_silo, "eval_vs_silo_worst": min((g for _, g in eval_vs_silo), default=None),
         "eval_last_vs_silo": mean(last_gap) if last_gap else None, "eval_last_vs_silo_ci95": ci95(last_gap),
         "tokens_per_node": node("tokens_generated"), "seconds_per_node": node("seconds"),
-        "reward_per_1k_tokens": 1000 * sum(n["total_reward"] for n in every) / max(1, sum(n["tokens_generated"] for n in every)),
-        "local_informative_share": node("local_informative") / max(1e-9, node("local_groups")),
-        "external_informative_share": node("external_informative") / node("external_inspected") if node("external_inspected") else None,
-        "external_used_per_round": node("external_used") / runs[0]["rounds"],
+        **informative_row(every, node), "external_used_per_round": node("external_used") / runs[0]["rounds"],
         **timing_row([n["timing"] for n in every if n.get("timing")]),
     }
+
+
+def held_out_vs_silo(runs: list[dict], silo: dict[int, dict], model: str | None) -> tuple[list[list], list[float]]:
+    """Held-out accuracy against the same seed's silo at each eval point every seed has (the mean over seeds), and
+    each seed's gap at the last of them."""
+    gaps = [{k: acc - silo_curve[k] for k, acc in eval_curve(picked(r, model)).items() if k in silo_curve}
+            for r in runs if r["seed"] in silo for silo_curve in [eval_curve(twins(silo[r["seed"]], r, model))]]
+    points = sorted(set.intersection(*(set(g) for g in gaps))) if gaps else []
+    return [[k, mean([g[k] for g in gaps])] for k in points], [g[points[-1]] for g in gaps] if points else []
+
+
+def informative_row(every: list[dict], node) -> dict:
+    """Reward per 1k tokens generated, and the shares of local groups sampled and external groups inspected that
+    carried signal (None where no external group was inspected)."""
+    inspected = node("external_inspected")
+    return {"reward_per_1k_tokens": 1000 * sum(n["total_reward"] for n in every) / max(1, sum(n["tokens_generated"] for n in every)),
+            "local_informative_share": node("local_informative") / max(1e-9, node("local_groups")),
+            "external_informative_share": node("external_informative") / inspected if inspected else None}
 
 
 def timing_row(timings: list[dict]) -> dict:
@@ -391,6 +400,78 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+RULE_COLORS = {"uniform": "tab:blue", "signal": "tab:orange", "guarded": "tab:cyan", "adaptive": "tab:green"}
+
+
+def row_color(r: dict) -> str:
+    if r["external"] == 0:  # the silo, or another arm compared with it (the quantized grid's NF4 silo)
+        return "tab:gray" if r["reference"] == r["run_config"] else "tab:brown"
+    if r["control"]:
+        return "tab:purple"
+    return "tab:red" if r["negatives"] else RULE_COLORS[r["rule"]]
+
+
+def mean_curve(runs: list[dict], row: dict, key: str) -> list[float]:
+    """A row's per-round curve `key`, the mean over its nodes (rounds without a value skipped) and then its seeds."""
+    curves = [[statistics.mean(x for x in xs if x is not None) if any(x is not None for x in xs) else float("nan")
+               for xs in zip(*[n["curves"][key] for n in picked(r, row["model"])])]
+              for r in runs if r["config"] == row["run_config"]]
+    return [statistics.mean(xs) for xs in zip(*curves)]
+
+
+def mean_eval(runs: list[dict], row: dict) -> tuple[list[int], list[float]]:
+    evals = [n["curves"]["eval"] for r in runs if r["config"] == row["run_config"] for n in picked(r, row["model"])]
+    return [rnd for rnd, _ in evals[0]], [statistics.mean(acc) for acc in zip(*[[a for _, a in e] for e in evals])]
+
+
+def moving_mean(curve: list[float], window: int = 15) -> list[float]:
+    return [statistics.mean(c for c in curve[max(0, i - window): i + 1] if not math.isnan(c))
+            if any(not math.isnan(c) for c in curve[max(0, i - window): i + 1]) else float("nan")
+            for i in range(len(curve))]
+
+
+def plot_vs_silo(ax, rows: list[dict]) -> None:
+    ax.barh([r["config"] for r in rows], [100 * r["vs_silo"] for r in rows],
+            xerr=[0 if math.isnan(r["vs_silo_ci95"]) else 100 * r["vs_silo_ci95"] for r in rows],
+            color=[row_color(r) for r in rows], capsize=3)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.invert_yaxis()
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set(title="cumulative reward vs the same seed's silo (95% CI)", xlabel="%")
+
+
+def plot_curves(ax_cum, ax_eval, rows: list[dict], runs: list[dict]) -> None:
+    """The silo and the even split; a mixed testbed's models apart, rather than averaged together (dotted)."""
+    per_model = [r for r in rows if r["model"] is not None]
+    mixed_models = {r["config"]: len({n["model"] for n in r["nodes"]}) > 1 for r in runs}
+    for r in rows:
+        if (r["external"] == 0 or r["external"] == r["local"]) and (r["model"] is not None or not any(
+                m["run_config"] == r["run_config"] for m in per_model)):
+            cum = mean_curve(runs, r, "reward")
+            style = {"color": row_color(r), "label": r["config"], "linestyle": ":" if mixed_models[r["run_config"]] else "-"}
+            ax_cum.plot([sum(cum[: i + 1]) for i in range(len(cum))], **style)
+            ax_eval.plot(*mean_eval(runs, r), marker=".", **style)
+    ax_cum.set(title="cumulative reward (mean of nodes and seeds)", xlabel="round")
+    ax_eval.set(title="held-out accuracy (greedy, 200 tasks; mean of nodes and seeds)", xlabel="round")
+    for ax in (ax_cum, ax_eval):
+        ax.legend(fontsize=6)
+
+
+def plot_informative(ax, rows: list[dict], runs: list[dict]) -> None:
+    """The even split's informative shares, local and external, per rule; a grid of silos alone: their local shares."""
+    split = [r for r in rows if r["external"] == r["local"] and r["testbed"] == rows[0]["testbed"] and not r["control"]]
+    for r in [r for r in split or [r for r in rows if r["external"] == 0] if r["model"] is None]:
+        for key, style in (("local_informative_share", "-"), ("external_informative_share", "--")):
+            curve = mean_curve(runs, r, key)
+            if not all(math.isnan(c) for c in curve):  # a silo inspects no external group
+                ax.plot(moving_mean(curve), color=row_color(r), linestyle=style,
+                        label=f"{r['rule'] if split else r['config']}: {key.split('_')[0]}")
+    even = split[0]["config"].rsplit(" ", 1)[0] if split else ""
+    ax.set(title=f"share of informative groups, {even}\n(local sampled, external inspected; moving mean)",
+           xlabel="round", ylim=(0, 1))
+    ax.legend(fontsize=7)
+
+
 def figure(results_json: Path, path: Path) -> None:
     """Bars of cumulative reward against the silo, cumulative reward and held-out accuracy curves, and informative
     shares, from the JSON alone."""
@@ -401,63 +482,10 @@ def figure(results_json: Path, path: Path) -> None:
 
     data = json.loads(results_json.read_text())
     rows, runs = data["configs"], data["runs"]
-    colors = {"uniform": "tab:blue", "signal": "tab:orange", "guarded": "tab:cyan", "adaptive": "tab:green"}
-
-    def color(r: dict) -> str:
-        if r["external"] == 0:  # the silo, or another arm compared with it (the quantized grid's NF4 silo)
-            return "tab:gray" if r["reference"] == r["run_config"] else "tab:brown"
-        if r["control"]:
-            return "tab:purple"
-        return "tab:red" if r["negatives"] else colors[r["rule"]]
-
-    def mean_curve(row: dict, key: str) -> list[float]:
-        curves = [[statistics.mean(x for x in xs if x is not None) if any(x is not None for x in xs) else float("nan")
-                   for xs in zip(*[n["curves"][key] for n in picked(r, row["model"])])]
-                  for r in runs if r["config"] == row["run_config"]]
-        return [statistics.mean(xs) for xs in zip(*curves)]
-
-    def mean_eval(row: dict) -> tuple[list[int], list[float]]:
-        evals = [n["curves"]["eval"] for r in runs if r["config"] == row["run_config"] for n in picked(r, row["model"])]
-        return [rnd for rnd, _ in evals[0]], [statistics.mean(acc) for acc in zip(*[[a for _, a in e] for e in evals])]
-
     fig, (ax_bar, ax_cum, ax_eval, ax_inf) = plt.subplots(1, 4, figsize=(22, 4.8))
-    ax_bar.barh([r["config"] for r in rows], [100 * r["vs_silo"] for r in rows],
-                xerr=[0 if math.isnan(r["vs_silo_ci95"]) else 100 * r["vs_silo_ci95"] for r in rows],
-                color=[color(r) for r in rows], capsize=3)
-    ax_bar.axvline(0, color="black", linewidth=0.8)
-    ax_bar.invert_yaxis()
-    ax_bar.tick_params(axis="y", labelsize=7)
-    ax_bar.set(title="cumulative reward vs the same seed's silo (95% CI)", xlabel="%")
-    per_model = [r for r in rows if r["model"] is not None]
-    mixed_models = {r["config"]: len({n["model"] for n in r["nodes"]}) > 1 for r in runs}  # dotted: several models
-    for r in rows:  # the silo and the even split; a mixed testbed's models apart, rather than averaged together
-        if (r["external"] == 0 or r["external"] == r["local"]) and (r["model"] is not None or not any(
-                m["run_config"] == r["run_config"] for m in per_model)):
-            cum = mean_curve(r, "reward")
-            style = {"color": color(r), "label": r["config"], "linestyle": ":" if mixed_models[r["run_config"]] else "-"}
-            ax_cum.plot([sum(cum[: i + 1]) for i in range(len(cum))], **style)
-            ax_eval.plot(*mean_eval(r), marker=".", **style)
-    ax_cum.set(title="cumulative reward (mean of nodes and seeds)", xlabel="round")
-    ax_eval.set(title="held-out accuracy (greedy, 200 tasks; mean of nodes and seeds)", xlabel="round")
-    for ax in (ax_cum, ax_eval):
-        ax.legend(fontsize=6)
-    split = [r for r in rows if r["external"] == r["local"] and r["testbed"] == rows[0]["testbed"] and not r["control"]]
-    for r in split or [r for r in rows if r["external"] == 0]:  # a grid of silos alone: their local shares
-        if r["model"] is None:
-            for key, style in (("local_informative_share", "-"), ("external_informative_share", "--")):
-                curve = mean_curve(r, key)
-                if all(math.isnan(c) for c in curve):  # a silo inspects no external group
-                    continue
-                window = 15
-                smooth = [statistics.mean(c for c in curve[max(0, i - window): i + 1] if not math.isnan(c))
-                          if any(not math.isnan(c) for c in curve[max(0, i - window): i + 1]) else float("nan")
-                          for i in range(len(curve))]
-                ax_inf.plot(smooth, color=color(r), linestyle=style,
-                            label=f"{r['rule'] if split else r['config']}: {key.split('_')[0]}")
-    even = split[0]["config"].rsplit(" ", 1)[0] if split else ""
-    ax_inf.set(title=f"share of informative groups, {even}\n(local sampled, external inspected; moving mean)",
-               xlabel="round", ylim=(0, 1))
-    ax_inf.legend(fontsize=7)
+    plot_vs_silo(ax_bar, rows)
+    plot_curves(ax_cum, ax_eval, rows, runs)
+    plot_informative(ax_inf, rows, runs)
     for ax in (ax_cum, ax_eval, ax_inf):
         ax.grid(alpha=0.3)
     fig.suptitle(f"SAPO swarm vs silo: {data['subtitle']}")
