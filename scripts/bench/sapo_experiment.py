@@ -494,7 +494,7 @@ def figure(results_json: Path, path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=count, default=4)
     p.add_argument("--rounds", type=count, default=300)
@@ -515,39 +515,53 @@ def main() -> None:
                    "round) with full fine-tuning against LoRA on an NF4 base; pair it with --nodes 1")
     p.add_argument("--out", type=Path, default=Path("runs/experiment"))
     args = p.parse_args()
-    console = Console(width=max(170, Console().width))  # the table is wide; logs and pipes get it whole
     if args.quick:
         args.nodes, args.rounds, args.seeds, args.eval_every = 2, 20, 1, 10
     if args.groups is not None and (not args.real or args.groups % 2):
         raise SystemExit("sapo_experiment: --groups: an even number of groups per round, for the --real grid only")
     if args.first_seed < 0:
         raise SystemExit(f"sapo_experiment: --first-seed: {args.first_seed} is negative")
-    failed = []
-    if not args.report:
-        kind = "quantized" if args.quantized else "real" if args.real else "quick" if args.quick else "paper"
-        configs = grid(args.rules, kind, args.groups or 4)
-        if args.only:
-            unknown = set(args.only) - {c.name for c in configs}
-            if unknown:
-                raise SystemExit(f"sapo_experiment: --only: no configuration named {sorted(unknown)}; "
-                                 f"choose from {[c.name for c in configs]}")
-            configs = [c for c in configs if c.name in args.only]
-        started_before = sorted(p.relative_to(args.out) for c in configs for p in (args.out / slug(c.name)).glob("seed*"))
-        if started_before and not args.resume:
-            raise SystemExit(f"sapo_experiment: {args.out} already holds {len(started_before)} run(s) of this grid "
-                             f"({started_before[0]}, ...): pass --resume to continue it, or choose another --out")
-        for preset in dict.fromkeys(p for c in configs for p in TESTBEDS[c.testbed]["presets"]):
-            ensure(preset, default_cache_dir())
-        started = time.time()
-        for seed in range(args.first_seed, args.first_seed + args.seeds):
-            for cfg in configs:
-                result = run_one(cfg, seed, args, console)
-                if result.get("failed"):
-                    failed.append(f"{cfg.name} seed {seed}")
-                else:
-                    console.log(f"{cfg.name} seed {seed}: cumulative reward "
-                                f"{mean([n['cumulative_reward'] for n in picked(result, None)]):.2f} "
-                                f"({result['wall_seconds']:.0f} s; {time.time() - started:.0f} s so far)")
+    return args
+
+
+def chosen_configs(args: argparse.Namespace) -> list[Config]:
+    """The grid asked for (--only narrows it); refused when --out already holds runs of it and --resume is not given."""
+    kind = "quantized" if args.quantized else "real" if args.real else "quick" if args.quick else "paper"
+    configs = grid(args.rules, kind, args.groups or 4)
+    if args.only:
+        unknown = set(args.only) - {c.name for c in configs}
+        if unknown:
+            raise SystemExit(f"sapo_experiment: --only: no configuration named {sorted(unknown)}; "
+                             f"choose from {[c.name for c in configs]}")
+        configs = [c for c in configs if c.name in args.only]
+    started_before = sorted(p.relative_to(args.out) for c in configs for p in (args.out / slug(c.name)).glob("seed*"))
+    if started_before and not args.resume:
+        raise SystemExit(f"sapo_experiment: {args.out} already holds {len(started_before)} run(s) of this grid "
+                         f"({started_before[0]}, ...): pass --resume to continue it, or choose another --out")
+    return configs
+
+
+def run_grid(configs: list[Config], args: argparse.Namespace, console: Console) -> list[str]:
+    """Every configuration at every seed asked for, one run after another; returns the runs that failed."""
+    for preset in dict.fromkeys(p for c in configs for p in TESTBEDS[c.testbed]["presets"]):
+        ensure(preset, default_cache_dir())
+    failed, started = [], time.time()
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        for cfg in configs:
+            result = run_one(cfg, seed, args, console)
+            if result.get("failed"):
+                failed.append(f"{cfg.name} seed {seed}")
+            else:
+                console.log(f"{cfg.name} seed {seed}: cumulative reward "
+                            f"{mean([n['cumulative_reward'] for n in picked(result, None)]):.2f} "
+                            f"({result['wall_seconds']:.0f} s; {time.time() - started:.0f} s so far)")
+    return failed
+
+
+def main() -> None:
+    args = parse_args()
+    console = Console(width=max(170, Console().width))  # the table is wide; logs and pipes get it whole
+    failed = [] if args.report else run_grid(chosen_configs(args), args, console)
     report(args.out, console)
     if failed:
         raise SystemExit(f"sapo_experiment: {len(failed)} run(s) failed and are left out of the report: {', '.join(failed)}")
