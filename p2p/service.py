@@ -83,12 +83,12 @@ class Gossip:
 
     def subscribe_only(self, topics: list[str]) -> None:
         """Subscribe without reading or validating: what a peer does that claims to listen on shards
-        (tests.probe plays one; levels must not follow such claims)."""
+        (the lab probe plays one; levels must not follow such claims)."""
         for topic in topics:
             trio.from_thread.run(self._host.pubsub.subscribe, topic, trio_token=self._token)
 
     def call(self, fn: Callable[..., Awaitable[T]], *args) -> T:
-        """Run `fn(host, *args)` on the trio thread and return its result (tests.probe's lab behaviours)."""
+        """Run `fn(host, *args)` on the trio thread and return its result (the lab probe's behaviours)."""
         return trio.from_thread.run(fn, self._host, *args, trio_token=self._token)
 
     def spawn(self, fn: Callable[..., Awaitable[object]], *args) -> None:
@@ -103,7 +103,7 @@ class Gossip:
 
     def answer_peer_exchange(self, handler: Callable | None) -> None:
         """Answer peer exchange with `handler` (an async stream handler) instead of the node's own list,
-        or not at all (None): how tests.probe and the tests play a peer that lies or stays silent."""
+        or not at all (None): how the lab probe and the tests play a peer that lies or stays silent."""
         host, protocol = self._host.host, TProtocol(self.cfg.peer_exchange_protocol())
 
         def swap() -> None:

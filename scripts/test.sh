@@ -21,7 +21,7 @@ apt_install() {
 if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
   apt_install "the dashboard test's headless browser" "the dashboard test is skipped (fails under CI=true)" chromium
 fi
-# The network lab (tests/netlab.py): namespaces and veth pairs (iproute2), a masquerading NAT (nftables).
+# The network lab (scripts/bench/lab/netlab.py): namespaces and veth pairs (iproute2), a masquerading NAT (nftables).
 missing_net=()
 command -v ip >/dev/null || missing_net+=(iproute2)
 command -v nft >/dev/null || missing_net+=(nftables)

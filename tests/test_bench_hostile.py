@@ -3,16 +3,13 @@ metrics rounds lost or repeated (issue 33's "no ERROR line, no traceback, nothin
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 
 from tests.conftest import ROOT
 
-spec = importlib.util.spec_from_file_location("bench_hostile", ROOT / "scripts" / "bench" / "bench_hostile.py")
-hostile = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(hostile)
+import bench_hostile as hostile
 
 
 def write_metrics(out, rounds):

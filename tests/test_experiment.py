@@ -3,7 +3,6 @@ seeds, and a report (table, markdown, figure) drawn from the merged JSON alone."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import statistics
@@ -13,9 +12,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-spec = importlib.util.spec_from_file_location("sapo_experiment", ROOT / "scripts" / "bench" / "sapo_experiment.py")
-experiment = sys.modules["sapo_experiment"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-spec.loader.exec_module(experiment)
+import sapo_experiment as experiment
 Config = experiment.Config
 
 

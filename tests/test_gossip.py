@@ -27,7 +27,7 @@ from libp2p.pubsub.pubsub import ValidationError
 from node.swarm import free_port
 from p2p.config import P2PConfig
 from p2p.identity import load_or_create, peer_id
-from tests.probe import ProbeProcess
+from lab.probe import ProbeProcess
 from p2p.service import Gossip
 from p2p.hints import HOST_FAILURES
 from p2p.host import GossipHost

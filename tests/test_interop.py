@@ -20,7 +20,7 @@ from libp2p.peer.id import ID
 
 from node.swarm import free_port, wait_listening
 from p2p.identity import load_or_create, peer_id
-from tests.probe import json_lines
+from lab.probe import json_lines
 from p2p.shards import epoch_of, shard_key, shard_topic
 from rewards import TaskRef, regenerate
 from tests.conftest import ROOT

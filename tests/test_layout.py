@@ -115,8 +115,23 @@ def test_no_function_rates_d_or_worse():
 
 def test_the_gossip_layer_parses_no_answers():
     """Whether a group can teach anyone is the node's verifier's call, handed to p2p as a function: no
-    module of the p2p layer imports rewards/ (the lab probe that forwards as a node does lives in tests/)."""
+    module of the p2p layer imports rewards/ (the lab probe that forwards as a node does lives in scripts/bench/lab/)."""
     mods = modules()
     leaks = {name: sorted(d for d in imports_of(name, path, set(mods)) if d.split(".")[0] == "rewards")
              for name, path in mods.items() if name.startswith("p2p")}
     assert {name: deps for name, deps in leaks.items() if deps} == {}
+
+
+def test_scripts_import_no_tests_and_edit_no_sys_path():
+    """Benchmarks and tools stand on the installed packages and their own lab (scripts/bench/lab), never on
+    the test suite, and find them without rewriting the interpreter's path."""
+    found = []
+    for path in sorted((ROOT / "scripts").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "tests" or n.startswith("tests.") for n in names):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports the tests")
+            if isinstance(node, ast.Attribute) and ast.unparse(node).startswith("sys.path."):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} edits sys.path")
+    assert found == []

@@ -1,4 +1,4 @@
-"""Gossip on real network paths (tests/netlab.py): nodes in network namespaces of their own, joined
+"""Gossip on real network paths (scripts/bench/lab/netlab.py): nodes in network namespaces of their own, joined
 through a middle namespace that delays and drops packets, and a node behind a masquerading NAT."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import time
 import pytest
 
 from p2p.identity import load_or_create, peer_id
-from tests.probe import ProbeProcess
-from tests import netlab
+from lab.probe import ProbeProcess
+from lab import netlab
 from tests.conftest import ROOT
 from tests.test_gossip import wait_heard
 from tests.test_node import metrics

@@ -16,7 +16,7 @@ from node.recipes import RECIPES
 from node.selection import SelectionConfig, Selector
 from p2p.config import PoolConfig
 from p2p.pool import RolloutPool
-from tests.probe import ProbeProcess
+from lab.probe import ProbeProcess
 from p2p.wire import VERSION, WireGroup, WireMessage
 from rewards import TaskError, TaskRef, regenerate
 from rewards.config import TasksConfig
@@ -167,7 +167,7 @@ def test_a_round_takes_honest_groups_past_runaway_ones_within_its_budget():
 
 def test_a_probe_that_cannot_build_its_groups_stops_with_one_line_not_silently(tmp_path):
     # Seed 1's first SLOW task fails inside reasoning-gym; the probe used to keep running and publish nothing.
-    proc = subprocess.run([sys.executable, "-m", "tests.probe", "--key", str(tmp_path / "k"), "--rate", "2",
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench.lab.probe", "--key", str(tmp_path / "k"), "--rate", "2",
                            "--events", str(tmp_path / "events"),
                            "--task", json.dumps({"dataset": "rg/basic_arithmetic", "config": SLOW, "seed": 1})],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -30,13 +30,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from node.argtypes import bounded, count, positive  # noqa: E402
-from node.lifecycle import exit_on_sigterm  # noqa: E402
-from node.swarm import free_port, wait_listening  # noqa: E402
-from p2p.config import PoolConfig  # noqa: E402
-from p2p.identity import load_or_create, peer_id  # noqa: E402
-from tests.probe import json_lines  # noqa: E402
+from node.argtypes import bounded, count, positive
+from node.lifecycle import exit_on_sigterm
+from node.swarm import free_port, wait_listening
+from p2p.config import PoolConfig
+from p2p.identity import load_or_create, peer_id
+
+from lab.probe import json_lines
 
 SURVIVORS = 3  # nodes 0..2 are never killed
 SAMPLE_S = 5.0

@@ -29,15 +29,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from libp2p.peer.id import ID  # noqa: E402
+from libp2p.peer.id import ID
 
-from node.argtypes import bounded, count, json_of, positive  # noqa: E402
-from node.lifecycle import exit_on_sigterm  # noqa: E402
-from p2p.config import P2PConfig, ShardConfig  # noqa: E402
-from tests.probe import ProbeProcess  # noqa: E402
-from p2p.shards import publish_topics, shard_key, shard_topic  # noqa: E402
-from tests import netlab  # noqa: E402
+from node.argtypes import bounded, count, json_of, positive
+from node.lifecycle import exit_on_sigterm
+from p2p.config import P2PConfig, ShardConfig
+from p2p.shards import publish_topics, shard_key, shard_topic
+
+from lab.probe import ProbeProcess
+from lab import netlab
 
 SETTLE_S = 2.0  # messages published this close to the end may still be in flight
 
@@ -177,7 +177,7 @@ def main() -> None:
                    help="every node's connection cap (below the swarm size: a sparse graph, as in a large swarm)")
     p.add_argument("--path", type=bounded(float, ge=0), nargs=2, metavar=("RTT_MS", "LOSS"),
                    help="run each node in a network namespace of its own (root), every path with this round "
-                        "trip and packet loss (tests/netlab.py)")
+                        "trip and packet loss (scripts/bench/lab/netlab.py)")
     p.add_argument("--out", type=Path, default=Path("runs/bench-gossip.json"))
     args = p.parse_args()
     if args.path and args.path[1] >= 1:

@@ -4,7 +4,7 @@ Two tiny-a nodes train side by side: the *target* and an honest *neighbour* that
 `--topology one-hop` the neighbour reaches the swarm only through the target (`p2p.max_peers` 1) and the
 hostile probes connect to the target alone, so a flood at the target reaches the neighbour only if the
 target forwards it; with `--topology direct` everyone dials whoever peer exchange names, so the flood
-also arrives on the neighbour's own connections. H hostile probes (`tests.probe`, one fresh identity each) publish
+also arrives on the neighbour's own connections. H hostile probes (`lab/probe.py`, one fresh identity each) publish
 2 messages a second of 8 well-formed `arith` groups of 8 completions: `--flood junk`, random text without an
 answer (no learning signal for anyone), or `--flood answers`, random text ending in different wrong
 answers (useless too, but only re-scoring shows it). After a warm-up, a window of W seconds is measured:
@@ -35,7 +35,7 @@ its honest processes left: ERROR lines and tracebacks (with the lines after each
 and rounds missing from or repeated in the training nodes' metrics ("lost" in the tables).
 
 `--attack px-aim`: `--sizes` N gossip probes, and for the middle window H strangers that answer every
-peer-exchange ask with 32 made-up peers at random ports of 127.0.0.1 (`tests.probe --lie-peers`). Per
+peer-exchange ask with 32 made-up peers at random ports of 127.0.0.1 (`lab/probe.py --lie-peers`). Per
 window: the dials each honest node made, failed hints, and ERROR lines.
 
 `--code DIR` runs the nodes from another checkout (e.g. a `git worktree` of an older commit) for a
@@ -68,15 +68,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from node.argtypes import bounded, count, positive
+from node.lifecycle import exit_on_sigterm
+from node.selection_config import RULES
+from node.swarm import free_port
+from trainer.config import default_cache_dir
+
+from lab.probe import ProbeProcess, json_lines, probe_module
+from lab import netlab
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from node.argtypes import bounded, count, positive  # noqa: E402
-from node.lifecycle import exit_on_sigterm  # noqa: E402
-from node.selection_config import RULES  # noqa: E402
-from node.swarm import free_port  # noqa: E402
-from tests.probe import ProbeProcess, json_lines  # noqa: E402
-from tests import netlab  # noqa: E402
-from trainer.config import default_cache_dir  # noqa: E402
 
 WARMUP_ROUNDS = 5
 WRAPS = {"masked": "zzzzzz"}  # the wrap of each flood that carries signal; `wrapped` takes --wrap
@@ -255,7 +256,7 @@ def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: P
                  procs.start("neighbour", "node.cli", "run", *node_args(neighbour_out, neighbour_port, seed + 1, cache, rule),
                              "--bootstrap", addr, *(["--p2p.max_peers", "1"] if topology == "one-hop" else []))]
         for h in range(hostile):
-            procs.start(f"sybil{h}", "tests.probe", "--key", str(work / f"sybil{h}.key"), "--bootstrap", addr, "--rate", "2",
+            procs.start(f"sybil{h}", probe_module(ROOT), "--key", str(work / f"sybil{h}.key"), "--bootstrap", addr, "--rate", "2",
                         "--groups", "8", "--completions", "8", "--chars", "200",
                         *(["--max-peers", "1"] if topology == "one-hop" else []),
                         *({"junk": ["--junk"], "answers": ["--wrong"]}.get(flood, [])),
@@ -319,7 +320,7 @@ def run_px_aim(size: int, hostile: int, window: float, code: Path, work: Path) -
     procs = Procs(work, code)
     honest = [f"gossip{i}" for i in range(size)]
     try:
-        first = procs.start(honest[0], "tests.probe", "--key", str(work / "gossip0.key"), "--rate", "0.5", "--groups", "1",
+        first = procs.start(honest[0], probe_module(procs.code), "--key", str(work / "gossip0.key"), "--rate", "0.5", "--groups", "1",
                             "--events", str(work / "gossip0.jsonl"))
         deadline = time.monotonic() + 120
         while not (ready := probe_events(work / "gossip0.jsonl", "ready")):
@@ -328,7 +329,7 @@ def run_px_aim(size: int, hostile: int, window: float, code: Path, work: Path) -
             time.sleep(0.5)
         addr = next(a for a in ready[0]["addrs"] if a.startswith("/ip4/127.0.0.1/")) + f"/p2p/{ready[0]['peer_id']}"
         for name in honest[1:]:
-            procs.start(name, "tests.probe", "--key", str(work / f"{name}.key"), "--bootstrap", addr, "--rate", "0.5",
+            procs.start(name, probe_module(procs.code), "--key", str(work / f"{name}.key"), "--bootstrap", addr, "--rate", "0.5",
                         "--groups", "1", "--events", str(work / f"{name}.jsonl"))
         time.sleep(20)  # mesh
         phases = procs.three_windows(window, hostile, addr, lambda h: ["--lie-peers", "127.0.0.1"])
@@ -359,7 +360,7 @@ def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Pa
             procs.start(name, "node.cli", "run", *node_args(work / name, ports[name], seed + i, cache, rule),
                         *(["--bootstrap", addr] if i else []))
         for name in gossipers:
-            procs.start(name, "tests.probe", "--key", str(work / f"{name}.key"), "--bootstrap", addr, "--rate", "0.5",
+            procs.start(name, probe_module(procs.code), "--key", str(work / f"{name}.key"), "--bootstrap", addr, "--rate", "0.5",
                         "--groups", "4", "--events", str(work / f"{name}.jsonl"))
         procs.wait_started([work / n for n in trainers])
         # half aim at the first node's own shards, half claim level 24 of theirs

@@ -48,7 +48,6 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,14 +56,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from node.argtypes import count  # noqa: E402
-from node.bench import measured  # noqa: E402
-from node.swarm import SwarmError, SwarmSpec, run  # noqa: E402
-from node.recipes import RECIPES  # noqa: E402
-from node.selection_config import RULES  # noqa: E402
-from trainer.config import default_cache_dir  # noqa: E402
-from trainer.presets import ensure  # noqa: E402
+from node.argtypes import count
+from node.bench import measured
+from node.swarm import SwarmError, SwarmSpec, run
+from node.recipes import RECIPES
+from node.selection_config import RULES
+from trainer.config import default_cache_dir
+from trainer.presets import ensure
 
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # two-sided t, df
 G = 8  # completions per group (the node default)

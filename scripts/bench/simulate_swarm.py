@@ -50,21 +50,21 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from libp2p.crypto.ed25519 import create_new_key_pair  # noqa: E402
-from libp2p.peer.id import ID  # noqa: E402
-from libp2p.pubsub.pb import rpc_pb2  # noqa: E402
-from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX, signature_validator  # noqa: E402
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX, signature_validator
 
-from node.argtypes import bounded, count, fraction, positive  # noqa: E402
-from node.selection import fair_order  # noqa: E402
-from p2p.config import Limits, P2PConfig, PoolConfig, ShardConfig  # noqa: E402
-from p2p.policy import MessagePolicy  # noqa: E402
-from p2p.pool import RolloutPool  # noqa: E402
-from tests.probe import synthetic_groups  # noqa: E402
-from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key, shard_topic, topic_level, topics_problem  # noqa: E402
-from p2p.wire import VERSION, WireGroup, WireMessage, pack_groups  # noqa: E402
-from rewards.scoring import group_carries_signal  # noqa: E402
+from node.argtypes import bounded, count, fraction, positive
+from node.selection import fair_order
+from p2p.config import Limits, P2PConfig, PoolConfig, ShardConfig
+from p2p.policy import MessagePolicy
+from p2p.pool import RolloutPool
+from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key, shard_topic, topic_level, topics_problem
+from p2p.wire import VERSION, WireGroup, WireMessage, pack_groups
+from rewards.scoring import group_carries_signal
+
+from lab.probe import synthetic_groups
 
 BASE = "/sapo/sim/rollouts/3"
 NEIGHBOURS = 8  # XOR-closest peers whose subscriptions a node sees

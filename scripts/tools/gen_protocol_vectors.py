@@ -20,19 +20,19 @@ from pathlib import Path
 
 import msgpack
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from libp2p.crypto.ed25519 import create_new_key_pair  # noqa: E402
-from libp2p.peer.id import ID  # noqa: E402
-from libp2p.pubsub.pb import rpc_pb2  # noqa: E402
-from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX  # noqa: E402
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
 
-from p2p.config import Limits, P2PConfig  # noqa: E402
-from p2p.policy import MessagePolicy  # noqa: E402
-from p2p.shards import EPOCH_S, epoch_of, prefix, shard_key, shard_topic, shared_bits  # noqa: E402
-from p2p.wire import VERSION, Rejected  # noqa: E402
-from rewards import TaskRef, regenerate, score_completion  # noqa: E402
-from rewards.scoring import group_carries_signal  # noqa: E402
+from p2p.config import Limits, P2PConfig
+from p2p.policy import MessagePolicy
+from p2p.shards import EPOCH_S, epoch_of, prefix, shard_key, shard_topic, shared_bits
+from p2p.wire import VERSION, Rejected
+from rewards import TaskRef, regenerate, score_completion
+from rewards.scoring import group_carries_signal
+
+ROOT = Path(__file__).resolve().parents[2]
 
 OUT = ROOT / "docs" / "protocol-vectors.json"
 SEED = hashlib.sha256(b"sapo protocol vectors").digest()  # the signer's Ed25519 private key seed

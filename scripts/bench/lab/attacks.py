@@ -1,4 +1,4 @@
-"""What a hostile peer does below gossip, for `tests.probe` (a lab tool): squat a relay slot, push bytes
+"""What a hostile peer does below gossip, for the lab probe (`lab/probe.py`): squat a relay slot, push bytes
 through a relay, point a dial-back through one. Each runs on the probe's trio thread against its own
 `GossipHost` (`Gossip.call` / `Gossip.spawn`) and counts what it got in the host's counters, which the
 probe's stats events carry. No node imports this module."""

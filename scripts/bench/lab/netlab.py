@@ -5,7 +5,7 @@ namespaces; `close` kills what the lab started and deletes every namespace it ma
 
 Addresses: host i sits on 198.18.i.0/24 (the middle is .1, the host or its router .2), a range that
 stands for the internet here (nodes treat it as public); behind a NAT the home network is
-192.168.i.0/24 (router .1, host .2). `python -m tests.netlab echo|ping` is the lab's
+192.168.i.0/24 (router .1, host .2). `python -m scripts.bench.lab.netlab echo|ping` is the lab's
 UDP round-trip probe, run inside a namespace.
 """
 
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TABLE = "100"  # the middle's routing table that sends every forwarded packet through the lossy link
 
 
@@ -162,7 +162,7 @@ class Lab:
 
 def ping(host: LabHost, target: str, port: int, count: int, interval_s: float) -> dict[str, float]:
     """UDP round trips from `host` to an echo at target:port: median and p95 in ms, and the share lost."""
-    out = subprocess.run(host.cmd(sys.executable, "-m", "tests.netlab", "ping", target, str(port), str(count),
+    out = subprocess.run(host.cmd(sys.executable, "-m", "scripts.bench.lab.netlab", "ping", target, str(port), str(count),
                                   str(interval_s)), cwd=ROOT, capture_output=True, text=True, timeout=count * interval_s + 30)
     if out.returncode:
         raise RuntimeError(f"ping from {host.ns} failed: {out.stderr.strip()}")
@@ -170,7 +170,7 @@ def ping(host: LabHost, target: str, port: int, count: int, interval_s: float) -
 
 
 def echo(host: LabHost, port: int) -> subprocess.Popen:
-    return subprocess.Popen(host.cmd(sys.executable, "-m", "tests.netlab", "echo", host.ip, str(port)), cwd=ROOT)
+    return subprocess.Popen(host.cmd(sys.executable, "-m", "scripts.bench.lab.netlab", "echo", host.ip, str(port)), cwd=ROOT)
 
 
 def _echo(ip: str, port: int) -> None:

@@ -1,4 +1,4 @@
-"""`python -m tests.probe`: a gossip-only peer, no model, for tests, benchmarks and debugging a swarm.
+"""`python -m scripts.bench.lab.probe`: a gossip-only peer, no model, for tests, benchmarks and debugging a swarm.
 
 It joins like a node, optionally publishes synthetic rollout messages at a fixed rate, and writes
 one JSON line per event (ready, published, received, stats) so a harness can measure delivery,
@@ -37,10 +37,10 @@ from p2p.shards import MAX_LEVEL, epoch_of, shard_key, shard_topic
 from p2p.wire import WireGroup, WireMessage, pack_groups
 from rewards import TaskRef, regenerate
 from rewards.scoring import group_carries_signal
-from tests import attacks
+from . import attacks
 
 log = logging.getLogger("sapo.probe")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class ProbeError(RuntimeError):
@@ -57,7 +57,7 @@ def _peer_id(text: str) -> ID:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tests.probe", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.bench.lab.probe", description=__doc__.splitlines()[0])
     p.add_argument("--key", type=Path, required=True, help="identity key file (created if missing)")
     p.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
     p.add_argument("--bootstrap", action="append", default=[], help="full multiaddr of a peer (repeatable)")
@@ -251,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def probe_module(checkout: Path) -> str:
+    """The probe's module name in `checkout`: bench_hostile's `--code` runs older checkouts, whose probe
+    lived in tests/ before the lab moved to scripts/bench/lab/."""
+    return "scripts.bench.lab.probe" if (checkout / "scripts" / "bench" / "lab" / "probe.py").exists() else "tests.probe"
+
+
 def json_lines(path: Path) -> list[dict]:
     """The JSON lines a running process (a probe's events, a node's metrics.jsonl) has written so far; a line
     still being written, or torn by a kill, is left out."""
@@ -277,7 +283,7 @@ class ProbeProcess:
         self.key = key or workdir / f"{name}.key"
         with open(self.log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
-                [*prefix, sys.executable, "-m", "tests.probe", "--key", str(self.key), "--events", str(self.events_path), *args],
+                [*prefix, sys.executable, "-m", probe_module(cwd or ROOT), "--key", str(self.key), "--events", str(self.events_path), *args],
                 stdout=subprocess.DEVNULL, stderr=log_file, cwd=cwd or ROOT)
         self._ready: dict | None = None
 
