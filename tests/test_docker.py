@@ -72,12 +72,14 @@ def seconds(duration: str) -> int:
     return sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in re.findall(r"(\d+)([hms])", duration))
 
 
-def test_compose_services_volumes_and_conventions(spec):
+def test_compose_services_and_volumes(spec):
     assert spec["name"] == "sapo"
-    services = spec["services"]
-    assert set(services) == {"bootstrap", "node", "node-gpu"}
+    assert set(spec["services"]) == {"bootstrap", "node", "node-gpu"}
     assert set(spec["volumes"]) == {"bootstrap", "nodes", "cache", "nodes-gpu"}
-    for name, svc in services.items():
+
+
+def test_every_service_builds_here_checks_its_health_and_stops_gracefully(spec):
+    for name, svc in spec["services"].items():
         assert (ROOT / "docker" / svc["build"]["context"]).resolve() == ROOT, name
         assert (ROOT / svc["build"]["dockerfile"]).is_file(), name
         assert svc["healthcheck"]["test"] == ["CMD", "sapo-healthcheck"], name
@@ -89,14 +91,19 @@ def test_compose_services_volumes_and_conventions(spec):
         for port in svc["ports"]:  # status endpoints are published on loopback only
             assert str(port).startswith("127.0.0.1:") and str(port).endswith(":8080"), (name, port)
 
-    boot = services["bootstrap"]
+
+def test_the_bootstrap_service_announces_its_name(spec):
+    boot = spec["services"]["bootstrap"]
     assert boot["command"] == ["run", "--bootstrap-only"]
     assert boot["volumes"] == ["bootstrap:/data"]
     assert env_of(boot)["SAPO_RUN__OUT_DIR"] == "/data"
     assert boot["ports"] == ["127.0.0.1:${SAPO_DASHBOARD_PORT:-8080}:8080"]
-    announce = env_of(boot)["SAPO_P2P__ANNOUNCE"]
-    assert announce == "/dns4/bootstrap/tcp/7420"
+    assert env_of(boot)["SAPO_P2P__ANNOUNCE"] == "/dns4/bootstrap/tcp/7420"
+    assert "profiles" not in boot
 
+
+def test_node_services_join_the_bootstrap_and_claim_slots(spec):
+    services = spec["services"]
     for name in ("node", "node-gpu"):
         svc, env = services[name], env_of(services[name])
         assert svc["depends_on"] == {"bootstrap": {"condition": "service_healthy"}}
@@ -104,19 +111,25 @@ def test_compose_services_volumes_and_conventions(spec):
         assert mounts(svc)["/bootstrap:ro"] == "bootstrap"  # the bootstrap key, read-only
         assert mounts(svc)["/cache"] == "cache"
         assert env["SAPO_BOOTSTRAP_KEY"] == "/bootstrap/node.key"
-        assert env["SAPO_BOOTSTRAP_HOST"] == announce
+        assert env["SAPO_BOOTSTRAP_HOST"] == env_of(services["bootstrap"])["SAPO_P2P__ANNOUNCE"]
         assert env["SAPO_SLOT_DIR"] == "/data" and "SAPO_RUN__OUT_DIR" not in env
         assert env["SAPO_RUN__TORCH_THREADS"] == "${SAPO_TORCH_THREADS:-1}"
         assert env["SAPO_P2P__NETWORK"] == "${SAPO_NETWORK:-local}"
         assert env["SAPO_RUN__ROUNDS"].startswith("${SAPO_ROUNDS:-")
-    assert mounts(services["node"])["/data"] == "nodes"
-    # replicas share the host's memory: each plans in its share, and its container is held to it
-    assert services["node"]["mem_limit"] == "${SAPO_NODE_MEMORY_GB:-2}g"
-    assert env_of(services["node"])["SAPO_RUN__MEMORY_GB"] == "${SAPO_NODE_MEMORY_GB:-2}"
-    assert env_of(services["node"])["SAPO_MODEL__NAME"] == "${SAPO_MODEL:-tiny-a}"
-    assert "profiles" not in services["node"] and "profiles" not in boot
 
-    gpu = services["node-gpu"]
+
+def test_cpu_replicas_plan_in_their_memory_share(spec):
+    node = spec["services"]["node"]
+    assert mounts(node)["/data"] == "nodes"
+    # replicas share the host's memory: each plans in its share, and its container is held to it
+    assert node["mem_limit"] == "${SAPO_NODE_MEMORY_GB:-2}g"
+    assert env_of(node)["SAPO_RUN__MEMORY_GB"] == "${SAPO_NODE_MEMORY_GB:-2}"
+    assert env_of(node)["SAPO_MODEL__NAME"] == "${SAPO_MODEL:-tiny-a}"
+    assert "profiles" not in node
+
+
+def test_the_gpu_service_generates_with_vllm_on_its_own_volume(spec):
+    gpu = spec["services"]["node-gpu"]
     assert gpu["profiles"] == ["gpu"]
     assert gpu["build"]["dockerfile"] == "docker/Dockerfile.gpu"
     assert mounts(gpu)["/data"] == "nodes-gpu"  # apart: a slot's checkpoint belongs to one model

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from libp2p.peer.id import ID
@@ -82,6 +83,65 @@ def stop(proc: subprocess.Popen, grace: float) -> int:
     return proc.returncode
 
 
+def start_node(out: Path, port: int, cache_dir: Path, profile: Path, log: Path) -> subprocess.Popen:
+    """A tiny-a node on the interop network profile; it trains until SIGTERM once the test has seen what it needs."""
+    with open(log, "wb") as log_file:
+        return subprocess.Popen(
+            [sys.executable, "-m", "node.cli", "run", "--out", str(out), "--model.cache_dir", str(cache_dir),
+             "--rounds", "1000", "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--network", str(profile),
+             "--p2p.shards.level", str(LEVEL), "--run.wait_for_peers", "1", "--local", "2",
+             "--generation.completions_per_group", "4", "--tasks.eval_size", "10", "--run.eval_every", "1000",
+             "--run.checkpoint_every", "1000"],
+            cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+
+
+def start_js_peer(js_peer: list[str], node_addr: str, events: Path, log: Path) -> subprocess.Popen:
+    with open(events, "wb") as events_file, open(log, "wb") as err_file:
+        return subprocess.Popen(
+            [*js_peer, "--bootstrap", node_addr, "--seconds", str(JS_LIMIT_S), "--topic-base", BASE,
+             "--epoch-s", str(EPOCH_S), "--level", str(LEVEL), "--tasks", json.dumps(tasks()), "--invalid", ",".join(REASONS)],
+            cwd=INTEROP, stdout=events_file, stderr=err_file)
+
+
+def exchanged(events: list[dict], rows: list[dict], node_id: str, node_topics: set[str]) -> bool:
+    """Both ways done: the node trained on the js peer's groups and rejected each invalid message once, and the
+    js peer received the node's rollouts under each topic it reads."""
+    ready = [e for e in events if e["event"] == "ready"]
+    received = {e["topic"] for e in events if e["event"] == "received" and e["from"] == node_id}
+    rejected = (rows[-1].get("p2p") or {}).get("rejected") if rows else None
+    trained = bool(ready) and any(ready[0]["peer"] in (r.get("external_sources") or {}) and r["n_external_used"]
+                                  for r in rows)
+    return trained and received == node_topics and rejected == {r: 1 for r in REASONS}
+
+
+def assert_the_node_verified_and_rejected(events: list[dict], rows: list[dict], node_id: str, js_id: str, why: str):
+    """The js peer's messages went to the node; it accepted the valid ones (signature, topic, schema: every check
+    of section 4), rejected each invalid one under the spec's reason and nothing else, and re-scored the js peer's
+    groups and trained on them (the stranger's never got in)."""
+    published = [e for e in events if e["event"] == "published"]
+    assert not [e for e in events if e["event"] == "publish_failed"], why
+    assert all(e["recipients"] == [node_id] for e in published), why
+    assert sorted(e["kind"] for e in published if e["kind"] != "valid") == sorted(REASONS), why
+    p2p = rows[-1]["p2p"]
+    assert 0 < p2p["accepted"] <= len([e for e in published if e["kind"] == "valid"]), why
+    assert p2p["rejected"] == {r: 1 for r in REASONS}, why
+    from_js = [r for r in rows if (r.get("external_sources") or {}).get(js_id)]
+    assert sum(r["n_external_received"] for r in rows) > 0, why
+    assert any(r["n_external_used"] > 0 for r in from_js), why
+    assert all(set(r.get("external_sources") or {}) <= {js_id} for r in rows), why
+
+
+def assert_the_js_peer_verified_the_node(events: list[dict], node_id: str, node_topics: set[str], why: str):
+    """The js peer received the node's own rollouts: signatures verified by js gossipsub (StrictSign), payloads
+    decoded and checked by the js peer (v, peer == signer, topic == the signer's shard)."""
+    received = [e for e in events if e["event"] == "received"]
+    assert received and {e["from"] for e in received} == {node_id}, why
+    assert all(e["valid"] and e["v"] == 3 and e["peer"] == e["from"] and e["groups"] > 0 for e in received), why
+    assert {e["topic"] for e in received} == node_topics, why  # under each of its shard levels the js peer reads
+    assert len({e["round"] for e in received}) >= 2, why
+    assert {d for e in received for d in e["datasets"]} <= {"arith", "reverse", "count"}, why  # tiny-a's own mix
+
+
 def test_a_js_libp2p_peer_and_a_training_node_exchange_verify_and_reject_rollouts(js_peer, tiny_a, cache_dir, tmp_path):
     out, port = tmp_path / "node", free_port()
     out.mkdir()
@@ -93,37 +153,14 @@ def test_a_js_libp2p_peer_and_a_training_node_exchange_verify_and_reject_rollout
     # the node publishes under its shards at levels L-1, L and L+1; the js peer reads the first two
     node_topics = {shard_topic(BASE, node_key, lv) for lv in (LEVEL - 1, LEVEL)}
     node_log, js_events, js_log = out / "node.log", tmp_path / "js.events.jsonl", tmp_path / "js.log"
-    with open(node_log, "wb") as log_file:  # it trains until SIGTERM once the test has seen what it needs
-        node = subprocess.Popen(
-            [sys.executable, "-m", "node.cli", "run", "--out", str(out), "--model.cache_dir", str(cache_dir),
-             "--rounds", "1000", "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--network", str(profile),
-             "--p2p.shards.level", str(LEVEL), "--run.wait_for_peers", "1", "--local", "2",
-             "--generation.completions_per_group", "4", "--tasks.eval_size", "10", "--run.eval_every", "1000",
-             "--run.checkpoint_every", "1000"],
-            cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+    node = start_node(out, port, cache_dir, profile, node_log)
     js: subprocess.Popen | None = None
     try:
         assert wait_listening(port, node, timeout=240), f"the node did not listen:\n{node_log.read_text()[-3000:]}"
-        with open(js_events, "wb") as events_file, open(js_log, "wb") as err_file:
-            js = subprocess.Popen(
-                [*js_peer, "--bootstrap", f"/ip4/127.0.0.1/tcp/{port}/p2p/{node_id}",
-                 "--seconds", str(JS_LIMIT_S), "--topic-base", BASE, "--epoch-s", str(EPOCH_S), "--level", str(LEVEL),
-                 "--tasks", json.dumps(tasks()), "--invalid", ",".join(REASONS)],
-                cwd=INTEROP, stdout=events_file, stderr=err_file)
-
-        def seen() -> tuple[list[dict], list[dict]]:
-            return json_lines(js_events), json_lines(out / "metrics.jsonl")
-
-        def done(events: list[dict], rows: list[dict]) -> bool:
-            ready = [e for e in events if e["event"] == "ready"]
-            received = {e["topic"] for e in events if e["event"] == "received" and e["from"] == node_id}
-            rejected = (rows[-1].get("p2p") or {}).get("rejected") if rows else None
-            trained = bool(ready) and any(ready[0]["peer"] in (r.get("external_sources") or {}) and r["n_external_used"]
-                                          for r in rows)
-            return trained and received == node_topics and rejected == {r: 1 for r in REASONS}
-
+        js = start_js_peer(js_peer, f"/ip4/127.0.0.1/tcp/{port}/p2p/{node_id}", js_events, js_log)
         deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and not done(*seen()):
+        while time.monotonic() < deadline and not exchanged(json_lines(js_events), json_lines(out / "metrics.jsonl"),
+                                                             node_id, node_topics):
             assert node.poll() is None, f"the node exited ({node.returncode}):\n{node_log.read_text()[-3000:]}"
             assert js.poll() is None, f"the js peer exited ({js.returncode}):\n{js_events.read_text()[-3000:]}" \
                                       f"\n{js_log.read_text()[-3000:]}"
@@ -136,40 +173,15 @@ def test_a_js_libp2p_peer_and_a_training_node_exchange_verify_and_reject_rollout
                 proc.kill()
                 proc.wait()
 
-    events, rows = seen()
+    events, rows = json_lines(js_events), json_lines(out / "metrics.jsonl")
     why = (f"\njs peer:\n{js_events.read_text()[-3000:]}\n{js_log.read_text()[-2000:]}"
            f"\nnode:\n{node_log.read_text()[-3000:]}")
     assert js_rc == 0 and (events[-1]["event"], events[-1].get("reason")) == ("stopped", "SIGTERM"), why
     assert node_rc == 0 and "Traceback" not in node_log.read_text() and " ERROR " not in node_log.read_text(), why
     ready = next(e for e in events if e["event"] == "ready")
-    js_id = ready["peer"]
     # the js peer computed the node's shard key (section 7) as the node does, and saw the node subscribe to its topic
     assert (ready["epoch"], ready["node_shard_key"]) == (epoch, node_key.hex()), why
     assert ready["topic"] in node_topics and set(ready["subscribed"]) == node_topics, why
-    assert {e["by"] for e in events if e["event"] == "node_subscribed"} == {js_id, ready["stranger"]}, why
-
-    published = [e for e in events if e["event"] == "published"]
-    assert not [e for e in events if e["event"] == "publish_failed"], why
-    assert all(e["recipients"] == [node_id] for e in published), why  # each message went to the node itself
-    assert sorted(e["kind"] for e in published if e["kind"] != "valid") == sorted(REASONS), why
-    valid = [e for e in published if e["kind"] == "valid"]
-
-    # the node accepted the js peer's valid messages (signature, topic, schema: every check of section 4) ...
-    p2p = rows[-1]["p2p"]
-    assert 0 < p2p["accepted"] <= len(valid), why
-    # ... rejected each invalid one under the spec's reason, and nothing else ...
-    assert p2p["rejected"] == {r: 1 for r in REASONS}, why
-    # ... re-scored the js peer's groups and trained on them (the stranger's never got in)
-    from_js = [r for r in rows if (r.get("external_sources") or {}).get(js_id)]
-    assert sum(r["n_external_received"] for r in rows) > 0, why
-    assert any(r["n_external_used"] > 0 for r in from_js), why
-    assert all(set(r.get("external_sources") or {}) <= {js_id} for r in rows), why
-
-    # the js peer received the node's own rollouts: signatures verified by js gossipsub (StrictSign), payloads decoded
-    # and checked by the js peer (v, peer == signer, topic == the signer's shard)
-    received = [e for e in events if e["event"] == "received"]
-    assert received and {e["from"] for e in received} == {node_id}, why
-    assert all(e["valid"] and e["v"] == 3 and e["peer"] == e["from"] and e["groups"] > 0 for e in received), why
-    assert {e["topic"] for e in received} == node_topics, why  # under each of its shard levels the js peer reads
-    assert len({e["round"] for e in received}) >= 2, why
-    assert {d for e in received for d in e["datasets"]} <= {"arith", "reverse", "count"}, why  # tiny-a's own mix
+    assert {e["by"] for e in events if e["event"] == "node_subscribed"} == {ready["peer"], ready["stranger"]}, why
+    assert_the_node_verified_and_rejected(events, rows, node_id, ready["peer"], why)
+    assert_the_js_peer_verified_the_node(events, node_id, node_topics, why)

@@ -79,21 +79,21 @@ def test_prometheus_text_has_help_type_and_labelled_samples():
     assert samples and all(SAMPLE.match(line) for line in samples), text
     for name in {line.split("{")[0].split(" ")[0] for line in samples}:
         assert f"# TYPE {name} " in text and f"# HELP {name} " in text
-    assert "sapo_round 2.0" in samples and "sapo_reward_mean 0.75" in samples
-    assert "sapo_eval_accuracy 0.25" in samples  # the last evaluation, not the last round's null
-    assert 'sapo_phase_seconds_total{phase="generate"} 2.5' in samples
-    assert 'sapo_messages_rejected_total{reason="too_old"} 3.0' in samples
-    assert 'sapo_gossip_dropped_total{reason="rate_limit"} 9.0' in samples
-    assert 'sapo_gossip_dropped_total{reason="bad_rpc"} 1.0' in samples
-    assert "sapo_reachable 0.0" in samples and "sapo_relays 2.0" in samples and "sapo_relayed_peers 1.0" in samples
-    assert "sapo_relay_refused_total 6.0" in samples and "sapo_relayed_bytes_total 4096.0" in samples
-    assert "sapo_relay_paced_seconds_total 1.5" in samples
-    assert 'sapo_rollout_groups_dropped_total{reason="not_accepted"} 2.0' in samples
-    assert 'sapo_rollout_groups_dropped_total{reason="stale"} 1.0' in samples
-    assert "sapo_peers 2.0" in samples and "sapo_local_groups_total 8.0" in samples
-    assert "sapo_rollout_groups_published_total 4.0" in samples and "sapo_messages_published_total 7.0" in samples
-    assert "sapo_external_completions_gated_total 5.0" in samples and "sapo_support_cutoff -0.75" in samples
-    assert 'sapo_rollout_groups_dropped_total{reason="off_support"} 1.0' in samples
+    assert {
+        "sapo_round 2.0", "sapo_reward_mean 0.75",
+        "sapo_eval_accuracy 0.25",  # the last evaluation, not the last round's null
+        'sapo_phase_seconds_total{phase="generate"} 2.5',
+        'sapo_messages_rejected_total{reason="too_old"} 3.0',
+        'sapo_gossip_dropped_total{reason="rate_limit"} 9.0', 'sapo_gossip_dropped_total{reason="bad_rpc"} 1.0',
+        "sapo_reachable 0.0", "sapo_relays 2.0", "sapo_relayed_peers 1.0",
+        "sapo_relay_refused_total 6.0", "sapo_relayed_bytes_total 4096.0", "sapo_relay_paced_seconds_total 1.5",
+        'sapo_rollout_groups_dropped_total{reason="not_accepted"} 2.0',
+        'sapo_rollout_groups_dropped_total{reason="stale"} 1.0',
+        'sapo_rollout_groups_dropped_total{reason="off_support"} 1.0',
+        "sapo_peers 2.0", "sapo_local_groups_total 8.0",
+        "sapo_rollout_groups_published_total 4.0", "sapo_messages_published_total 7.0",
+        "sapo_external_completions_gated_total 5.0", "sapo_support_cutoff -0.75",
+    } - set(samples) == set()
     # the process's own figures, from prometheus_client
     assert any(line.startswith("process_resident_memory_bytes ") for line in samples)
     assert any(line.startswith("process_cpu_seconds_total ") for line in samples)
@@ -160,6 +160,25 @@ def test_a_running_node_without_a_completed_round_for_too_long_is_stalled_and_un
     assert not board.snapshot()["healthy"]
 
 
+def assert_dashboard_drawn(dom: str) -> None:
+    """The page a browser rendered: the node's state and round, four charts with a point per series and round,
+    titled axes, and each series' latest value."""
+    assert re.search(r'id="state">running<', dom), dom[:2000]
+    shown_round = int(re.search(r'id="round">(\d+) / 1000<', dom).group(1))
+    assert shown_round >= 4
+    drawn = {m.group(1): int(m.group(2)) for m in re.finditer(r'id="chart-(\w+)"[^>]*data-points="(\d+)"', dom)}
+    assert drawn.keys() == {"learning", "peers", "signal", "traffic"}, drawn
+    assert drawn["learning"] >= 2 * shown_round, drawn
+    assert drawn["signal"] >= 2 * shown_round, drawn  # local informative and external counts, every round
+    titles = {m.group(1): (m.group(2), m.group(3)) for m in
+              re.finditer(r'id="chart-(\w+)"[^>]*data-x-title="([^"]+)"[^>]*data-y-title="([^"]+)"', dom)}
+    assert titles == {"learning": ("round", "reward / accuracy (0-1)"), "peers": ("round", "connected peers"),
+                      "signal": ("round", "groups per round"), "traffic": ("round", "groups per round")}, titles
+    now = dict(re.findall(r'</i>([^<]+?) <b class="now">([^<]+)</b>', dom))  # each series' latest value
+    assert now["peers"] == "0" and 0 <= float(now["reward (mean)"]) <= 1 and 0 <= float(now["eval accuracy"]) <= 1
+    assert {"train accuracy", "local informative", "external used", "groups in (from peers)"} <= now.keys(), now
+
+
 @pytest.mark.slow
 def test_dashboard_shows_a_running_node_in_a_headless_browser(tiny_a, cache_dir, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -184,19 +203,7 @@ def test_dashboard_shows_a_running_node_in_a_headless_browser(tiny_a, cache_dir,
         browser = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                    "--window-size=1280,900", "--virtual-time-budget=5000"]
         dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True, timeout=60).stdout
-        assert re.search(r'id="state">running<', dom), dom[:2000]
-        shown_round = int(re.search(r'id="round">(\d+) / 1000<', dom).group(1))
-        assert shown_round >= 4
-        drawn = {m.group(1): int(m.group(2)) for m in re.finditer(r'id="chart-(\w+)"[^>]*data-points="(\d+)"', dom)}
-        assert drawn.keys() == {"learning", "peers", "signal", "traffic"} and drawn["learning"] >= 2 * shown_round, drawn
-        assert drawn["signal"] >= 2 * shown_round, drawn  # local informative and external counts, every round
-        titles = {m.group(1): (m.group(2), m.group(3)) for m in
-                  re.finditer(r'id="chart-(\w+)"[^>]*data-x-title="([^"]+)"[^>]*data-y-title="([^"]+)"', dom)}
-        assert titles == {"learning": ("round", "reward / accuracy (0-1)"), "peers": ("round", "connected peers"),
-                          "signal": ("round", "groups per round"), "traffic": ("round", "groups per round")}, titles
-        now = dict(re.findall(r'</i>([^<]+?) <b class="now">([^<]+)</b>', dom))  # each series' latest value
-        assert now["peers"] == "0" and 0 <= float(now["reward (mean)"]) <= 1 and 0 <= float(now["eval accuracy"]) <= 1
-        assert {"train accuracy", "local informative", "external used", "groups in (from peers)"} <= now.keys(), now
+        assert_dashboard_drawn(dom)
         assert status["peer_id"] in dom
         shot = tmp_path / "dashboard.png"
         subprocess.run([*browser, f"--screenshot={shot}", url], capture_output=True, timeout=60)
