@@ -194,6 +194,10 @@ def start(spec: SwarmSpec, cache_dir: Path | None, processes: int, prefix: str =
             bootstrap = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id(load_or_create(out / 'node.key'))}"
             if not wait_listening(port, proc, timeout=300):
                 stop(children)
+                if proc.returncode == 0:  # it resumed from a checkpoint of its last round: nothing left to run
+                    raise SwarmError(f"{spec.out} holds a swarm that has run its {spec.node_rounds(0)} rounds ({prefix}0 "
+                                     "resumed from its last checkpoint and stopped): raise --rounds to go on, or pass "
+                                     "another --out")
                 raise SwarmError(f"the bootstrap node did not start ({last_line(out)}); see {out / 'node.log'}")
     return children
 

@@ -118,9 +118,10 @@ def test_a_three_node_mixed_swarm_trains_on_each_others_groups(tiny_a, tiny_b, c
 
 @pytest.mark.slow
 def test_a_swarm_with_a_baseline_runs_the_same_nodes_alone_and_reports_the_difference(tiny_a, cache_dir, tmp_path):
-    r = run_sapo("swarm", "--nodes", "2", "--rounds", "3", "--local", "2", "--external", "2", "--presets", "tiny-a",
-                 "--baseline", "--out", str(tmp_path), "--cache-dir", str(cache_dir),
-                 "--node-args", "--tasks.eval_size 10 --generation.completions_per_group 4", timeout=600)
+    command = ["swarm", "--nodes", "2", "--rounds", "3", "--local", "2", "--external", "2", "--presets", "tiny-a",
+               "--baseline", "--out", str(tmp_path), "--cache-dir", str(cache_dir),
+               "--node-args", "--tasks.eval_size 10 --generation.completions_per_group 4"]
+    r = run_sapo(*command, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     alone = summary["baseline"]["per_node"]
@@ -138,6 +139,14 @@ def test_a_swarm_with_a_baseline_runs_the_same_nodes_alone_and_reports_the_diffe
     assert header.split()[-3:] == ["ext", "local", "state"]
     final = r.stderr.split(header)[-1]
     assert "exit 0" in final and "Dashboards: node0 http://127.0.0.1:" in " ".join(final.split())
+
+    # the same command again: its nodes have run their rounds, which is said as such (not as a failed start)
+    again = run_sapo(*command, timeout=600)
+    assert again.returncode == 1 and "Traceback" not in again.stderr
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"sapo: {tmp_path} holds a swarm that has run its 3 rounds (node0 resumed from its last checkpoint and "
+        "stopped): raise --rounds to go on, or pass another --out")
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary  # the first run's results are kept
 
 
 def test_the_live_table_reads_whole_at_80_columns(tmp_path):
