@@ -4,10 +4,11 @@
 #
 #   SAPO_SLOT_DIR=DIR        when SAPO_RUN__OUT_DIR is unset or empty: take the first free DIR/node-<k>
 #                            (k = 1, 2, ...) as the out dir. A slot is "taken" while a process holds an
-#                            exclusive flock on DIR/node-<k>.lock; the lock's file descriptor is inherited
-#                            by the node through `exec`, so it lasts exactly as long as the node. Scaled
-#                            replicas that restart (compose down / up) get the slots back, and with them
-#                            their identity key and checkpoints.
+#                            exclusive flock on DIR/node-<k>/.node.lock, the lock every `sapo run` takes on
+#                            its out dir. The descriptor is inherited by the node through `exec` and named
+#                            in SAPO_OUT_LOCK_FD, so the node holds the claim's lock from the claim on and
+#                            for exactly as long as it lives. Scaled replicas that restart (compose down /
+#                            up) get the slots back, and with them their identity key and checkpoints.
 #   SAPO_BOOTSTRAP_KEY=FILE  the bootstrap node's key file (a read-only shared volume) and
 #   SAPO_BOOTSTRAP_HOST=MA   its reachable address without the peer id (e.g. /dns4/bootstrap/tcp/7420):
 #                            when SAPO_P2P__BOOTSTRAP is unset or empty, wait for FILE and set
@@ -22,11 +23,11 @@ claim_slot() {
   local dir=$1 k=1 max=${SAPO_SLOT_MAX:-256} fd
   mkdir -p "$dir" || die "cannot create the slot dir $dir (is the volume writable by uid $(id -u)?)"
   while [ "$k" -le "$max" ]; do
+    mkdir -p "$dir/node-$k" || die "cannot create $dir/node-$k"
     # No close-on-exec on this descriptor: the exec'd node inherits it and keeps the lock.
-    exec {fd}>>"$dir/node-$k.lock" || die "cannot open $dir/node-$k.lock"
+    exec {fd}<>"$dir/node-$k/.node.lock" || die "cannot open $dir/node-$k/.node.lock"
     if flock --nonblock "$fd"; then
-      export SAPO_RUN__OUT_DIR="$dir/node-$k"
-      mkdir -p "$SAPO_RUN__OUT_DIR"
+      export SAPO_RUN__OUT_DIR="$dir/node-$k" SAPO_OUT_LOCK_FD="$fd"
       log "out dir $SAPO_RUN__OUT_DIR (slot $k)"
       return 0
     fi

@@ -22,6 +22,7 @@ from node.config import ConfigError, NodeConfig
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".node.lock"
+LOCK_FD_ENV = "SAPO_OUT_LOCK_FD"  # docker/entrypoint.sh hands its slot's lock to the node under this name
 STATUS_PORT_TRIES = 20  # a busy status port gives way to the next free one among this many
 HUB_PROBE_S = 3.0
 
@@ -63,7 +64,9 @@ def lock_out_dir(out: Path, setting: str = "run.out_dir") -> int:
     """An exclusive lock on the run folder for as long as this process lives (the kernel drops it at any exit):
     a second node on the same folder would resume from the first one's checkpoint, take its identity and
     interleave its metrics. The holder's pid is written in the lock file, for the refusal's message."""
-    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = inherited_lock(out)
+    if fd is None:
+        fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -74,6 +77,19 @@ def lock_out_dir(out: Path, setting: str = "run.out_dir") -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def inherited_lock(out: Path) -> int | None:
+    """The descriptor of this folder's lock that the docker entrypoint took when it claimed the folder as a slot,
+    handed down through exec (`SAPO_OUT_LOCK_FD`): the node goes on holding the claim's lock, so no other replica
+    can take the slot between the claim and the node's start. None if there is none, or it is another file's."""
+    text = os.environ.pop(LOCK_FD_ENV, None)
+    try:
+        fd = int(text) if text else None
+        same = fd is not None and os.path.samestat(os.fstat(fd), os.stat(out / LOCK_FILE))
+    except (ValueError, OSError):
+        return None
+    return fd if same else None
 
 
 @contextlib.contextmanager

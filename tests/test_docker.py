@@ -504,6 +504,35 @@ def test_slots_concurrent_claims_get_different_slots_and_released_ones_are_reuse
     e.stop()
 
 
+def test_a_slot_is_claimed_with_the_lock_every_node_takes_on_its_folder(fake_bin, tiny_a, cache_dir, tmp_path):
+    """While a replica holds slot 1, a `sapo run` on that folder is refused as a second node would be."""
+    a = Entrypoint(fake_bin, SAPO_SLOT_DIR=str(tmp_path / "data"))
+    seen = a.settings()
+    slot = Path(seen["SAPO_RUN__OUT_DIR"])
+    assert seen["SAPO_OUT_LOCK_FD"].isdigit() and (slot / ".node.lock").exists()
+    r = subprocess.run([str(VENV_BIN / "sapo"), "run", "--out", str(slot), "--model.cache_dir", str(cache_dir),
+                        "--p2p.enabled", "false", "--status.enabled", "false"],
+                       capture_output=True, text=True, timeout=120, env=clean_env())
+    assert r.returncode == 2 and f"run.out_dir: {slot} is in use by another node" in r.stderr, r.stderr
+    assert a.stop()[0] == 0
+
+
+def test_the_node_a_slot_was_claimed_for_runs_in_it_holding_the_claims_lock(tiny_a, cache_dir, tmp_path):
+    """The real node behind the entrypoint: it adopts the lock it inherits (refusing it would refuse itself),
+    trains, and leaves the slot free."""
+    slots = tmp_path / "data"
+    r = subprocess.run(["bash", str(ENTRYPOINT), "run", "--rounds", "1", "--model.cache_dir", str(cache_dir),
+                        "--p2p.enabled", "false", "--status.enabled", "false", "--tasks.eval_size", "4"],
+                       capture_output=True, text=True, timeout=300,
+                       env=clean_env(PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", SAPO_SLOT_DIR=str(slots)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "out dir " + str(slots / "node-1") + " (slot 1)" in r.stderr
+    assert (slots / "node-1" / "metrics.jsonl").exists() and "Traceback" not in r.stderr
+    from node.preflight import lock_out_dir
+
+    os.close(lock_out_dir(slots / "node-1"))  # free again once its node exited
+
+
 def test_slots_leave_an_out_dir_that_is_set_alone(fake_bin, tmp_path):
     e = Entrypoint(fake_bin, SAPO_SLOT_DIR=str(tmp_path / "data"), SAPO_RUN__OUT_DIR=str(tmp_path / "mine"))
     assert e.settings()["SAPO_RUN__OUT_DIR"] == str(tmp_path / "mine")

@@ -118,3 +118,33 @@ def test_a_hub_model_downloaded_before_runs_with_no_network(tmp_path, tiny_a):
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [m["round"] for m in rows] == [0, 1]
+
+
+def test_a_node_goes_on_holding_the_lock_its_launcher_took_on_its_folder(tmp_path, monkeypatch):
+    """docker/entrypoint.sh claims a slot with the lock every node takes on its folder and execs the node, which
+    inherits the descriptor: the node adopts it (refusing it would refuse itself), and it stays exclusive."""
+    import fcntl
+    import os
+
+    claimed = os.open(tmp_path / preflight.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(claimed, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    monkeypatch.setenv(preflight.LOCK_FD_ENV, str(claimed))
+    assert preflight.lock_out_dir(tmp_path) == claimed
+    assert (tmp_path / preflight.LOCK_FILE).read_text() == f"{os.getpid()}\n"
+    assert preflight.LOCK_FD_ENV not in os.environ  # handed down once, not to the node's own children
+    with pytest.raises(ConfigError, match=rf"is in use by another node \(pid {os.getpid()}\)"):
+        preflight.lock_out_dir(tmp_path)  # any other descriptor of the folder's lock is refused
+    os.close(claimed)
+
+
+@pytest.mark.parametrize("handed", ["other-file", "closed", "not-a-number"])
+def test_a_lock_descriptor_that_is_not_this_folders_is_not_adopted(handed, tmp_path, monkeypatch):
+    import os
+
+    other = os.open(tmp_path / "other.lock", os.O_RDWR | os.O_CREAT)
+    value = {"other-file": str(other), "closed": "987", "not-a-number": "x"}[handed]
+    monkeypatch.setenv(preflight.LOCK_FD_ENV, value)
+    own = preflight.lock_out_dir(tmp_path)
+    assert own != other and os.path.samestat(os.fstat(own), os.stat(tmp_path / preflight.LOCK_FILE))
+    os.close(own)
+    os.close(other)
