@@ -53,6 +53,7 @@ one. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -244,8 +245,15 @@ def lost(run: dict) -> int:
     return sum(code != 0 for code in run["exit_codes"].values()) + sum(run["round_gaps"].values())
 
 
-def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path, flood: str,
-        topology: str, rule: str, wrap: str | None) -> dict:
+def sybil_args(flood: str, topology: str, wrap: str | None) -> list[str]:
+    """A flooding probe's flags: what it sends, and (one-hop) that it keeps to the target."""
+    return [*(["--max-peers", "1"] if topology == "one-hop" else []),
+            *({"junk": ["--junk"], "answers": ["--wrong"]}.get(flood, [])),
+            *(["--wrap", wrap] if wrap is not None else [])]
+
+
+def run_flood(hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path, flood: str,
+              topology: str, rule: str, wrap: str | None) -> dict:
     procs = Procs(work, code)
     target_out, neighbour_out = work / "target", work / "neighbour"
     port, neighbour_port = free_port(), free_port()
@@ -257,10 +265,7 @@ def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: P
                              "--bootstrap", addr, *(["--p2p.max_peers", "1"] if topology == "one-hop" else []))]
         for h in range(hostile):
             procs.start(f"sybil{h}", probe_module(ROOT), "--key", str(work / f"sybil{h}.key"), "--bootstrap", addr, "--rate", "2",
-                        "--groups", "8", "--completions", "8", "--chars", "200",
-                        *(["--max-peers", "1"] if topology == "one-hop" else []),
-                        *({"junk": ["--junk"], "answers": ["--wrong"]}.get(flood, [])),
-                        *(["--wrap", wrap] if wrap is not None else []), cwd=ROOT)
+                        "--groups", "8", "--completions", "8", "--chars", "200", *sybil_args(flood, topology, wrap), cwd=ROOT)
         procs.wait_started([target_out, neighbour_out])
         t0, cpu0 = time.time(), [tree_cpu_s(p.pid) for p in nodes]
         time.sleep(window)
@@ -269,15 +274,7 @@ def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: P
         procs.stop()
     target = [r for r in rows(target_out) if t0 <= r["time"] <= t1]
     neighbour = [r for r in rows(neighbour_out) if t0 <= r["time"] <= t1]
-    dropped: dict[str, int] = {}
-    for r in target:
-        for reason, n in (r.get("external_dropped") or {}).items():
-            dropped[reason] = dropped.get(reason, 0) + n
-    last = target[-1] if target else {}
     cpu_per_round = [(c1 - c0) / max(1, len(rs)) for c0, c1, rs in zip(cpu0, cpu1, (target, neighbour))]
-    # the groups of the neighbour the target trains on (a checkout older than `external_sources`: all it takes)
-    honest = [(r["external_sources"] or {}).get(neighbour_id, 0) if "external_sources" in r else r["n_external"]
-              for r in target]
     wrapped = ({name: writes_wrap(out, cache, wrap, seed) for name, out in (("target", target_out),
                                                                            ("neighbour", neighbour_out))}
                if wrap is not None else None)
@@ -285,18 +282,36 @@ def run(hostile: int, window: float, seed: int, code: Path, cache: Path, work: P
             "window_s": t1 - t0, "writes_wrap_of_50": wrapped,
             "target_cpu_s_per_round": cpu_per_round[0], "neighbour_cpu_s_per_round": cpu_per_round[1],
             "target_rounds_per_s": len(target) / (t1 - t0), "neighbour_rounds_per_s": len(neighbour) / (t1 - t0),
-            "honest_used_per_round": statistics.mean(honest) if honest else 0.0,
+            **flood_rounds(target, neighbour, neighbour_id),
+            **procs.outcome(["target", "neighbour"], {"target": target_out, "neighbour": neighbour_out})}
+
+
+def mean_or(values, default: float | None = 0.0) -> float | None:
+    """The mean of a window's values, or `default` for a window with none (a node that wrote no round)."""
+    values = list(values)
+    return statistics.mean(values) if values else default
+
+
+def flood_rounds(target: list[dict], neighbour: list[dict], neighbour_id: str) -> dict:
+    """What the target trained on and refused in the window's rounds, and what the neighbour offered it."""
+    dropped: dict[str, int] = {}
+    for r in target:
+        for reason, n in (r.get("external_dropped") or {}).items():
+            dropped[reason] = dropped.get(reason, 0) + n
+    # the groups of the neighbour the target trains on (a checkout older than `external_sources`: all it takes)
+    honest = [(r["external_sources"] or {}).get(neighbour_id, 0) if "external_sources" in r else r["n_external"]
+              for r in target]
+    return {"honest_used_per_round": mean_or(honest),
             # what the neighbour offered: its informative local groups published in the window, per target round
             "honest_supply_per_round": sum(r["local_informative"] for r in neighbour) / max(1, len(target)),
-            "external_used_per_round": statistics.mean(r["n_external"] for r in target) if target else 0.0,
-            "inspected_per_round": statistics.mean(r.get("external_inspected") or 0 for r in target) if target else 0.0,
-            "target_seconds": {phase: statistics.mean(r[f"seconds_{phase}"] for r in target) if target else None
+            "external_used_per_round": mean_or(r["n_external"] for r in target),
+            "inspected_per_round": mean_or(r.get("external_inspected") or 0 for r in target),
+            "target_seconds": {phase: mean_or((r[f"seconds_{phase}"] for r in target), None)
                                for phase in ("generate", "train", "other")},
-            "target_external_dropped": dropped, "target_p2p": last.get("p2p"),
+            "target_external_dropped": dropped, "target_p2p": target[-1].get("p2p") if target else None,
             # the messages the neighbour accepted in the window: the target's forwards of the flood among them
             "neighbour_accepted": window_delta(neighbour, "accepted"),
-            "target_rejected_no_signal": window_delta(target, "rejected", "no_signal"),
-            **procs.outcome(["target", "neighbour"], {"target": target_out, "neighbour": neighbour_out})}
+            "target_rejected_no_signal": window_delta(target, "rejected", "no_signal")}
 
 
 def window_delta(rs: list[dict], *path: str) -> int | None:
@@ -368,28 +383,31 @@ def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Pa
                                      else ["--shards", json.dumps({"level": 24})])
     finally:
         procs.stop()
-    out: dict[str, dict] = {}
-    for phase, (a, b) in phases.items():
-        per_node = {}
-        for n in trainers:
-            rs = [r for r in rows(work / n) if a <= r["time"] <= b]
-            p2p = [r.get("p2p") or {} for r in rs]
-            per_node[n] = {"rounds": len(rs), "external_used_per_round": statistics.mean(r["n_external"] for r in rs)
-                           if rs else 0.0, "deepest_level": max((x.get("shard_level", 0) for x in p2p), default=None),
-                           "peers_max": max((r["peers"] for r in rs), default=0),
-                           # GossipSub mesh peers on our topic: strangers in the mesh crowd honest peers out
-                           "mesh_peers_mean": statistics.mean(x.get("mesh_peers") or 0 for x in p2p) if p2p else None,
-                           "levels_probed": sorted({lv for x in p2p for lv in x.get("shard_probes", [])})}
-        for n in gossipers:
-            levels = [e["shard_level"] for e in probe_events(work / f"{n}.jsonl") if a <= e["t"] <= b and "shard_level" in e]
-            per_node[n] = {"deepest_level": max(levels, default=None)}
-        out[phase] = {"nodes": per_node,
-                      "deepest_level": max((v["deepest_level"] or 0) for v in per_node.values()),
-                      "external_used_per_round": statistics.mean(per_node[n]["external_used_per_round"]
-                                                                 for n in trainers)}
+    out = {phase: hijack_window(work, trainers, gossipers, a, b) for phase, (a, b) in phases.items()}
     return {"attack": "level-hijack", "size": size, "hostile": hostile, "seed": seed, "rule": rule,
             "window_s": window, "phases": out,
             **procs.outcome(trainers + gossipers, {n: work / n for n in trainers})}
+
+
+def hijack_window(work: Path, trainers: list[str], gossipers: list[str], a: float, b: float) -> dict:
+    """One window of a level hijack: every honest node's deepest shard level, and the trainers' external use."""
+    per_node = {n: trainer_window([r for r in rows(work / n) if a <= r["time"] <= b]) for n in trainers}
+    for n in gossipers:
+        levels = [e["shard_level"] for e in probe_events(work / f"{n}.jsonl") if a <= e["t"] <= b and "shard_level" in e]
+        per_node[n] = {"deepest_level": max(levels, default=None)}
+    return {"nodes": per_node, "deepest_level": max((v["deepest_level"] or 0) for v in per_node.values()),
+            "external_used_per_round": statistics.mean(per_node[n]["external_used_per_round"] for n in trainers)}
+
+
+def trainer_window(rs: list[dict]) -> dict:
+    """A training node's rounds in one window: the external groups it used and its shard level and mesh."""
+    p2p = [r.get("p2p") or {} for r in rs]
+    return {"rounds": len(rs), "external_used_per_round": mean_or(r["n_external"] for r in rs),
+            "deepest_level": max((x.get("shard_level", 0) for x in p2p), default=None),
+            "peers_max": max((r["peers"] for r in rs), default=0),
+            # GossipSub mesh peers on our topic: strangers in the mesh crowd honest peers out
+            "mesh_peers_mean": mean_or((x.get("mesh_peers") or 0 for x in p2p), None),
+            "levels_probed": sorted({lv for x in p2p for lv in x.get("shard_probes", [])})}
 
 
 RELAY_PORT = 4001
@@ -496,6 +514,7 @@ def run_dialback_relayed(window: float, code: Path, work: Path, ports: list[int]
 
 
 RELAY_ATTACKS = ("relay-squat", "relay-abuse", "dialback-relayed")
+SWARM_ATTACKS = ("level-hijack", "px-aim")  # honest swarms of --sizes nodes
 
 
 def relay_report(runs: list[dict], commit: str, window: float) -> None:
@@ -550,9 +569,9 @@ def px_aim_report(runs: list[dict], commit: str, window: float) -> list[dict]:
         for r in runs]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--attack", choices=("flood", "level-hijack", "px-aim", *RELAY_ATTACKS), default="flood",
+    p.add_argument("--attack", choices=("flood", *SWARM_ATTACKS, *RELAY_ATTACKS), default="flood",
                    help="flood: useless or hostile groups into the pool; level-hijack: subscribe-only strangers; "
                    "px-aim: peer-exchange answers aiming dials at one host; relay-squat: strangers taking relay "
                    "slots; relay-abuse: strangers pushing bytes through a training node's relay; dialback-relayed: "
@@ -573,76 +592,96 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=default_cache_dir(), help="model cache (tiny-a is built there)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    if args.attack in RELAY_ATTACKS and (why := netlab.unavailable()):
+        p.error(f"--attack {args.attack} needs the network lab: {why}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     exit_on_sigterm()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.code, capture_output=True,
                             text=True).stdout.strip()
-    if args.attack in RELAY_ATTACKS:
-        if why := netlab.unavailable():
-            p.error(f"--attack {args.attack} needs the network lab: {why}")
-        runs = []
-        for seed in range(args.seeds):
-            for h in args.hostile:
-                with tempfile.TemporaryDirectory(prefix="sapo-hostile-") as work:
-                    runs.append(run_relay_squat(h, args.slots, args.window, args.code, Path(work))
-                                if args.attack == "relay-squat" else
-                                run_relay_abuse(h, args.window, seed, args.code, args.cache, Path(work), args.rule)
-                                if args.attack == "relay-abuse" else
-                                run_dialback_relayed(args.window, args.code, Path(work), [RELAY_PORT, 22, 80, 443]))
-                print(json.dumps(runs[-1]), flush=True)
-        relay_report(runs, commit, args.window)
-        return save(args, {"command": shlex.join(sys.argv), "code": commit, "attack": args.attack, "runs": runs})
-    if args.attack in ("level-hijack", "px-aim"):
-        runs = []
-        for seed in range(args.seeds):
-            for size in args.sizes:
-                for h in args.hostile:
-                    with tempfile.TemporaryDirectory(prefix="sapo-hostile-") as work:
-                        runs.append(run_level_hijack(size, h, args.window, seed, args.code, args.cache, Path(work),
-                                                     args.rule) if args.attack == "level-hijack"
-                                    else run_px_aim(size, h, args.window, args.code, Path(work)))
-                    print(json.dumps(runs[-1]), flush=True)
-        summary = (level_hijack_report if args.attack == "level-hijack" else px_aim_report)(runs, commit, args.window)
-        return save(args, {"command": shlex.join(sys.argv), "code": commit, "attack": args.attack, "rule": args.rule,
-                           "summary": summary, "runs": runs})
+    attacks = relay_attacks if args.attack in RELAY_ATTACKS else swarm_attacks if args.attack in SWARM_ATTACKS else floods
+    return save(args, {"command": shlex.join(sys.argv), "code": commit, "attack": args.attack,
+                       **attacks(args, commit)})
+
+
+def each_run(args: argparse.Namespace, one, *axes: list) -> list[dict]:
+    """`one(work, *point)` for every point of the grid `axes` (seeds first), each in a fresh work folder; each
+    run's JSON is printed as it ends, so a long grid shows its progress."""
     runs = []
-    for seed in range(args.seeds):
-        for h in args.hostile:
-            with tempfile.TemporaryDirectory(prefix="sapo-hostile-") as work:
-                wrap = args.wrap if args.flood == "wrapped" else WRAPS.get(args.flood)
-                runs.append(run(h, args.window, seed, args.code, args.cache, Path(work), args.flood, args.topology,
-                                args.rule, wrap))
-            print(json.dumps({k: v for k, v in runs[-1].items() if k != "target_p2p"}), flush=True)
+    for point in itertools.product(*axes):
+        with tempfile.TemporaryDirectory(prefix="sapo-hostile-") as work:
+            runs.append(one(Path(work), *point))
+        print(json.dumps({k: v for k, v in runs[-1].items() if k != "target_p2p"}), flush=True)
+    return runs
+
+
+def relay_attacks(args: argparse.Namespace, commit: str) -> dict:
+    def one(work: Path, seed: int, h: int) -> dict:
+        if args.attack == "relay-squat":
+            return run_relay_squat(h, args.slots, args.window, args.code, work)
+        if args.attack == "relay-abuse":
+            return run_relay_abuse(h, args.window, seed, args.code, args.cache, work, args.rule)
+        return run_dialback_relayed(args.window, args.code, work, [RELAY_PORT, 22, 80, 443])
+    runs = each_run(args, one, range(args.seeds), args.hostile)
+    relay_report(runs, commit, args.window)
+    return {"runs": runs}
+
+
+def swarm_attacks(args: argparse.Namespace, commit: str) -> dict:
+    def one(work: Path, seed: int, size: int, h: int) -> dict:
+        if args.attack == "level-hijack":
+            return run_level_hijack(size, h, args.window, seed, args.code, args.cache, work, args.rule)
+        return run_px_aim(size, h, args.window, args.code, work)
+    runs = each_run(args, one, range(args.seeds), args.sizes, args.hostile)
+    summary = (level_hijack_report if args.attack == "level-hijack" else px_aim_report)(runs, commit, args.window)
+    return {"rule": args.rule, "summary": summary, "runs": runs}
+
+
+def floods(args: argparse.Namespace, commit: str) -> dict:
+    wrap = args.wrap if args.flood == "wrapped" else WRAPS.get(args.flood)
+    runs = each_run(args, lambda work, seed, h: run_flood(h, args.window, seed, args.code, args.cache, work, args.flood,
+                                                          args.topology, args.rule, wrap),
+                    range(args.seeds), args.hostile)
+    base = [r for r in runs if r["hostile"] == 0]
+    summary = [flood_row(h, [r for r in runs if r["hostile"] == h], base) for h in args.hostile]
+    flood_report(summary, args, commit)
+    return {"flood": args.flood, "rule": args.rule, "topology": args.topology, "summary": summary, "runs": runs}
+
+
+def flood_row(h: int, arm: list[dict], base: list[dict]) -> dict:
+    """One arm of a flood (H hostile identities, every seed): means, and shares of the arm without a flood."""
+    row = {"hostile": h, **{k: statistics.mean(r[k] for r in arm) for k in (
+        "honest_used_per_round", "honest_supply_per_round", "external_used_per_round", "inspected_per_round", "target_rounds_per_s",
+        "neighbour_rounds_per_s", "target_cpu_s_per_round", "neighbour_cpu_s_per_round")},
+           "neighbour_accepted": statistics.mean(r["neighbour_accepted"] or 0 for r in arm),
+           "error_lines": sum(error_lines(r) for r in arm), "lost": sum(lost(r) for r in arm)}
+    if arm[0]["writes_wrap_of_50"] is not None:  # the most of any node and family, in any seed
+        row["writes_wrap_max"] = max(n for r in arm for node in r["writes_wrap_of_50"].values() for n in node.values())
+    if base:
+        row["share_of_no_flood"] = row["honest_used_per_round"] / statistics.mean(r["honest_used_per_round"] for r in base)
+        row["neighbour_cpu_ratio"] = row["neighbour_cpu_s_per_round"] / statistics.mean(
+            r["neighbour_cpu_s_per_round"] for r in base)
+    return row
+
+
+def flood_report(summary: list[dict], args: argparse.Namespace, commit: str) -> None:
     table = Table(title=f"free identities flooding ({args.flood}, {args.topology}; rule {args.rule}, code {commit}, "
                         f"{args.window:.0f} s windows, {args.seeds} seeds)")
     for col in ("hostile", "honest used / round", "share of 0", "honest offered / round", "all used / round", "inspected / round",
                 "target CPU s / round", "neighbour CPU s / round", "neighbour rounds/s", "neighbour msgs accepted",
                 f"writes wrap (of {SAMPLES})", "ERROR lines / lost"):
         table.add_column(col)
-    summary = []
-    base = [r for r in runs if r["hostile"] == 0]
-    for h in args.hostile:
-        arm = [r for r in runs if r["hostile"] == h]
-        row = {"hostile": h, **{k: statistics.mean(r[k] for r in arm) for k in (
-            "honest_used_per_round", "honest_supply_per_round", "external_used_per_round", "inspected_per_round", "target_rounds_per_s",
-            "neighbour_rounds_per_s", "target_cpu_s_per_round", "neighbour_cpu_s_per_round")},
-               "neighbour_accepted": statistics.mean(r["neighbour_accepted"] or 0 for r in arm),
-               "error_lines": sum(error_lines(r) for r in arm), "lost": sum(lost(r) for r in arm)}
-        if arm[0]["writes_wrap_of_50"] is not None:  # the most of any node and family, in any seed
-            row["writes_wrap_max"] = max(n for r in arm for node in r["writes_wrap_of_50"].values() for n in node.values())
-        if base:
-            row["share_of_no_flood"] = row["honest_used_per_round"] / statistics.mean(r["honest_used_per_round"] for r in base)
-            row["neighbour_cpu_ratio"] = row["neighbour_cpu_s_per_round"] / statistics.mean(
-                r["neighbour_cpu_s_per_round"] for r in base)
-        summary.append(row)
-        table.add_row(str(h), f"{row['honest_used_per_round']:.2f}", f"{row.get('share_of_no_flood', float('nan')):.0%}",
+    for row in summary:
+        table.add_row(str(row["hostile"]), f"{row['honest_used_per_round']:.2f}", f"{row.get('share_of_no_flood', float('nan')):.0%}",
                       f"{row['honest_supply_per_round']:.2f}", f"{row['external_used_per_round']:.2f}",
                       f"{row['inspected_per_round']:.1f}",
                       f"{row['target_cpu_s_per_round']:.2f}", f"{row['neighbour_cpu_s_per_round']:.2f}",
                       f"{row['neighbour_rounds_per_s']:.2f}", f"{row['neighbour_accepted']:.0f}",
                       str(row.get("writes_wrap_max", "-")), f"{row['error_lines']} / {row['lost']}")
     Console().print(table)
-    return save(args, {"command": shlex.join(sys.argv), "code": commit, "attack": args.attack, "flood": args.flood,
-                       "rule": args.rule, "topology": args.topology, "summary": summary, "runs": runs})
 
 
 def save(args: argparse.Namespace, result: dict) -> int:
