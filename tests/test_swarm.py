@@ -379,7 +379,7 @@ def test_a_swarm_that_loses_a_node_prints_no_gain_names_the_node_and_exits_non_z
 def test_the_summary_figure_draws_each_arm_and_model_as_one_mean_with_a_band_at_any_number_of_nodes(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from node import swarm
+    from node import figure
 
     def node(name: str, preset: str, level: float, companion: bool = False) -> SimpleNamespace:
         rows = [{"round": r, "reward_mean": None if r == 0 else level, "eval_accuracy": level if r % 5 == 0 else None}
@@ -390,10 +390,10 @@ def test_the_summary_figure_draws_each_arm_and_model_as_one_mean_with_a_band_at_
             "alone": [node(f"silo{k}", ("tiny-a", "tiny-b")[k % 2], 0.2 + k / 100) for k in range(8)]}
     arms["swarm"].append(node("node8", "tiny-a", 9.0, companion=True))  # ran a length of its own: left out
     drawn = []
-    real = swarm._band
-    monkeypatch.setattr(swarm, "_band", lambda ax, curves, label, style: drawn.append((label, curves)) or
+    real = figure._band
+    monkeypatch.setattr(figure, "_band", lambda ax, curves, label, style: drawn.append((label, curves)) or
                         real(ax, curves, label, style))
-    swarm.plot(arms, tmp_path / "summary.png", "16 nodes")
+    figure.plot(arms, tmp_path / "summary.png", "16 nodes")
     assert [label for label, _ in drawn[::2]] == ["swarm: 4 tiny-a nodes", "swarm: 4 tiny-b nodes",
                                                   "alone: 4 tiny-a nodes", "alone: 4 tiny-b nodes"]
     rewards = drawn[0][1]
