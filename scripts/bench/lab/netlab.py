@@ -1,6 +1,6 @@
 """A network lab of Linux namespaces: each host in a namespace of its own, all joined through a middle
 namespace (the lab's internet), some behind a home router that masquerades (nftables), the middle's
-forwarding optionally slowed and made lossy by scripts/tools/lossy_link.py. Nothing is routed outside the
+forwarding optionally slowed and made lossy by scripts/bench/lab/lossy_link.py. Nothing is routed outside the
 namespaces; `close` kills what the lab started and deletes every namespace it made.
 
 Addresses: host i sits on 198.18.i.0/24 (the middle is .1, the host or its router .2), a range that
@@ -89,7 +89,7 @@ class Lab:
             run("ip", "-n", self.middle, "route", "add", "default", "dev", "lossy", "table", TABLE)
             stats = self.workdir / "lossy-link.json"
             self.procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", self.middle, sys.executable, str(ROOT / "scripts" / "tools" / "lossy_link.py"),
+                ["ip", "netns", "exec", self.middle, sys.executable, str(Path(__file__).with_name("lossy_link.py")),
                  "--dev", "lossy", "--delay-ms", str(self.delay_ms), "--loss", str(self.loss), "--stats", str(stats)],
                 stderr=open(self.workdir / "lossy-link.log", "ab")))
             deadline = time.monotonic() + 10

@@ -7,7 +7,7 @@ path with latency and loss, and TCP retransmits as it would on the internet. Run
 namespace that holds the device (created beforehand with `ip tuntap add mode tun`). Counts of
 forwarded and dropped packets go to --stats as JSON on exit and every second.
 
-    ip netns exec lab-wan python scripts/tools/lossy_link.py --dev lossy --delay-ms 50 --loss 0.01
+    ip netns exec lab-wan python scripts/bench/lab/lossy_link.py --dev lossy --delay-ms 50 --loss 0.01
 """
 
 from __future__ import annotations
