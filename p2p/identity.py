@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -23,21 +24,25 @@ def load_or_create(path: Path) -> KeyPair:
     if path.exists():
         return load(path)
     key_pair = create_new_key_pair()
-    data = key_pair.private_key.serialize()
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, key_pair.private_key.serialize())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.link(tmp, path)  # fails if another process created the key meanwhile: keep theirs
     except FileExistsError:
-        return load(path)
+        if path.exists():
+            return load(path)
+        raise IdentityError(f"cannot create key file {path}: {path.parent} is not a folder") from None
+    except OSError as e:
+        raise IdentityError(f"cannot create key file {path}: {e.strerror}") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # nothing to remove when the folder could not be made
+            tmp.unlink()
     log.info("created identity %s (peer id %s)", path, peer_id(key_pair))
     return key_pair
 

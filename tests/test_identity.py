@@ -61,6 +61,18 @@ def test_sapo_id_with_a_corrupt_key_is_one_line_and_exit_1(tmp_path):
         "move it away to create a new identity (the peer id will change)"]
 
 
+def test_a_key_that_cannot_be_created_is_one_line_and_exit_1(tmp_path):
+    """`sapo id --out` a path that is a file, not a folder, printed mkdir's traceback."""
+    taken = tmp_path / "a-file"
+    taken.write_text("not a folder")
+    with pytest.raises(IdentityError, match=rf"^cannot create key file {taken}/k: {taken} is not a folder$"):
+        load_or_create(taken / "k")
+    r = run_sapo("id", "--out", str(taken))
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [f"sapo: cannot create key file {taken / 'node.key'}: {taken} is not a folder"]
+    assert taken.read_text() == "not a folder" and sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"p2p": {"bootstrap": ["/ip4/127.0.0.1/tcp/1"]}}, "has no /p2p/<peer id> part"),
     ({"p2p": {"listen": ["127.0.0.1:7420"]}}, "not a multiaddr"),
