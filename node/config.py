@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
@@ -131,6 +133,7 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     """Build the node config; `overrides` are nested CLI values. Raises `ConfigError`."""
     token = _config_file.set(path)
     try:
+        _check_env_sections()
         return NodeConfig(**(overrides or {}))
     except ValidationError as e:
         raise ConfigError(describe(e, NodeConfig)) from None
@@ -138,6 +141,19 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         raise ConfigError(str(e)) from None
     finally:
         _config_file.reset(token)
+
+
+def _check_env_sections() -> None:
+    """pydantic-settings reads `SAPO_<SECTION>__<KEY>` only for the sections it knows, so a misspelt section
+    (`SAPO_GRPOO__LR`) would be dropped without a word. Names with no `__` are the docker entrypoint's own."""
+    sections = list(NodeConfig.model_fields)
+    for name in sorted(os.environ):
+        head, nested, _ = name.partition("__")
+        section = head[len("SAPO_"):].lower() if head.upper().startswith("SAPO_") else None
+        if nested and section is not None and section not in sections:
+            close = difflib.get_close_matches(section, sections, n=1)
+            hint = f" (did you mean SAPO_{close[0].upper()}__{name.partition('__')[2]}?)" if close else ""
+            raise ConfigError(f"{name}: unknown section {section!r}{hint}; sections: {', '.join(sections)}")
 
 
 def shown_default(dotted: str, info: Any) -> str:

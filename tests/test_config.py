@@ -110,6 +110,11 @@ def test_cli_rejects_unknown_flags_with_status_2_and_the_nearest_flag(argv, line
     ("[grpo]\nlrr = 0.1\n", {}, "grpo.lrr: unknown setting (did you mean grpo.lr?) (got 0.1)"),
     ("", {"SAPO_P2P__LIMITS__MAX_GROUPZ": "3"}, 'p2p.limits.max_groupz: unknown setting (did you mean p2p.limits.max_groups?) (got "3")'),
     ("[zzz]\na = 1\n", {}, "zzz: unknown setting"),
+    # pydantic-settings passes over a section it does not know: without our check this ran with the default lr
+    ("", {"SAPO_GRPOO__LR": "0.1"}, "SAPO_GRPOO__LR: unknown section 'grpoo' (did you mean SAPO_GRPO__LR?); sections: "
+                                    "model, tasks, generation, grpo, run, selection, p2p, status"),
+    ("", {"SAPO_ZZZ__A": "1"}, "SAPO_ZZZ__A: unknown section 'zzz'; sections: model, tasks, generation, grpo, run, "
+                               "selection, p2p, status"),
 ])
 def test_a_misspelt_setting_in_a_file_or_the_environment_names_the_nearest_one(toml, env, line, tmp_path):
     path = tmp_path / "node.toml"
