@@ -308,9 +308,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _value_attached(argv: list[str], flag: str = "--node-args") -> list[str]:
+    """`--node-args --x` as `--node-args=--x`: argparse reads a lone value that starts with '-' as a flag of its
+    own ('expected one argument'), though the value of --node-args is always `sapo run` flags."""
+    out = []
+    while argv:
+        arg = argv.pop(0)
+        out.append(f"{arg}={argv.pop(0)}" if arg == flag and argv else arg)
+    return out
+
+
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line, or exit 2 with one line naming the first unknown flag and the nearest known one."""
-    args, unknown = build_parser().parse_known_args(argv)
+    args, unknown = build_parser().parse_known_args(_value_attached(list(sys.argv[1:] if argv is None else argv)))
     if unknown:
         flag = next((u for u in unknown if u.startswith("-")), unknown[0])
         close = difflib.get_close_matches(flag.split("=", 1)[0], args.command_flags, n=1, cutoff=0.75)

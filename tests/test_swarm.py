@@ -201,6 +201,8 @@ def test_a_lonely_node_fills_j_with_local_groups_exactly_like_a_silo_of_i_plus_j
     (["--nodes", "0"], "sapo: config error: --nodes: must be at least 1 (got 0)"),
     (["--node-args", "--grpo.lr -1"], 'sapo: config error: grpo.lr: Input should be greater than 0 (got "-1")'),
     (["--node-args", "--bogus 1"], "sapo: config error: --node-args: unrecognized arguments: --bogus 1"),
+    # one token that starts with '-' is the value too (argparse alone read it as a flag: 'expected one argument')
+    (["--node-args", "--bogus"], "sapo: config error: --node-args: unrecognized arguments: --bogus"),
     (["--task-mixes", "arith;nope:2"], "sapo: config error: --task-mixes: tasks.datasets.0: unknown dataset "
                                        "'nope' (built-in: arith, reverse, count; reasoning-gym: 'rg/<name>')"),
 ])
