@@ -40,3 +40,13 @@ def test_outcome_keeps_each_error_with_its_context_exit_codes_and_gaps(tmp_path,
     assert run["exit_codes"] == {"a": 0, "b": 3} and run["round_gaps"] == {"a": 1}
     assert hostile.error_lines(run) == 2 and hostile.lost(run) == 2  # b's exit, a's missing round 2
     assert "a.log: 12:01 ERROR p2p.host: boom" in capsys.readouterr().err
+
+
+def test_an_error_logged_with_its_traceback_counts_once(tmp_path):
+    procs = hostile.Procs(tmp_path, ROOT)
+    (tmp_path / "c.log").write_text("12:00 ERROR node.loop: step failed\nTraceback (most recent call last):\n  File x\n"
+                                    "RuntimeError: oom\n12:01 INFO retrying\n12:02 ERROR node.loop: again\n")
+    found = procs.errors("c")
+    assert len(found) == 2
+    assert found[0].startswith("12:00 ERROR node.loop: step failed\nTraceback") and "RuntimeError: oom" in found[0]
+    assert found[1].startswith("12:02 ERROR node.loop: again")

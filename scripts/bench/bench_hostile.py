@@ -212,8 +212,8 @@ class Procs:
         """ERROR lines and tracebacks in a process's log, each with the lines after it: printed, and kept in
         the result, since the log goes with the run's temporary folder."""
         lines = (self.work / f"{name}.log").read_text(errors="replace").splitlines()
-        found = ["\n".join(lines[i:i + (TRACEBACK_LINES if line.startswith("Traceback") else 8)])
-                 for i, line in enumerate(lines) if " ERROR " in line or line.startswith("Traceback")]
+        found = [error_excerpt(lines, i) for i, line in enumerate(lines)
+                 if (" ERROR " in line or line.startswith("Traceback")) and not logged_with(lines, i)]
         for excerpt in found:
             print(f"{name}.log: " + excerpt.replace("\n", "\n    "), file=sys.stderr)
         return found
@@ -225,6 +225,17 @@ class Procs:
         return {"errors": {n: self.errors(n) for n in names},
                 "exit_codes": {n: self.procs[n].returncode for n in names},
                 "round_gaps": {n: round_gaps(out) for n, out in (nodes or {}).items()}}
+
+
+def logged_with(lines: list[str], i: int) -> bool:
+    """Whether line i starts the traceback of an ERROR record just above it (`log.exception`): one error."""
+    return lines[i].startswith("Traceback") and i > 0 and " ERROR " in lines[i - 1]
+
+
+def error_excerpt(lines: list[str], i: int) -> str:
+    """An ERROR line or a traceback at line i with the lines after it: a whole traceback, or 8 lines."""
+    traceback = lines[i].startswith("Traceback") or (i + 1 < len(lines) and logged_with(lines, i + 1))
+    return "\n".join(lines[i:i + (TRACEBACK_LINES + 1 if traceback else 8)])
 
 
 def round_gaps(out: Path) -> int:
