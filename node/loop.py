@@ -93,6 +93,8 @@ class Node:
                                  cfg.status.history, live=self._live_p2p, stall_after_s=cfg.status.stall_after_s)
         if resumed:
             self._restore(resumed)
+        else:  # lines of an earlier start that left no checkpoint: this run writes those rounds again
+            self.metrics.rewind(-1)
         (out / "config.json").write_text(cfg.model_dump_json(indent=2))
         (out / "plan.json").write_text(json.dumps(self.plan.record(), indent=2))
 

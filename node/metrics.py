@@ -88,5 +88,6 @@ class MetricsLog:
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text("".join(line + "\n" for line in keep))
             os.replace(tmp, self.path)
-            log.warning("moved %d metrics lines after round %d to metrics.rolled-back.jsonl", len(later), to_round)
+            log.warning("moved %d metrics lines %s to metrics.rolled-back.jsonl", len(later),
+                        f"after round {to_round}" if to_round >= 0 else "of an earlier start that left no checkpoint")
         return len(later)

@@ -1,6 +1,7 @@
 """The silo node end to end, through the CLI as a user runs it."""
 
 import json
+import shutil
 import os
 import signal
 import subprocess
@@ -231,6 +232,20 @@ def test_metrics_rewind_sets_later_rounds_aside(tmp_path):
     assert log.rewind(2) == 3
     assert [json.loads(x)["round"] for x in log.path.read_text().splitlines()] == [0, 1, 2]
     assert len((tmp_path / "metrics.rolled-back.jsonl").read_text().splitlines()) == 3
+
+
+def test_a_start_with_no_checkpoint_sets_an_earlier_starts_metrics_aside(tiny_a, cache_dir, tmp_path):
+    """A node that stopped before its first checkpoint (or whose checkpoints were removed) starts at round 0
+    again: it appended rounds 0, 1, 2 after the earlier 0, 1, 2, and a summary read both."""
+    quick = ["--tasks.eval_size", "4", "--run.checkpoint_every", "1000"]
+    assert run_sapo(*small_run(cache_dir, tmp_path, 2, *quick), "--p2p.enabled", "false").returncode == 0
+    earlier = (tmp_path / "metrics.jsonl").read_text()
+    shutil.rmtree(tmp_path / "checkpoints")
+    r = run_sapo(*small_run(cache_dir, tmp_path, 2, *quick), "--p2p.enabled", "false")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [m["round"] for m in metrics(tmp_path)] == [0, 1, 2]
+    assert (tmp_path / "metrics.rolled-back.jsonl").read_text() == earlier  # set aside, not lost
+    assert "moved 3 metrics lines of an earlier start that left no checkpoint to metrics.rolled-back.jsonl" in r.stderr
 
 
 @pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed here: CI's second stage (scripts/test_vllm.sh) runs this")
