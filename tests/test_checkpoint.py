@@ -34,6 +34,25 @@ def test_an_interrupted_write_is_ignored_and_cleared(policy, tmp_path):
     assert checkpoint.load_latest(tmp_path).round == 4
 
 
+@pytest.mark.parametrize("failure", [RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 910320960"),
+                                     OSError(28, "No space left on device")])
+def test_a_checkpoint_that_cannot_be_written_is_a_clear_error_and_the_last_one_stands(policy, tmp_path, monkeypatch,
+                                                                                       failure):
+    """A full disk made torch.save raise mid-write: the node died with a traceback and left a torn folder."""
+    save(policy, tmp_path, 3)
+
+    def full_disk(obj, path):
+        path.write_bytes(b"partial")
+        raise failure
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    with pytest.raises(checkpoint.CheckpointError, match=r"^cannot write checkpoint .*round-000004 \((RuntimeError|OSError): "
+                                                         r".*GB free on its disk\); the last complete checkpoint is kept$"):
+        save(policy, tmp_path, 4)
+    assert not (tmp_path / ".round-000004.tmp").exists()  # the partial write is cleared, freeing its space
+    assert checkpoint.load_latest(tmp_path).round == 3
+
+
 def test_saving_the_same_round_twice_replaces_it(policy, tmp_path):
     save(policy, tmp_path, 3)
     save(policy, tmp_path, 3)

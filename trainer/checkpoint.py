@@ -51,11 +51,17 @@ def save(directory: Path, round_: int, model, tokenizer, trainer_state: dict[str
     final = directory / f"round-{round_:06d}"
     tmp = directory / f".round-{round_:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp / "model")
-    tokenizer.save_pretrained(tmp / "model")
-    torch.save(trainer_state, tmp / "trainer.pt")
-    (tmp / "state.json").write_text(json.dumps({"round": round_, **state}, indent=2))
-    _fsync_tree(tmp)
+    try:
+        model.save_pretrained(tmp / "model")
+        tokenizer.save_pretrained(tmp / "model")
+        torch.save(trainer_state, tmp / "trainer.pt")
+        (tmp / "state.json").write_text(json.dumps({"round": round_, **state}, indent=2))
+        _fsync_tree(tmp)
+    except Exception as e:  # a full disk reads as OSError from one writer, RuntimeError ("unexpected pos") from torch's
+        shutil.rmtree(tmp, ignore_errors=True)
+        free_gb = shutil.disk_usage(directory).free / 1e9
+        raise CheckpointError(f"cannot write checkpoint {final} ({type(e).__name__}: {e}; {free_gb:.1f} GB free on its "
+                              "disk); the last complete checkpoint is kept") from None
     if final.exists():  # a round already on disk is replaced, so saving is idempotent
         shutil.rmtree(final)
     os.replace(tmp, final)
