@@ -49,7 +49,7 @@ def check(cfg: NodeConfig, model: bool = True) -> Preflight:
     if cfg.p2p.enabled:
         for addr in cfg.p2p.listen:
             _check_listen(addr)
-    _check_out_dir(cfg.run.out_dir)
+    check_out_dir(cfg.run.out_dir)
     out_lock = lock_out_dir(cfg.run.out_dir)
     try:
         if cfg.p2p.enabled:  # with no network a node has no identity to keep
@@ -102,13 +102,16 @@ def out_dir_locked(out: Path, setting: str) -> Iterator[None]:
         os.close(fd)
 
 
-def _check_out_dir(out: Path) -> None:
+def check_out_dir(out: Path, setting: str = "run.out_dir") -> None:
+    """The run folder exists (made if need be) and is writable, or one line naming `setting`."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{setting}: {out} is a file, not a folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"run.out_dir: cannot create {out} ({e.strerror})") from None
+        raise ConfigError(f"{setting}: cannot create {out} ({e.strerror})") from None
     if not os.access(out, os.W_OK | os.X_OK):
-        raise ConfigError(f"run.out_dir: {out} is not writable")
+        raise ConfigError(f"{setting}: {out} is not writable")
 
 
 def _check_key(cfg: NodeConfig) -> None:

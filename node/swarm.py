@@ -26,7 +26,7 @@ from rich.live import Live
 from rich.table import Table
 
 from node.figure import plot
-from node.preflight import out_dir_locked
+from node.preflight import check_out_dir, out_dir_locked
 from p2p.identity import load_or_create, peer_id
 
 log = logging.getLogger(__name__)
@@ -381,7 +381,7 @@ def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None 
         stopping = True
 
     spec = share_memory(spec, cache_dir)
-    spec.out.mkdir(parents=True, exist_ok=True)
+    check_out_dir(spec.out, "--out")
     with out_dir_locked(spec.out, setting="--out"):  # a second swarm here would resume our nodes' runs as its own
         previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
         nodes: list[Child] = []

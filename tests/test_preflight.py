@@ -64,6 +64,18 @@ def test_an_out_dir_that_cannot_be_created_is_named(tmp_path):
     cfg = load_config(overrides={"run": {"out_dir": str(tmp_path / "file" / "run")}})
     with pytest.raises(ConfigError, match=r"^run.out_dir: cannot create .*file/run"):
         preflight.check(cfg)
+    cfg = load_config(overrides={"run": {"out_dir": str(tmp_path / "file")}})
+    with pytest.raises(ConfigError, match=rf"^run.out_dir: {tmp_path / 'file'} is a file, not a folder$"):
+        preflight.check(cfg)
+
+
+def test_a_swarm_whose_out_is_a_file_says_so_in_one_line(tmp_path):
+    """`sapo swarm --out FILE` printed mkdir's traceback after planning its nodes."""
+    (tmp_path / "file").write_text("kept")
+    r = run_sapo("swarm", "--nodes", "2", "--rounds", "1", "--out", str(tmp_path / "file"))
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+        f"sapo: config error: --out: {tmp_path / 'file'} is a file, not a folder")
+    assert "Traceback" not in r.stderr and (tmp_path / "file").read_text() == "kept"
 
 
 @pytest.mark.parametrize("name, says", [
