@@ -35,8 +35,10 @@ def pool_with(*groups: WireGroup, peer: str = PEER) -> RolloutPool:
 
 def take_external(pool: RolloutPool, j: int, tasks: TasksConfig = TasksConfig(), **selection):
     """The uniform rule's pick: every usable group, whatever its rewards. The selector is closed after, as the
-    node closes it: its untrusted-task worker is a process of its own."""
-    selector = Selector(SelectionConfig(external_groups=j, rule="uniform", **selection), tasks)
+    node closes it: its untrusted-task worker is a process of its own. The round's budget is a minute: the
+    worker's start-up counts against it, and on a loaded machine it took longer than the default 5 s (the pick
+    then leaves the groups in the pool for the next round, which these tests do not look at)."""
+    selector = Selector(SelectionConfig(external_groups=j, rule="uniform", **{"budget_s": 60.0, **selection}), tasks)
     try:
         pick = selector.external(pool, random.Random(0), 1)
     finally:
