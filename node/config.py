@@ -148,11 +148,11 @@ def _check_env_sections() -> None:
     (`SAPO_GRPOO__LR`) would be dropped without a word. Names with no `__` are the docker entrypoint's own."""
     sections = list(NodeConfig.model_fields)
     for name in sorted(os.environ):
-        head, nested, _ = name.partition("__")
+        head, nested, key = name.partition("__")
         section = head[len("SAPO_"):].lower() if head.upper().startswith("SAPO_") else None
         if nested and section is not None and section not in sections:
             close = difflib.get_close_matches(section, sections, n=1)
-            hint = f" (did you mean SAPO_{close[0].upper()}__{name.partition('__')[2]}?)" if close else ""
+            hint = f" (did you mean SAPO_{close[0].upper()}__{key}?)" if close else ""
             raise ConfigError(f"{name}: unknown section {section!r}{hint}; sections: {', '.join(sections)}")
 
 
