@@ -504,6 +504,42 @@ def test_slots_concurrent_claims_get_different_slots_and_released_ones_are_reuse
     e.stop()
 
 
+def test_a_restarted_replica_takes_its_own_slot_and_new_ones_prefer_unfinished_slots(fake_bin, tmp_path):
+    """Replica B restarts after A's node finished and freed slot 1: B gets its own slot 2 back (with its key and
+    checkpoints), not slot 1. After compose down / up the new replicas take the slots left mid-run first."""
+    slots = tmp_path / "data"
+
+    def claim(owner: str) -> Entrypoint:
+        return Entrypoint(fake_bin, SAPO_SLOT_DIR=str(slots), SAPO_SLOT_OWNER=owner, SAPO_RUN__ROUNDS="10")
+
+    def out_dir(e: Entrypoint) -> str:
+        return e.settings()["SAPO_RUN__OUT_DIR"]
+
+    def checkpoint(k: int, round_: int) -> None:
+        (slots / f"node-{k}" / "checkpoints" / f"round-{round_:06d}").mkdir(parents=True)
+
+    a, b = claim("a"), claim("b")
+    assert out_dir(a) == str(slots / "node-1") and out_dir(b) == str(slots / "node-2")
+    checkpoint(1, 10)  # A ran all its rounds
+    checkpoint(2, 4)  # B was stopped at round 4
+    for e in (a, b):
+        assert e.stop()[0] == 0
+    b = claim("b")
+    assert out_dir(b) == str(slots / "node-2")
+    assert b.stop()[0] == 0
+    assert (slots / "node-2" / ".owner").read_text() == "b\n"
+    # new replicas: B's unfinished slot first, then A's finished one, then a new slot
+    c = claim("c")
+    assert out_dir(c) == str(slots / "node-2")
+    d = claim("d")
+    assert out_dir(d) == str(slots / "node-1")
+    e = claim("e")
+    assert out_dir(e) == str(slots / "node-3")
+    assert (slots / "node-2" / ".owner").read_text() == "c\n"
+    for x in (c, d, e):
+        assert x.stop()[0] == 0
+
+
 def test_a_slot_is_claimed_with_the_lock_every_node_takes_on_its_folder(fake_bin, tiny_a, cache_dir, tmp_path):
     """While a replica holds slot 1, a `sapo run` on that folder is refused as a second node would be."""
     a = Entrypoint(fake_bin, SAPO_SLOT_DIR=str(tmp_path / "data"))
