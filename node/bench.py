@@ -23,6 +23,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from node.progress import print_table
+
 EVAL_TASKS = 8  # the run's held-out evaluation (round 0 and the last round) is not what is measured: keep it short
 TOLERANCE_UNDER = 0.5  # a peak below this share of the plan: the planner asks far more than a round needs
 LOG_TAIL = 40
@@ -162,7 +164,7 @@ def bench(argv: list[str], model: str, rounds: int, out: Path, timeout_s: float,
                           "-" if r["peak_gb"] is None else f"{r['peak_gb']:.2f}", f"{r['planned_peak_gb']:.2f}")
         else:
             table.add_row(r["backend"], "failed", *["-"] * 6)
-    console.print(table)
+    print_table(console, table)
     for r in results:
         line = r["verdict_line"] if r["ok"] else f"failed: {r['error']}"
         console.print(escape(f"{r['backend']}: {line}"), soft_wrap=True)

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from node.config import ConfigError, NodeConfig
 from node.preflight import model_problem
+from node.progress import print_table
 from trainer.memory import GB, MemoryPlanError
 
 
@@ -87,7 +88,7 @@ def report(cfg: NodeConfig, card_gb: float | None = None, console: Console | Non
     table = Table(title="sapo doctor", show_header=False)
     for key, value in [*machine(), *network(cfg)]:
         table.add_row(key, escape(value))
-    console.print(table)
+    print_table(console, table)
     if problem := model_problem(cfg.model.name, cfg.model.cache_dir):
         raise ConfigError(f"model.name: {problem}")
     device = Device.card(card_gb) if card_gb else None

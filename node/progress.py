@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from node.metrics import RoundMetrics
 
@@ -29,3 +30,13 @@ class Progress:
                              f"({m.n_external_used} used)")
             parts.append(f"gen {m.seconds_generate:4.1f}s train {m.seconds_train:4.1f}s other {m.seconds_other:4.1f}s")
         self.console.print("  ".join(parts))
+
+
+def print_table(console: Console, table: Table) -> None:
+    """Where the output is not a terminal (a log, a pipe), rich would fit the table to 80 columns and wrap
+    every cell; there it prints at the table's own width, so that each row stays one line to read and grep."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = Console(file=console.file, width=10_000).measure(table).maximum
+    Console(file=console.file, width=max(console.width, natural)).print(table)

@@ -27,6 +27,7 @@ from rich.table import Table
 
 from node.figure import plot
 from node.preflight import check_out_dir, out_dir_locked
+from node.progress import print_table
 from p2p.identity import load_or_create, peer_id
 
 log = logging.getLogger(__name__)
@@ -363,9 +364,7 @@ def watch(children: list[Child], rounds: int, console: Console, live: bool, stop
         if console.is_terminal:
             view.update(table(children, rounds))
     if not console.is_terminal and live:
-        final = table(children, rounds)
-        wide = Console(file=console.file, width=10_000)
-        Console(file=console.file, width=max(console.width, wide.measure(final).maximum)).print(final)
+        print_table(console, table(children, rounds))
 
 
 def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None = None, live: bool = True) -> dict:

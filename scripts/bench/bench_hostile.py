@@ -71,6 +71,7 @@ from rich.table import Table
 
 from node.argtypes import bounded, count, positive
 from node.lifecycle import exit_on_sigterm
+from node.progress import print_table
 from node.selection_config import RULES
 from node.swarm import free_port
 from trainer.config import default_cache_dir
@@ -544,7 +545,7 @@ def relay_report(runs: list[dict], commit: str, window: float) -> None:
         else:
             outcome = f"answer {r['reply']}: relay ports reported open {r['relay_ports_reported_open']}"
         table.add_row(str(r.get("hostile", 1)), outcome, f"{error_lines(r)} / {lost(r)}")
-    Console().print(table)
+    print_table(Console(), table)
 
 
 def level_hijack_report(runs: list[dict], commit: str, window: float) -> list[dict]:
@@ -558,7 +559,7 @@ def level_hijack_report(runs: list[dict], commit: str, window: float) -> list[di
                       " / ".join(str(ph[k]["deepest_level"]) for k in ("before", "attack", "after")),
                       " / ".join(f"{ph[k]['external_used_per_round']:.2f}" for k in ("before", "attack", "after")),
                       f"{error_lines(r)} / {lost(r)}")
-    Console().print(table)
+    print_table(Console(), table)
     return [{"size": r["size"], "hostile": r["hostile"], "seed": r["seed"],
              **{f"deepest_level_{k}": r["phases"][k]["deepest_level"] for k in ("before", "attack", "after")},
              **{f"external_used_{k}": r["phases"][k]["external_used_per_round"] for k in ("before", "attack", "after")},
@@ -573,7 +574,7 @@ def px_aim_report(runs: list[dict], commit: str, window: float) -> list[dict]:
         table.add_row(str(r["size"]), str(r["hostile"]), " / ".join(
             f"{r['phases'][k]['dials_per_node_per_min']:.1f}" for k in ("before", "attack", "after")),
             f"{error_lines(r)} / {lost(r)}")
-    Console().print(table)
+    print_table(Console(), table)
     return [{"size": r["size"], "hostile": r["hostile"], **{f"dials_per_node_per_min_{k}": r["phases"][k][
         "dials_per_node_per_min"] for k in ("before", "attack", "after")}, "error_lines": error_lines(r),
         "lost": lost(r)}
@@ -692,7 +693,7 @@ def flood_report(summary: list[dict], args: argparse.Namespace, commit: str) -> 
                       f"{row['target_cpu_s_per_round']:.2f}", f"{row['neighbour_cpu_s_per_round']:.2f}",
                       f"{row['neighbour_rounds_per_s']:.2f}", f"{row['neighbour_accepted']:.0f}",
                       str(row.get("writes_wrap_max", "-")), f"{row['error_lines']} / {row['lost']}")
-    Console().print(table)
+    print_table(Console(), table)
 
 
 def save(args: argparse.Namespace, result: dict) -> int:
