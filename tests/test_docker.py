@@ -518,8 +518,10 @@ def test_a_restarted_replica_takes_its_own_slot_and_new_ones_prefer_unfinished_s
     def checkpoint(k: int, round_: int) -> None:
         (slots / f"node-{k}" / "checkpoints" / f"round-{round_:06d}").mkdir(parents=True)
 
-    a, b = claim("a"), claim("b")
-    assert out_dir(a) == str(slots / "node-1") and out_dir(b) == str(slots / "node-2")
+    a = claim("a")
+    assert out_dir(a) == str(slots / "node-1")
+    b = claim("b")  # once A holds slot 1
+    assert out_dir(b) == str(slots / "node-2")
     checkpoint(1, 10)  # A ran all its rounds
     checkpoint(2, 4)  # B was stopped at round 4
     for e in (a, b):
