@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Sequence
 
 from node.config import ConfigError, NodeConfig, load_config
 from node.flags import add_config_flags, config_argv, config_from_flags, overrides
+from node.preflight import check_out_dir
 from trainer.pretrained import PresetError
 
 log = logging.getLogger("sapo")
@@ -102,10 +104,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from node.doctor import report
     from trainer.policy import ModelLoadError
 
-    if args.card is not None and args.card <= 0:
-        raise ConfigError(f"--card: GB must be positive (got {args.card})")
+    for flag, value in (("--card", args.card), ("--bench-timeout", args.bench_timeout)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{flag}: {'GB' if flag == '--card' else 'seconds'} must be a finite number above 0 (got {value})")
     if args.bench_rounds < 3:
         raise ConfigError(f"--bench-rounds: at least 3 (a warm-up round, a measured one, a last one with an evaluation; got {args.bench_rounds})")
+    if args.bench:
+        if args.bench_out.is_dir():
+            raise ConfigError(f"--bench-out: {args.bench_out} is a folder; name the JSON file to write")
+        check_out_dir(args.bench_out.parent, "--bench-out")  # before the runs, not after them
     cfg = load_config(args.config, overrides(args))
     _setup_logging("WARNING")
     if args.bench:

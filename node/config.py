@@ -28,7 +28,7 @@ class ConfigError(ValueError):
 
 
 class RunConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     out_dir: Path = Field(Path("runs/node"), description="metrics.jsonl, checkpoints/ and config.json go here")
     rounds: int = Field(600, ge=1, description="stop after this many rounds (a resumed run counts from its checkpoint)")
@@ -68,7 +68,8 @@ class _FileSource(PydanticBaseSettingsSource):
 
 
 class NodeConfig(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SAPO_", env_nested_delimiter="__", extra="forbid", validate_assignment=True)
+    model_config = SettingsConfigDict(env_prefix="SAPO_", env_nested_delimiter="__", extra="forbid", validate_assignment=True,
+                                      allow_inf_nan=False)
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)

@@ -13,7 +13,7 @@ from rewards import untrusted
 DROP_REASONS = ("not_accepted", "uniform_rewards", "off_support", *untrusted.DROP_REASONS)
 
 class SelectionConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     external_groups: int = Field(4, ge=0, description="J: groups other peers shared, taken from the pool each round (0: silo)")
     rule: Literal["uniform", "signal", "guarded", "adaptive"] = Field(

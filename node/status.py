@@ -40,7 +40,7 @@ PHASES = ("generate", "train", "other")
 
 
 class StatusConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     enabled: bool = Field(True, description="serve /metrics, /status and the dashboard over HTTP")
     listen: str = Field("127.0.0.1:8080", description="HOST:PORT of the status endpoint (busy: the next free port of the 20 after it; port 0 picks any free one; "

@@ -16,7 +16,7 @@ DEFAULT_PORT = 7420
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def _addr_list(value: Any) -> Any:

@@ -35,7 +35,7 @@ def check_multiaddrs(addrs: list[str], need_peer_id: bool) -> list[str]:
 
 
 class NetworkProfile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     namespace: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$", description="topic and protocol namespace")
     protocol: int = Field(ge=1, description="wire protocol major version spoken on this network")

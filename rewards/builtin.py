@@ -15,7 +15,7 @@ from rewards.tasks import Task, TaskError, TaskRef
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ArithConfig(_Config):

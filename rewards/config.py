@@ -13,7 +13,7 @@ from rewards.tasks import TaskError
 
 
 class DatasetSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(description="built-in (arith, reverse, count) or reasoning-gym as 'rg/<name>'")
     config: dict[str, Any] = Field(default_factory=dict, description="the dataset's difficulty knobs")
@@ -32,7 +32,7 @@ class DatasetSpec(BaseModel):
 
 
 class TasksConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     datasets: list[DatasetSpec] = Field(
         default_factory=lambda: [DatasetSpec(name=n) for n in ("arith", "reverse", "count")],

@@ -1,9 +1,12 @@
 import re
 import sys
+import types
+import typing
 
 import pytest
+from pydantic import BaseModel
 
-from node.config import ConfigError, load_config
+from node.config import ConfigError, NodeConfig, load_config
 from tests.conftest import ROOT, run_sapo
 
 
@@ -199,3 +202,30 @@ print(sorted(m for m in ('torch', 'transformers', 'libp2p') if m in sys.modules)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "[]"
+
+
+def float_knobs(model: type[BaseModel] = NodeConfig, prefix: str = "") -> list[str]:
+    """Every float setting, nested sections included."""
+    found = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            found += float_knobs(ann, f"{prefix}{name}.")
+        elif ann is float or (typing.get_origin(ann) in (typing.Union, types.UnionType) and float in typing.get_args(ann)):
+            found.append(prefix + name)
+    return found
+
+
+@pytest.mark.parametrize("knob", float_knobs())
+def test_no_float_knob_takes_infinity(knob):
+    """`nan` failed every bound, but `inf` passed `gt=0`: `--grpo.lr inf` trained one round into infinite
+    weights, checkpointed them, and every resume failed on them."""
+    section, _, key = knob.rpartition(".")
+    overrides: dict = {}
+    node = overrides
+    for part in section.split("."):
+        node = node.setdefault(part, {})
+    node[key] = "inf"
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert str(e.value).startswith(f"{knob}: ") and "finite number" in str(e.value), str(e.value)

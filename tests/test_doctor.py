@@ -52,9 +52,20 @@ def test_doctor_says_what_a_card_too_small_would_need(tiny_a, tmp_path):
     assert "no plan fits:" in r.stdout and "use a device with " in r.stdout and "(this one has 7.6B)" in r.stdout
 
 
-def test_doctor_refuses_a_bad_card_in_one_line():
-    r = run_sapo("doctor", "--card", "-3")
-    assert r.returncode == 2 and r.stderr.strip() == "sapo: config error: --card: GB must be positive (got -3.0)"
+@pytest.mark.parametrize("args, error", [
+    (["--card", "-3"], "--card: GB must be a finite number above 0 (got -3.0)"),
+    (["--card", "nan"], "--card: GB must be a finite number above 0 (got nan)"),
+    (["--card", "inf"], "--card: GB must be a finite number above 0 (got inf)"),
+    (["--bench", "--bench-timeout", "-5"], "--bench-timeout: seconds must be a finite number above 0 (got -5.0)"),
+    # the JSON's place is checked before the runs, which take minutes, not after them
+    (["--bench", "--bench-out", "{file}/bench.json"], "--bench-out: {file} is a file, not a folder"),
+    (["--bench", "--bench-out", "{tmp}"], "--bench-out: {tmp} is a folder; name the JSON file to write"),
+])
+def test_doctor_refuses_bad_flags_in_one_line(args, error, tmp_path):
+    (tmp_path / "file").write_text("")
+    fill = {"file": tmp_path / "file", "tmp": tmp_path}
+    r = run_sapo("doctor", *(a.format(**fill) for a in args))
+    assert r.returncode == 2 and r.stderr.strip() == "sapo: config error: " + error.format(**fill)
 
 
 def test_doctor_bench_runs_real_rounds_and_compares_the_peak_with_the_plan(tiny_a, cache_dir, tmp_path):
