@@ -249,3 +249,17 @@ def test_the_plan_counts_every_row_a_round_can_decode(selection, rows):
 
     cfg = load_config(overrides={"selection": selection, "tasks": {"eval_size": 8}})
     assert round_shape(cfg, 100).generation_rows == rows  # 4 local groups (+ 4 external slots) of 8 completions
+
+
+@pytest.mark.parametrize("kind, problem", [("cuda", "this torch is a CPU build"), ("mps", "this machine has no MPS device")])
+def test_a_device_this_machine_lacks_is_named_before_torch_asserts(kind, problem):
+    """`--model.device cuda` on a CPU build of torch ended in torch's AssertionError traceback."""
+    import torch
+
+    from trainer.plan import probe
+
+    if kind == "cuda" and torch.backends.cuda.is_built() or kind == "mps" and torch.backends.mps.is_available():
+        pytest.skip(f"this machine has {kind}")
+    with pytest.raises(MemoryPlanError) as e:
+        probe(kind)
+    assert str(e.value) == f"model.device: {kind} asked for, but {problem}"

@@ -325,6 +325,8 @@ def probe(kind: str = "auto", memory_gb: float | None = None) -> Device:
     from trainer.policy import pick_device
 
     device = pick_device(kind)
+    if problem := _missing(device):
+        raise MemoryPlanError(f"model.device: {kind} asked for, but {problem}")
     share = memory_gb * GB if memory_gb else None
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
@@ -338,6 +340,20 @@ def probe(kind: str = "auto", memory_gb: float | None = None) -> Device:
         metal = torch.mps.recommended_max_memory()
         return Device("mps", "Apple GPU", min(host, metal), metal)
     return Device("cpu", f"{torch.get_num_threads()} threads", host, total)
+
+
+def _missing(device) -> str | None:
+    """Why this machine has no such device, or None: torch would fail on it with an assertion."""
+    import torch
+
+    if device.type == "cuda":
+        if not torch.backends.cuda.is_built():
+            return "this torch is a CPU build"
+        if (device.index or 0) >= torch.cuda.device_count():
+            return f"{torch.cuda.device_count()} CUDA device(s) are visible"
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        return "this machine has no MPS device"
+    return None
 
 
 def _check_share(share: float | None, total: float, where: str) -> None:
