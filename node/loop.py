@@ -32,7 +32,7 @@ from trainer.generation import SamplingParams, make_generator
 from trainer.groups import RolloutGroup
 from trainer.grpo import GRPOTrainer, StepStats
 from trainer.memory import GB
-from trainer.policy import load_policy
+from trainer.policy import finite_weights, load_policy
 from trainer.rollout import accuracy, accuracy_by_dataset, evaluate, rollout
 
 log = logging.getLogger(__name__)
@@ -286,6 +286,9 @@ class Node:
             stats = self.trainer.step(groups)
         except Exception as e:  # noqa: BLE001 - a step may have half-applied: stop without a checkpoint of it
             raise ComponentFailed(f"training step of round {r} failed: {describe(e)}", resumable=False) from e
+        if stats.optimizer_steps and not finite_weights(self.policy.model):  # a checkpoint of them would never resume
+            raise ComponentFailed(f"the training step of round {r} left non-finite weights (grpo.lr {self.cfg.grpo.lr:g} "
+                                  "too high?)", resumable=False)
         started = time.perf_counter()
         if stats.optimizer_steps:
             self.generator.set_weights(self.policy.model)

@@ -100,6 +100,35 @@ def test_a_failing_training_step_stops_without_saving_that_step(tiny_a, cache_di
 
 
 @pytest.mark.slow
+def test_a_step_that_leaves_non_finite_weights_stops_before_they_reach_a_checkpoint(tiny_a, cache_dir, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """A diverged step (a NaN gradient) used to be checkpointed, and every resume then failed on the weights."""
+    import torch
+
+    from trainer.grpo import GRPOTrainer
+
+    real_step, steps = GRPOTrainer.step, []
+
+    def step(self, groups):  # the second round's step diverges
+        stats = real_step(self, groups)
+        steps.append(stats.optimizer_steps)
+        if stats.optimizer_steps and len(steps) >= 2:
+            with torch.no_grad():
+                next(p for p in self.policy.model.parameters() if p.requires_grad).view(-1)[0] = float("nan")
+        return stats
+
+    monkeypatch.setattr(GRPOTrainer, "step", step)
+    assert main(node_args(cache_dir, tmp_path, 4) + ["--run.checkpoint_every", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "sapo: stopped: the training step of round " in err and "left non-finite weights (grpo.lr " in err
+    from safetensors.torch import load_file
+
+    kept = checkpoint.load_latest(tmp_path / "checkpoints")
+    assert kept is not None and kept.round == 1
+    assert all(torch.isfinite(t).all() for t in load_file(kept.model_dir / "model.safetensors").values())
+
+
+@pytest.mark.slow
 def test_a_p2p_layer_that_dies_is_restarted_with_the_same_identity(tiny_a, cache_dir, tmp_path, caplog):
     import threading
     import time

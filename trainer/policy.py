@@ -166,6 +166,13 @@ def _with_lora(model: PreTrainedModel, cfg: ModelConfig, adapter_from: Path | No
         return get_peft_model(model, lora)
 
 
+def finite_weights(model: PreTrainedModel) -> bool:
+    """Whether every trained weight is finite: a diverged step (a NaN gradient, a huge learning rate) leaves
+    weights that no later round or resume can recover from."""
+    with torch.no_grad():
+        return all(bool(torch.isfinite(p).all()) for p in model.parameters() if p.requires_grad)
+
+
 def export_weights(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     """The weights a generator needs, under the base model's names.
 
