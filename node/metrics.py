@@ -67,27 +67,36 @@ class MetricsLog:
             os.fsync(f.fileno())
 
     def rewind(self, to_round: int) -> int:
-        """On resume, set aside lines of rounds after the checkpoint (they will be run again).
+        """On resume, set aside lines of rounds after the checkpoint (they will be run again), and lines that
+        are not a round's (torn by a crash mid-write, or edited by hand).
 
-        Nothing is deleted: those lines move to `metrics.rolled-back.jsonl`. Returns how many moved.
+        Nothing is deleted: those lines move, byte for byte, to `metrics.rolled-back.jsonl`. Returns how many moved.
         """
         if not self.path.exists():
             return 0
-        keep, later = [], []
-        for line in self.path.read_text().splitlines():
-            if not line.strip():
-                continue
-            try:
-                target = later if json.loads(line).get("round", 0) > to_round else keep
-            except json.JSONDecodeError:  # a line torn by a crash mid-write
-                target = later
-            target.append(line)
-        if later:
-            with open(self.path.with_name("metrics.rolled-back.jsonl"), "a") as f:
-                f.write("\n".join(later) + "\n")
+        keep, moved, unreadable = [], [], 0
+        for line in self.path.read_bytes().splitlines():
+            if line.strip():
+                round_ = _round_of(line)
+                unreadable += round_ is None
+                (moved if round_ is None or round_ > to_round else keep).append(line)
+        if moved:
+            with open(self.path.with_name("metrics.rolled-back.jsonl"), "ab") as f:
+                f.write(b"".join(line + b"\n" for line in moved))
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(line + "\n" for line in keep))
+            tmp.write_bytes(b"".join(line + b"\n" for line in keep))
             os.replace(tmp, self.path)
-            log.warning("moved %d metrics lines %s to metrics.rolled-back.jsonl", len(later),
-                        f"after round {to_round}" if to_round >= 0 else "of an earlier start that left no checkpoint")
-        return len(later)
+            log.warning("moved %d metrics lines %s to metrics.rolled-back.jsonl%s", len(moved),
+                        f"after round {to_round}" if to_round >= 0 else "of an earlier start that left no checkpoint",
+                        f" ({unreadable} of them not a round's line)" if unreadable else "")
+        return len(moved)
+
+
+def _round_of(line: bytes) -> int | None:
+    """The round a metrics line records, or None where it is not a round's line."""
+    try:
+        record = json.loads(line)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        return None
+    round_ = record.get("round") if isinstance(record, dict) else None
+    return round_ if type(round_) is int else None

@@ -1,6 +1,7 @@
 """The silo node end to end, through the CLI as a user runs it."""
 
 import json
+import logging
 import shutil
 import os
 import signal
@@ -232,6 +233,19 @@ def test_metrics_rewind_sets_later_rounds_aside(tmp_path):
     assert log.rewind(2) == 3
     assert [json.loads(x)["round"] for x in log.path.read_text().splitlines()] == [0, 1, 2]
     assert len((tmp_path / "metrics.rolled-back.jsonl").read_text().splitlines()) == 3
+
+
+def test_metrics_rewind_sets_lines_that_are_not_a_rounds_aside_byte_for_byte(tmp_path, caplog):
+    """A list, a round that is not a number and bytes that are not UTF-8 ended a resume in a traceback."""
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    strange = [b"[1, 2, 3]", b'{"round": "x"}', b'{"round": true}', b"\xff\xfe not utf-8"]
+    log.path.write_bytes(b'{"round": 0}\n' + b"\n".join(strange) + b'\n{"round": 1}\n{"round": 2}\n')
+    with caplog.at_level(logging.WARNING):
+        assert log.rewind(1) == 5
+    assert log.path.read_bytes() == b'{"round": 0}\n{"round": 1}\n'
+    assert (tmp_path / "metrics.rolled-back.jsonl").read_bytes() == b"\n".join([*strange, b'{"round": 2}']) + b"\n"
+    assert caplog.messages == ["moved 5 metrics lines after round 1 to metrics.rolled-back.jsonl (4 of them not a "
+                               "round's line)"]
 
 
 def test_a_start_with_no_checkpoint_sets_an_earlier_starts_metrics_aside(tiny_a, cache_dir, tmp_path):
