@@ -38,6 +38,9 @@ from trainer.rollout import accuracy, accuracy_by_dataset, evaluate, rollout
 log = logging.getLogger(__name__)
 
 
+# what a resume reads from a checkpoint (`_restore`); "lora" and "selection" are newer and optional
+STATE_KEYS = ("model", "task_position", "weight_version")
+TRAINER_KEYS = ("optimizer", "scheduler", "torch_rng")
 PEER_WAIT_S = 120.0
 
 
@@ -63,7 +66,7 @@ class Node:
         self.metrics = MetricsLog(out / "metrics.jsonl")
         self.progress = progress or Progress(cfg.run.rounds, out.resolve().name)
 
-        resumed = checkpoint.load_latest(self.checkpoints)
+        resumed = checkpoint.load_latest(self.checkpoints, STATE_KEYS, TRAINER_KEYS)
         if resumed and resumed.state.get("model") != cfg.model.name:
             raise checkpoint.CheckpointError(
                 f"{resumed.path} continues model {resumed.state.get('model')!r}, not {cfg.model.name!r}: "

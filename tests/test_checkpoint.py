@@ -68,6 +68,26 @@ def test_an_unreadable_latest_checkpoint_is_a_clear_error_and_is_not_deleted(pol
     assert path.exists()
 
 
+@pytest.mark.parametrize("edit, problem", [
+    (lambda state, trainer: state.pop("task_position"), "no state.json task_position"),
+    (lambda state, trainer: trainer.pop("optimizer"), "no trainer.pt optimizer"),
+    (lambda state, trainer: state.update(round=50), "state.json says round 50"),
+    (lambda state, trainer: state.update(round="2"), "state.json says round '2'"),
+])
+def test_a_checkpoint_missing_what_a_resume_reads_is_unreadable_not_a_key_error(policy, tmp_path, edit, problem):
+    """A state.json or trainer.pt edited or cut short ended a resume in a KeyError traceback, and a round in
+    state.json that is not the folder's resumed at that round."""
+    path = save(policy, tmp_path, 2)
+    state = json.loads((path / "state.json").read_text())
+    trainer = {**torch.load(path / "trainer.pt", weights_only=False), "optimizer": {}}
+    edit(state, trainer)
+    (path / "state.json").write_text(json.dumps(state))
+    torch.save(trainer, path / "trainer.pt")
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.load_latest(tmp_path, ("task_position",), ("optimizer",))
+    assert str(e.value) == f"checkpoint {path} is unreadable ({problem}); move it aside to resume from an older one"
+
+
 def test_no_checkpoint_means_a_fresh_start(tmp_path):
     assert checkpoint.load_latest(tmp_path / "missing") is None
     assert json.dumps(checkpoint.complete(tmp_path)) == "[]"

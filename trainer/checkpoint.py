@@ -80,7 +80,10 @@ def complete(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(NAME.match(p.name).group(1)))
 
 
-def load_latest(directory: Path) -> Checkpoint | None:
+def load_latest(directory: Path, state_keys: tuple[str, ...] = (), trainer_keys: tuple[str, ...] = ()) -> Checkpoint | None:
+    """The newest complete checkpoint, or None. `state_keys` and `trainer_keys`: what the caller's resume reads
+    from state.json and trainer.pt, so that a file edited or cut short reads as unusable here, not as a
+    KeyError later."""
     found = complete(directory)
     if not found:
         return None
@@ -90,7 +93,15 @@ def load_latest(directory: Path) -> Checkpoint | None:
         trainer_state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
         if not (path / "model" / "config.json").exists() and not (path / "model" / "adapter_config.json").exists():
             raise FileNotFoundError("model/ holds no config")
-        return Checkpoint(path=path, round=int(state["round"]), state=state, trainer_state=trainer_state)
+        if not isinstance(state, dict) or not isinstance(trainer_state, dict):
+            raise ValueError("state.json and trainer.pt each hold a map")
+        missing = [f"state.json {k}" for k in ("round", *state_keys) if k not in state]
+        missing += [f"trainer.pt {k}" for k in trainer_keys if k not in trainer_state]
+        if missing:
+            raise ValueError(f"no {', '.join(missing)}")
+        if state["round"] != int(NAME.match(path.name)[1]):
+            raise ValueError(f"state.json says round {state['round']!r}")
+        return Checkpoint(path=path, round=state["round"], state=state, trainer_state=trainer_state)
     except Exception as e:  # noqa: BLE001 - any failure to read these files means the checkpoint is unusable
         raise CheckpointError(
             f"checkpoint {path} is unreadable ({e}); move it aside to resume from an older one"
