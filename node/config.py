@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import to_jsonable_python
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -51,6 +51,14 @@ class RunConfig(BaseModel):
     stop_timeout_s: float = Field(90.0, gt=0, description="after SIGTERM/SIGINT, exit (without a new checkpoint) if the "
                                   "current step has not finished within this many seconds")
     retry_backoff_s: float = Field(2.0, ge=0, description="wait before the first retry; doubles with each retry (at most 60 s)")
+
+    @field_validator("out_dir", mode="before")
+    @classmethod
+    def _named(cls, value):
+        """An empty value (an unset variable in `SAPO_RUN__OUT_DIR=$DIR`) would be the current folder."""
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("empty: name the run folder ('.' for the current one)")
+        return value
 
 
 _config_file: ContextVar[Path | None] = ContextVar("sapo_config_file", default=None)

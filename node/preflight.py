@@ -50,6 +50,7 @@ def check(cfg: NodeConfig, model: bool = True) -> Preflight:
         for addr in cfg.p2p.listen:
             _check_listen(addr)
     check_out_dir(cfg.run.out_dir)
+    _check_run_files(cfg.run.out_dir)
     out_lock = lock_out_dir(cfg.run.out_dir)
     try:
         if cfg.p2p.enabled:  # with no network a node has no identity to keep
@@ -112,6 +113,25 @@ def check_out_dir(out: Path, setting: str = "run.out_dir") -> None:
         raise ConfigError(f"{setting}: cannot create {out} ({e.strerror})") from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise ConfigError(f"{setting}: {out} is not writable")
+
+
+# what a node writes in its run folder (name: a folder?), node.key aside (`_check_key`)
+RUN_FILES = {"checkpoints": True, "metrics.jsonl": False, "metrics.rolled-back.jsonl": False, "config.json": False,
+             "plan.json": False, LOCK_FILE: False}
+
+
+def _check_run_files(out: Path) -> None:
+    """Each is written after a round's work: one that cannot be written would lose that work, up to
+    `run.checkpoint_every` rounds of it, so it is named before the first round."""
+    for name, folder in RUN_FILES.items():
+        path = out / name
+        if not path.exists() and not path.is_symlink():
+            continue
+        if path.is_dir() != folder:
+            raise ConfigError(f"run.out_dir: {path} is a {'file' if folder else 'folder'}, where the node "
+                              f"{'keeps its checkpoints in a folder' if folder else 'writes a file'} of that name: move it aside")
+        if not os.access(path, os.R_OK | os.W_OK | (os.X_OK if folder else 0)):
+            raise ConfigError(f"run.out_dir: {path} is not readable and writable by this user")
 
 
 def _check_key(cfg: NodeConfig) -> None:

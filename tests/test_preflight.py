@@ -160,3 +160,28 @@ def test_a_lock_descriptor_that_is_not_this_folders_is_not_adopted(handed, tmp_p
     assert own != other and os.path.samestat(os.fstat(own), os.stat(tmp_path / preflight.LOCK_FILE))
     os.close(own)
     os.close(other)
+
+
+@pytest.mark.parametrize("name, folder", [("checkpoints", False), ("metrics.jsonl", True), (".node.lock", True),
+                                          ("config.json", True)])
+def test_a_run_file_of_the_wrong_kind_is_named_before_any_round(name, folder, tmp_path):
+    """A `checkpoints` file was found only when the first checkpoint was written, after the rounds before it
+    (and it read as a fresh start, setting every earlier metrics line aside); a folder in place of
+    metrics.jsonl or the lock ended the node in a traceback."""
+    (tmp_path / name).mkdir() if folder else (tmp_path / name).write_text("")
+    cfg = load_config(overrides={"run": {"out_dir": str(tmp_path)}, "p2p": {"enabled": False}, "status": {"enabled": False}})
+    with pytest.raises(ConfigError) as e:
+        preflight.check(cfg, model=False)
+    kind = "folder, where the node writes a file" if folder else "file, where the node keeps its checkpoints in a folder"
+    assert str(e.value) == f"run.out_dir: {tmp_path / name} is a {kind} of that name: move it aside"
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_run_folder_is_refused_not_taken_as_the_current_one(value, tmp_path, monkeypatch):
+    """`SAPO_RUN__OUT_DIR=$UNSET` (or `out_dir = ""` in a file) wrote a node's files into the current folder."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SAPO_RUN__OUT_DIR", value)
+    with pytest.raises(ConfigError) as e:
+        load_config()
+    assert str(e.value).startswith("run.out_dir: empty: name the run folder ('.' for the current one)")
+    assert list(tmp_path.iterdir()) == []
