@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from node.config import ConfigError, NodeConfig, load_config
-from node.flags import add_config_flags, config_argv, config_from_flags, overrides
+from node.flags import add_config_flags, config_argv, config_from_flags, flag_settings, overrides
 from node.preflight import check_out_dir
 from trainer.pretrained import PresetError
 
@@ -165,6 +165,17 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     return _report_swarm(summary, args.out, args.rounds)
 
 
+# What `sapo swarm` sets for each node and a node's own flag must not change (the user's flags come last and win).
+SWARM_OWNED = {
+    "run.out_dir": "node k runs in --out/node<k>",
+    "p2p.listen": "each node gets its own port",
+    "status.listen": "each node gets its own port",
+    "p2p.bootstrap": "node0 is every other node's bootstrap peer",
+    "p2p.key_file": "each node keeps its own identity in its folder",
+    "p2p.enabled": "--external 0 runs every node alone",
+}
+
+
 def _swarm_spec(args: argparse.Namespace):
     """The swarm `sapo swarm` was asked for, every flag checked and every preset built before a node starts
     (a bad knob fails here once, not in N children); `ConfigError` names the flag."""
@@ -180,8 +191,13 @@ def _swarm_spec(args: argparse.Namespace):
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]
     if not presets:
         raise ConfigError("--presets: name at least one model")
-    extra = shlex.split(args.node_args)
+    try:
+        extra = shlex.split(args.node_args)
+    except ValueError as e:
+        raise ConfigError(f"--node-args: {e} (got {args.node_args!r})") from None
     config_from_flags(extra)
+    if owned := sorted(flag_settings(extra) & SWARM_OWNED.keys()):
+        raise ConfigError(f"--node-args: {owned[0]} is the swarm's own setting ({SWARM_OWNED[owned[0]]})")
     task_mixes = [m.strip() for m in args.task_mixes.split(";") if m.strip()]
     for mix in task_mixes:
         try:

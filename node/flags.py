@@ -73,9 +73,18 @@ class NodeArgsParser(argparse.ArgumentParser):
         raise ConfigError(f"--node-args: {message}")
 
 
-def config_from_flags(argv: list[str]) -> NodeConfig:
-    """The config a `sapo run` with these flags would run (`ConfigError` on a bad one)."""
+def _parsed(argv: list[str]) -> argparse.Namespace:
     parser = NodeArgsParser(prog="sapo swarm --node-args", add_help=False)
     add_config_flags(parser)
-    flags = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def config_from_flags(argv: list[str]) -> NodeConfig:
+    """The config a `sapo run` with these flags would run (`ConfigError` on a bad one)."""
+    flags = _parsed(argv)
     return load_config(flags.config, overrides(flags))
+
+
+def flag_settings(argv: list[str]) -> set[str]:
+    """The dotted settings these `sapo run` flags set."""
+    return {dotted for dotted in vars(_parsed(argv)) if "." in dotted}

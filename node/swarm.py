@@ -28,7 +28,7 @@ from rich.table import Table
 from node.figure import plot
 from node.preflight import check_out_dir, out_dir_locked
 from node.progress import print_table
-from p2p.identity import load_or_create, peer_id
+from p2p.identity import IdentityError, load_or_create, peer_id
 
 log = logging.getLogger(__name__)
 
@@ -185,15 +185,19 @@ def start(spec: SwarmSpec, cache_dir: Path | None, processes: int, prefix: str =
         out = spec.out / f"node{k}"
         out.mkdir(parents=True, exist_ok=True)
         port, status_port = free_port(), free_port()
+        if k == 0 and spec.network:  # read (or made) before node0 starts, so that its key has one creator
+            try:
+                bootstrap = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id(load_or_create(out / 'node.key'))}"
+            except IdentityError as e:
+                raise SwarmError(f"{prefix}0: {e}") from None
         args = [sys.executable, "-m", "node.cli", "run", "--out", str(out),
                 "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--status.listen", f"127.0.0.1:{status_port}",
-                *(["--bootstrap", bootstrap] if bootstrap else []), *spec.run_flags(k, processes, cache_dir)]
+                *(["--bootstrap", bootstrap] if k and bootstrap else []), *spec.run_flags(k, processes, cache_dir)]
         with open(out / "node.log", "ab") as logf:
             proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
         children.append(Child(f"{prefix}{k}", spec.preset(k), out, proc, f"http://127.0.0.1:{status_port}/",
                               spec.companion(k)))
         if k == 0 and spec.network:
-            bootstrap = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id(load_or_create(out / 'node.key'))}"
             if not wait_listening(port, proc, timeout=300):
                 stop(children)
                 if proc.returncode == 0:  # it resumed from a checkpoint of its last round: nothing left to run

@@ -207,6 +207,12 @@ def test_a_lonely_node_fills_j_with_local_groups_exactly_like_a_silo_of_i_plus_j
     (["--node-args", "--bogus"], "sapo: config error: --node-args: unrecognized arguments: --bogus"),
     (["--task-mixes", "arith;nope:2"], "sapo: config error: --task-mixes: tasks.datasets.0: unknown dataset "
                                        "'nope' (built-in: arith, reverse, count; reasoning-gym: 'rg/<name>')"),
+    (["--node-args", '"unclosed'], """sapo: config error: --node-args: No closing quotation (got '"unclosed')"""),
+    # what the swarm sets for each node: node1 exited at once, or ran with node0 alone and a false summary
+    (["--node-args", "--p2p.enabled false"],
+     "sapo: config error: --node-args: p2p.enabled is the swarm's own setting (--external 0 runs every node alone)"),
+    (["--node-args", "--tasks.eval_size 4 --out elsewhere"],
+     "sapo: config error: --node-args: run.out_dir is the swarm's own setting (node k runs in --out/node<k>)"),
 ])
 def test_bad_swarm_arguments_fail_before_any_node_starts(args, message, tmp_path):
     r = run_sapo("swarm", "--out", str(tmp_path / "s"), *args)
@@ -267,14 +273,25 @@ def test_a_swarm_whose_model_cannot_be_read_says_why_in_one_line_and_starts_noth
 
 
 def test_a_swarm_whose_bootstrap_node_cannot_start_says_why_in_one_line(tmp_path):
-    bad_key = tmp_path / "bad.key"
-    bad_key.write_text("garbage")  # read by the node at its start, after the swarm planned it
-    r = run_sapo("swarm", "--nodes", "2", "--rounds", "1", "--presets", "tiny-a", "--out", str(tmp_path / "s"),
-                 "--node-args", f"--p2p.key_file {bad_key}")
+    (tmp_path / "s" / "node0" / "checkpoints").parent.mkdir(parents=True)
+    (tmp_path / "s" / "node0" / "checkpoints").write_text("")  # found by the node at its start
+    r = run_sapo("swarm", "--nodes", "2", "--rounds", "1", "--presets", "tiny-a", "--out", str(tmp_path / "s"))
     assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1].startswith(
-        f"sapo: the bootstrap node did not start (sapo: config error: p2p.key_file: key file {bad_key} is not a libp2p")
+        f"sapo: the bootstrap node did not start (sapo: config error: run.out_dir: {tmp_path / 's' / 'node0' / 'checkpoints'} "
+        "is a file")
     assert "Traceback" not in r.stderr and not (tmp_path / "s" / "node1").exists()
+
+
+def test_a_swarm_whose_bootstrap_key_is_unreadable_says_so_before_any_node_starts(tmp_path):
+    """The swarm reads node0's key for the others' bootstrap address: a corrupt one was its traceback."""
+    key = tmp_path / "s" / "node0" / "node.key"
+    key.parent.mkdir(parents=True)
+    key.write_text("garbage")
+    r = run_sapo("swarm", "--nodes", "2", "--rounds", "1", "--presets", "tiny-a", "--out", str(tmp_path / "s"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(f"sapo: node0: key file {key} is not a libp2p private key")
+    assert key.read_text() == "garbage" and not (tmp_path / "s" / "node0" / "node.log").exists()
 
 
 def test_a_swarm_with_a_model_that_is_not_there_starts_nothing(tmp_path):
