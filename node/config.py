@@ -154,15 +154,26 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
 
 def _check_env_sections() -> None:
     """pydantic-settings reads `SAPO_<SECTION>__<KEY>` only for the sections it knows, so a misspelt section
-    (`SAPO_GRPOO__LR`) would be dropped without a word. Names with no `__` are the docker entrypoint's own."""
+    (`SAPO_GRPOO__LR`) or a single underscore (`SAPO_RUN_ROUNDS`) would be dropped without a word. Other names
+    with no `__` are the docker entrypoint's own (`SAPO_SLOT_DIR`)."""
     sections = list(NodeConfig.model_fields)
     for name in sorted(os.environ):
         head, nested, key = name.partition("__")
         section = head[len("SAPO_"):].lower() if head.upper().startswith("SAPO_") else None
-        if nested and section is not None and section not in sections:
+        if section is None:
+            continue
+        if nested and section not in sections:
             close = difflib.get_close_matches(section, sections, n=1)
             hint = f" (did you mean SAPO_{close[0].upper()}__{key}?)" if close else ""
             raise ConfigError(f"{name}: unknown section {section!r}{hint}; sections: {', '.join(sections)}")
+        first, _, rest = section.partition("_")
+        if not nested and first in sections and rest in _section_model(first).model_fields:
+            raise ConfigError(f"{name} is not read: a setting takes two underscores after its section, "
+                              f"SAPO_{first.upper()}__{rest.upper()}")
+
+
+def _section_model(section: str) -> type[BaseModel]:
+    return NodeConfig.model_fields[section].annotation
 
 
 def shown_default(dotted: str, info: Any) -> str:

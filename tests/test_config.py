@@ -118,12 +118,20 @@ def test_cli_rejects_unknown_flags_with_status_2_and_the_nearest_flag(argv, line
                                     "model, tasks, generation, grpo, run, selection, p2p, status"),
     ("", {"SAPO_ZZZ__A": "1"}, "SAPO_ZZZ__A: unknown section 'zzz'; sections: model, tasks, generation, grpo, run, "
                                "selection, p2p, status"),
+    # one underscore: read by nobody, so the node ran 600 rounds instead of 5
+    ("", {"SAPO_RUN_ROUNDS": "5"}, "SAPO_RUN_ROUNDS is not read: a setting takes two underscores after its section, "
+                                   "SAPO_RUN__ROUNDS"),
 ])
 def test_a_misspelt_setting_in_a_file_or_the_environment_names_the_nearest_one(toml, env, line, tmp_path):
     path = tmp_path / "node.toml"
     path.write_text(toml)
     r = run_sapo("config", "--config", str(path), env=env)
     assert r.returncode == 2 and r.stderr.strip() == f"sapo: config error: {line}"
+
+
+def test_the_entrypoints_own_names_are_not_settings(tmp_path):
+    r = run_sapo("config", env={"SAPO_SLOT_DIR": str(tmp_path), "SAPO_BOOTSTRAP_WAIT": "5", "SAPO_ROUNDS": "4"})
+    assert r.returncode == 0, r.stderr
 
 
 def test_cli_flags_env_and_file_reach_the_config(tmp_path):
