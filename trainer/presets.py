@@ -88,8 +88,12 @@ def cached_build(path: Path, build: Callable[[Path], dict], name: str) -> Path:
     interrupted build leaves nothing that a later call would take for a model."""
     if (path / META_FILE).exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "w") as lock:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.parent / f".{path.name}.lock", "w")
+    except OSError as e:
+        raise PresetError(f"cannot build {name} in the model cache {path.parent} ({e.strerror}: {e.filename})") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (path / META_FILE).exists():
             return path
