@@ -38,6 +38,8 @@ def test_yaml_files_work(tmp_path):
     ({"tasks": {"datasets": "arith,nosuchset"}}, "tasks.datasets.1: unknown dataset 'nosuchset'"),
     ({"tasks": {"datasets": [{"name": "arith", "config": {"max_operand": -3}}]}}, "max_operand"),
     ({"grpo": {"typo_knob": "1"}}, "grpo.typo_knob"),
+    # an empty stop string ended every completion at its start: the run trained nothing and said nothing
+    ({"generation": {"stop": ["</answer>", ""]}}, "generation.stop.1: String should have at least 1 character"),
 ])
 def test_invalid_values_name_the_field(overrides, field):
     with pytest.raises(ConfigError, match=re.escape(field)):

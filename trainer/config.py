@@ -75,7 +75,7 @@ class GenerationConfig(Section):
     temperature: float = Field(1.0, ge=0, description="0 means greedy")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass (1 disables)")
     max_new_tokens: int = Field(16, ge=1, description="completion length cap; longer ones count as truncated")
-    stop: list[str] = Field(default_factory=lambda: ["</answer>"], description="stop strings, kept in the output")
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=lambda: ["</answer>"], description="stop strings, kept in the output (an empty one would stop every completion at its start)")
     batch_size: int = Field(256, ge=1, description="sequences per generation forward pass (transformers backend; vLLM batches itself); "
                             "left unset, the memory plan lowers it where all of a round's sequences would not fit")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
