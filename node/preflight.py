@@ -25,6 +25,8 @@ LOCK_FILE = ".node.lock"
 LOCK_FD_ENV = "SAPO_OUT_LOCK_FD"  # docker/entrypoint.sh hands its slot's lock to the node under this name
 STATUS_PORT_TRIES = 20  # a busy status port gives way to the next free one among this many
 HUB_PROBE_S = 3.0
+# any of these makes a folder's tokenizer loadable (fast, SentencePiece or BPE vocabularies)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 
 
 @dataclass
@@ -188,6 +190,8 @@ def model_problem(name: str, cache_dir: Path) -> str | None:
             return f"{name} is a file; give the folder that holds config.json and the weights"
         if not (path / "config.json").is_file():
             return f"{name} has no config.json: not a Hugging Face model folder"
+        if not any((path / f).is_file() for f in TOKENIZER_FILES):  # else an empty tokenizer loads, and fails later
+            return f"{name} holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...): copy the model's tokenizer files into it"
         return None
     close = difflib.get_close_matches(Path(name).name or name, presets.names(), n=1, cutoff=0.6)
     hint = f"did you mean {close[0]}? " if close else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -130,6 +131,9 @@ class P2PConfig(Section):
     @field_validator("listen", "announce")
     @classmethod
     def _valid(cls, v: list[str]) -> list[str]:
+        for addr in v:  # the node adds its own id: with another one it would announce /p2p/<that id>/p2p/<its own>
+            if re.search(r"/p2p/[^/]+$", addr):
+                raise ValueError(f"{addr} ends in a peer id: give the address alone, the node adds its own /p2p/<id>")
         return check_multiaddrs(v, need_peer_id=False)
 
     @field_validator("bootstrap")

@@ -40,6 +40,9 @@ def test_yaml_files_work(tmp_path):
     ({"grpo": {"typo_knob": "1"}}, "grpo.typo_knob"),
     # an empty stop string ended every completion at its start: the run trained nothing and said nothing
     ({"generation": {"stop": ["</answer>", ""]}}, "generation.stop.1: String should have at least 1 character"),
+    # the node adds its own id: it announced /p2p/<this id>/p2p/<its own>, another node's id accepted alike
+    ({"p2p": {"announce": "/ip4/192.0.2.7/tcp/7420/p2p/12D3KooWFZ3JvyLsp62AgRJxGTQrqEi3UB4dWKZJM9YXSj3cJrFn"}},
+     "p2p.announce: /ip4/192.0.2.7/tcp/7420/p2p/12D3KooWFZ3JvyLsp62AgRJxGTQrqEi3UB4dWKZJM9YXSj3cJrFn ends in a peer id"),
 ])
 def test_invalid_values_name_the_field(overrides, field):
     with pytest.raises(ConfigError, match=re.escape(field)):

@@ -98,6 +98,14 @@ def test_a_folder_that_holds_no_model_is_named(tmp_path):
     assert "is a file" in preflight.model_problem(str(tmp_path / "weights.bin"), tmp_path)
 
 
+def test_a_model_folder_with_no_tokenizer_is_named(tmp_path, tiny_a):
+    """An empty tokenizer loaded; generation then failed for half a minute and left a checkpoint of it."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_a, folder, ignore=shutil.ignore_patterns("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json"))
+    assert preflight.model_problem(str(folder), tmp_path) == (
+        f"{folder} holds no tokenizer (tokenizer.json, tokenizer_config.json, ...): copy the model's tokenizer files into it")
+
+
 def test_presets_folders_and_a_reachable_hub_pass(tmp_path, tiny_a, monkeypatch):
     assert preflight.model_problem("tiny-b", tmp_path) is None  # a preset is built when it is needed
     assert preflight.model_problem(str(tiny_a), tmp_path) is None
