@@ -32,7 +32,7 @@ from trainer.generation import SamplingParams, make_generator
 from trainer.groups import RolloutGroup
 from trainer.grpo import GRPOTrainer, StepStats
 from trainer.memory import GB
-from trainer.policy import finite_weights, load_policy
+from trainer.policy import ModelLoadError, finite_weights, load_policy
 from trainer.rollout import accuracy, accuracy_by_dataset, evaluate, rollout
 
 log = logging.getLogger(__name__)
@@ -80,8 +80,14 @@ class Node:
         self.cfg = cfg = fitted.cfg
         self.plan = fitted.plan
         self.memory = MemoryWatch(self.plan.peak_bytes, round_peak_reader(self.plan.device.kind), self.plan.peak_at)
-        self.policy = load_policy(cfg.model, weights_from=resumed.model_dir if resumed else None, tokenizer=fitted.tokenizer,
-                                  source=fitted.source)
+        try:
+            self.policy = load_policy(cfg.model, weights_from=resumed.model_dir if resumed else None,
+                                      tokenizer=fitted.tokenizer, source=fitted.source)
+        except ModelLoadError as e:
+            if resumed is None or str(resumed.model_dir) not in str(e):
+                raise
+            raise checkpoint.CheckpointError(f"checkpoint {resumed.path} is unreadable ({e}); move it aside to resume "
+                                             "from an older one") from None
         self.generator = make_generator(cfg.generation, self.policy)
         self.tasks = TaskSource(cfg.tasks.mix(), seed=cfg.run.seed)
         self.eval_tasks = TaskSource(cfg.tasks.mix(), seed=cfg.tasks.eval_seed).draw(cfg.tasks.eval_size)

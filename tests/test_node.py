@@ -223,6 +223,18 @@ def test_resuming_with_another_model_is_refused(tiny_a, tiny_b, cache_dir, tmp_p
     assert r.returncode == 1 and "continues model 'tiny-a', not 'tiny-b'" in r.stderr
 
 
+def test_a_checkpoint_whose_weights_are_cut_short_is_named_with_the_way_out(tiny_a, cache_dir, tmp_path):
+    """It read as a bad model.name ('config error: model.name: cannot load model .../checkpoints/...')."""
+    assert run_sapo(*small_run(cache_dir, tmp_path, 2)).returncode == 0
+    weights = tmp_path / "checkpoints" / "round-000002" / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    r = run_sapo(*small_run(cache_dir, tmp_path, 3))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"sapo: checkpoint {tmp_path / 'checkpoints' / 'round-000002'} is unreadable (cannot load model ")
+    assert last.endswith("move it aside to resume from an older one") and weights.stat().st_size == 1000
+
+
 def test_metrics_rewind_sets_later_rounds_aside(tmp_path):
     log = MetricsLog(tmp_path / "metrics.jsonl")
     for r in range(5):
