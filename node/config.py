@@ -123,6 +123,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
         text = Path(path).read_text()
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
     try:
         data = tomllib.loads(text) if Path(path).suffix == ".toml" else yaml.safe_load(text)
     except tomllib.TOMLDecodeError as e:

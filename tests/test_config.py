@@ -81,10 +81,13 @@ def test_task_text_may_be_a_json_list_with_configs_and_bad_json_is_named():
     ("broken.yaml", "grpo:\n  lr: [1\n", "not valid YAML at line 3, column 1: "),
     ("list.yaml", "- 1\n- 2\n", "must hold a mapping"),
     ("unknown.toml", "[grpoo]\nlr = 1\n", "grpoo"),
+    ("latin1.toml", "[run]\nrounds = 3 # caf\xe9\n".encode("latin-1"), "latin1.toml is not UTF-8 text (byte 0xe9 at offset 22)"),
 ])
 def test_file_problems_are_one_clear_line(tmp_path, name, text, message):
     path = tmp_path / name
-    if text is not None:
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    elif text is not None:
         path.write_text(text)
     with pytest.raises(ConfigError, match=re.escape(message)) as e:
         load_config(path)
