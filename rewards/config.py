@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from rewards.source import DatasetMix
 from rewards.datasets import canonical_config, check_dataset
@@ -34,7 +35,7 @@ class DatasetSpec(BaseModel):
 class TasksConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
-    datasets: list[DatasetSpec] = Field(
+    datasets: Annotated[list[DatasetSpec], NoDecode] = Field(  # SAPO_TASKS__DATASETS=arith,reverse:2 reaches the validator as text
         default_factory=lambda: [DatasetSpec(name=n) for n in ("arith", "reverse", "count")],
         min_length=1,
         description="weighted task mix; on the command line also 'arith,reverse:2,rg/leg_counting'",

@@ -66,6 +66,16 @@ def test_task_shorthand_sets_names_and_weights():
     assert [(d.name, d.weight) for d in cfg.tasks.datasets] == [("arith", 1.0), ("reverse", 2.0), ("rg/leg_counting", 1.0)]
 
 
+def test_the_task_shorthand_works_in_the_environment_too(monkeypatch):
+    """SAPO_TASKS__DATASETS was decoded as JSON only: 'arith,reverse' and a typo alike were 'error parsing value
+    for field "tasks" from source "EnvSettingsSource"'."""
+    monkeypatch.setenv("SAPO_TASKS__DATASETS", "arith,reverse:2")
+    assert [(d.name, d.weight) for d in load_config().tasks.datasets] == [("arith", 1.0), ("reverse", 2.0)]
+    monkeypatch.setenv("SAPO_TASKS__DATASETS", "nope")
+    with pytest.raises(ConfigError, match=re.escape("tasks.datasets.0: unknown dataset 'nope'")):
+        load_config()
+
+
 def test_task_text_may_be_a_json_list_with_configs_and_bad_json_is_named():
     cfg = load_config(None, {"tasks": {"datasets": ' [{"name": "arith", "config": {"max_operand": 4}}, {"name": "reverse"}]'}})
     assert [(d.name, d.config) for d in cfg.tasks.datasets] == [("arith", {"max_operand": 4}), ("reverse", {})]
