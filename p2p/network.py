@@ -29,7 +29,10 @@ def check_multiaddrs(addrs: list[str], need_peer_id: bool) -> list[str]:
             parsed = Multiaddr(a)
         except Exception as e:  # multiaddr raises several unrelated types for bad text
             raise ValueError(f"not a multiaddr: {a!r} ({e})") from None
-        if need_peer_id and "p2p" not in [p.name for p in parsed.protocols()]:
+        names = [p.name for p in parsed.protocols()]
+        if "tcp" not in names:  # py-libp2p would log the failure and carry on without the address
+            raise ValueError(f"{a!r} has no /tcp/<port> part: nodes speak libp2p over TCP only")
+        if need_peer_id and "p2p" not in names:
             raise ValueError(f"{a!r} has no /p2p/<peer id> part (run 'sapo id' on that node to get its full address)")
     return addrs
 
