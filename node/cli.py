@@ -199,6 +199,8 @@ def _swarm_spec(args: argparse.Namespace):
     if owned := sorted(flag_settings(extra) & SWARM_OWNED.keys()):
         raise ConfigError(f"--node-args: {owned[0]} is the swarm's own setting ({SWARM_OWNED[owned[0]]})")
     task_mixes = [m.strip() for m in args.task_mixes.split(";") if m.strip()]
+    if args.task_mixes.strip() and not task_mixes:
+        raise ConfigError(f"--task-mixes: name at least one mix (got {args.task_mixes!r})")
     for mix in task_mixes:
         try:
             load_config(None, {"tasks": {"datasets": mix}})

@@ -97,7 +97,7 @@ class P2PConfig(Section):
     enabled: bool = Field(True, description="join the swarm; false runs a silo without any network")
     network: str = Field("local", description="network profile: local, testnet, or a profile file (namespace, "
                          "protocol, bootstrap peers); swarms on different networks never mix")
-    listen: AddrList = Field(default_factory=lambda: [f"/ip4/0.0.0.0/tcp/{DEFAULT_PORT}"],
+    listen: AddrList = Field(default_factory=lambda: [f"/ip4/0.0.0.0/tcp/{DEFAULT_PORT}"], min_length=1,
                               description="multiaddrs to listen on (tcp port 0 picks a free port)")
     announce: AddrList = Field(default_factory=list,
                                 description="addresses to tell peers instead of the listen ones (a public IP or DNS name)")

@@ -208,6 +208,7 @@ def test_a_lonely_node_fills_j_with_local_groups_exactly_like_a_silo_of_i_plus_j
     (["--task-mixes", "arith;nope:2"], "sapo: config error: --task-mixes: tasks.datasets.0: unknown dataset "
                                        "'nope' (built-in: arith, reverse, count; reasoning-gym: 'rg/<name>')"),
     (["--node-args", '"unclosed'], """sapo: config error: --node-args: No closing quotation (got '"unclosed')"""),
+    (["--task-mixes", ";;"], "sapo: config error: --task-mixes: name at least one mix (got ';;')"),  # ran the default
     # what the swarm sets for each node: node1 exited at once, or ran with node0 alone and a false summary
     (["--node-args", "--p2p.enabled false"],
      "sapo: config error: --node-args: p2p.enabled is the swarm's own setting (--external 0 runs every node alone)"),
