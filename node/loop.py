@@ -118,6 +118,9 @@ class Node:
             self.selector.load_state_dict(ckpt.state["selection"])
         self.metrics.rewind(ckpt.round)
         log.info("resumed from %s at round %d", ckpt.path, ckpt.round)
+        if ckpt.round >= self.cfg.run.rounds:
+            log.warning("run.rounds is %d and this run folder has run %d: nothing left to run (raise --rounds to go on)",
+                        self.cfg.run.rounds, ckpt.round)
 
     def save_checkpoint(self) -> None:
         trainer_state = {

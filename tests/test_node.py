@@ -235,6 +235,14 @@ def test_a_checkpoint_whose_weights_are_cut_short_is_named_with_the_way_out(tiny
     assert last.endswith("move it aside to resume from an older one") and weights.stat().st_size == 1000
 
 
+def test_a_resume_with_no_rounds_left_says_so(tiny_a, cache_dir, tmp_path):
+    """It exited 0 at once, saying only 'done: round 2'."""
+    assert run_sapo(*small_run(cache_dir, tmp_path, 2)).returncode == 0
+    r = run_sapo(*small_run(cache_dir, tmp_path, 1))
+    assert r.returncode == 0
+    assert "run.rounds is 1 and this run folder has run 2: nothing left to run (raise --rounds to go on)" in r.stderr
+
+
 def test_metrics_rewind_sets_later_rounds_aside(tmp_path):
     log = MetricsLog(tmp_path / "metrics.jsonl")
     for r in range(5):
