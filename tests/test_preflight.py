@@ -10,7 +10,7 @@ import pytest
 
 from node import preflight
 from node.config import ConfigError, load_config
-from tests.conftest import run_sapo
+from tests.conftest import ROOT, run_sapo
 
 OFFLINE = {"HF_ENDPOINT": "http://127.0.0.1:9"}  # a closed local port: the hub looks unreachable, at once
 
@@ -193,3 +193,25 @@ def test_an_empty_run_folder_is_refused_not_taken_as_the_current_one(value, tmp_
         load_config()
     assert str(e.value).startswith("run.out_dir: empty: name the run folder ('.' for the current one)")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name, mode", [("metrics.jsonl", 0o444), ("checkpoints", 0o555)])
+def test_a_run_file_that_cannot_be_written_is_named_before_any_round(name, mode, tmp_path):
+    """A read-only metrics.jsonl ended the node in a traceback after its first round, and a read-only
+    checkpoints/ lost every round up to the first checkpoint."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / name
+    path.mkdir() if name == "checkpoints" else path.write_text("")
+    path.chmod(mode)
+    prefix = []
+    if os.geteuid() == 0:  # root writes anything: drop the capability that lets it
+        if not shutil.which("setpriv"):
+            pytest.skip("running as root without setpriv (util-linux)")
+        prefix = ["setpriv", "--inh-caps=-all", "--bounding-set", "-dac_override,-dac_read_search", "--"]
+    r = subprocess.run([*prefix, sys.executable, "-m", "node.cli", "run", "--out", str(tmp_path), "--p2p.enabled", "false",
+                        "--status.enabled", "false"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    path.chmod(0o755)
+    assert r.returncode == 2 and r.stderr.strip() == f"sapo: config error: run.out_dir: {path} is not readable and writable by this user"
