@@ -216,10 +216,10 @@ def test_a_lonely_node_fills_j_with_local_groups_exactly_like_a_silo_of_i_plus_j
      "sapo: config error: --node-args: run.out_dir is the swarm's own setting (node k runs in --out/node<k>)"),
 ])
 def test_bad_swarm_arguments_fail_before_any_node_starts(args, message, tmp_path):
-    r = run_sapo("swarm", "--out", str(tmp_path / "s"), *args)
+    r = run_sapo("swarm", "--out", str(tmp_path / "s"), *args, cwd=tmp_path)  # a relative --out lands in tmp_path
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [message]
-    assert not (tmp_path / "s").exists()
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow
