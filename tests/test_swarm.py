@@ -263,10 +263,11 @@ def test_ctrl_c_stops_every_node_of_a_swarm_with_a_checkpoint_and_leaves_no_proc
     assert summary["nodes"] == 2 and summary["stopped"] and not summary["complete"]
 
 
-def test_a_swarm_whose_model_cannot_be_read_says_why_in_one_line_and_starts_nothing(tmp_path):
+def test_a_swarm_whose_model_cannot_be_read_says_why_in_one_line_and_starts_nothing(tmp_path, tiny_a):
     broken = tmp_path / "broken-model"
     broken.mkdir()
-    (broken / "config.json").write_text("{}")  # looks like a model folder until it is read
+    (broken / "config.json").write_text("{}")  # with a tokenizer, looks like a model folder until it is read
+    (broken / "tokenizer.json").write_bytes((tiny_a / "tokenizer.json").read_bytes())
     r = run_sapo("swarm", "--nodes", "2", "--rounds", "1", "--presets", str(broken), "--out", str(tmp_path / "s"))
     assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1].startswith(f"sapo: model.name: cannot read model '{broken}': ")
