@@ -43,6 +43,9 @@ class RunConfig(BaseModel):
                                     "a host a container's limit, else the memory available less 15% of the machine, at "
                                     "least 1 GB, for the rest of it)")
     eval_every: int = Field(25, ge=1, description="greedy evaluation on the held-out set every K rounds")
+    stop_on_collapse: bool = Field(True, description="stop, without a checkpoint of the weights, when held-out accuracy "
+                                   "falls below half its start beyond the evaluation's noise (node/watch.py): a model "
+                                   "that unlearns is most often trained at too high a learning rate")
     checkpoint_every: int = Field(100, ge=1, description="checkpoint every K rounds, and always on stop")
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K checkpoints")
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="DEBUG, INFO, WARNING or ERROR")
@@ -87,13 +90,6 @@ class NodeConfig(BaseSettings):
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
     p2p: P2PConfig = Field(default_factory=P2PConfig)
     status: StatusConfig = Field(default_factory=StatusConfig)
-
-    @model_validator(mode="after")
-    def _recipe(self) -> "NodeConfig":
-        from node.recipes import apply_recipe
-
-        apply_recipe(self)
-        return self
 
     @model_validator(mode="after")
     def _quantized_base_on_transformers(self) -> "NodeConfig":

@@ -102,4 +102,10 @@ def report(cfg: NodeConfig, card_gb: float | None = None, console: Console | Non
         console.print(escape(f"  why: {reason}"), soft_wrap=True)
     parts = ", ".join(f"{k} {v / GB:.2f} GB" for k, v in fitted.plan.parts.items())
     console.print(f"  peak = resident + the larger of training and generation: {parts}", soft_wrap=True)
+    settings = Table(title=f"what {cfg.model.name} trains with ({fitted.settled.profile})")
+    for column in ("setting", "value", "from"):
+        settings.add_column(column)
+    for name, value, source in fitted.settled.lines():
+        settings.add_row(name, escape(value), escape(source))
+    print_table(console, settings)
     return 0

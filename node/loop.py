@@ -23,6 +23,7 @@ from node.selection import Selector, informative
 from node.share import publish_round, self_messages
 from node.status import StatusBoard, StatusServer
 from node.supervise import ComponentFailed, describe, retrying
+from node.watch import Collapsed, LearningWatch
 from p2p.pool import RolloutPool
 from p2p.service import Gossip
 from rewards import TaskSource
@@ -77,6 +78,7 @@ class Node:
                 "lora": cfg.model.lora.model_copy(update={"enabled": resumed.state["lora"]})})})
         fitted = planner.fit(cfg)  # before any weights load: a plan that cannot fit stops here
         planner.log_plan(fitted.plan)
+        planner.log_settings(fitted.settled)
         self.cfg = cfg = fitted.cfg
         self.plan = fitted.plan
         self.memory = MemoryWatch(self.plan.peak_bytes, round_peak_reader(self.plan.device.kind), self.plan.peak_at)
@@ -92,6 +94,7 @@ class Node:
         self.tasks = TaskSource(cfg.tasks.mix(), seed=cfg.run.seed)
         self.eval_tasks = TaskSource(cfg.tasks.mix(), seed=cfg.tasks.eval_seed).draw(cfg.tasks.eval_size)
         self.trainer = GRPOTrainer(self.policy, cfg.grpo, cfg.generation.max_new_tokens, cfg.run.rounds, cfg.generation.stop)
+        self.watch = LearningWatch(cfg.generation.max_new_tokens, cfg.grpo.lr, cfg.tasks.eval_size)
         self.round = 0
         self.selector = Selector(cfg.selection, cfg.tasks, logprobs=self.trainer.sequence_logprobs)
         self.pool = RolloutPool(cfg.p2p.pool, proven=self.selector.proven)
@@ -106,6 +109,8 @@ class Node:
             self.metrics.rewind(-1)
         (out / "config.json").write_text(cfg.model_dump_json(indent=2))
         (out / "plan.json").write_text(json.dumps(self.plan.record(), indent=2))
+        (out / "settings.json").write_text(json.dumps({"profile": fitted.settled.profile, "sources": {
+            name: {"value": value, "source": source} for name, value, source in fitted.settled.lines()}}, indent=2))
 
     def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
         self.round = ckpt.round
@@ -117,6 +122,8 @@ class Node:
         if "selection" in ckpt.state:
             self.selector.load_state_dict(ckpt.state["selection"])
         self.metrics.rewind(ckpt.round)
+        self.watch.start = self.metrics.start_accuracy()
+        self._resume_lr(ckpt.path)
         log.info("resumed from %s at round %d", ckpt.path, ckpt.round)
         if ckpt.round >= self.cfg.run.rounds:
             log.warning("run.rounds is %d and this run folder has run %d: nothing left to run (raise --rounds to go on)",
@@ -189,6 +196,7 @@ class Node:
                                       eval_accuracy=eval_acc, eval_by_dataset=eval_by_dataset, n_local=0,
                                       n_external=0, tokens_generated=0, seconds_generate=0.0, seconds_train=0.0,
                                       seconds_other=0.0))
+            self.watch.evaluated(0, eval_acc)
         self.memory.start()  # its first window is a round's: not the loading, nor the first evaluation
         saved_round = self.round
         while self.round < cfg.run.rounds and not stop.requested:
@@ -228,7 +236,30 @@ class Node:
         seconds["other"] = time.perf_counter() - started - seconds["generate"] - seconds["train"]
         self._record(self._round_metrics(r, sampled, groups, pick, stats, seconds, evaluation, published,
                                          micro_batch, memory_peak))
+        self._watch(r, groups, evaluation[0])
         return True
+
+    def _watch(self, r: int, groups: list[RolloutGroup], eval_accuracy: float | None) -> None:
+        """Say when a task family teaches nothing; stop (no checkpoint of these weights) when the model unlearns."""
+        self.watch.observe(groups)
+        try:
+            self.watch.evaluated(r, eval_accuracy)
+        except Collapsed as e:
+            if not self.cfg.run.stop_on_collapse:
+                log.warning("%s", e)
+                return
+            raise ComponentFailed(str(e), resumable=False) from None
+
+    def _resume_lr(self, path) -> None:
+        """A resume with another grpo.lr trains at it: the optimizer's and scheduler's saved state would keep the old one."""
+        sched, lr = self.trainer.scheduler, self.cfg.grpo.lr
+        if sched.base_lrs[0] == lr:
+            return
+        log.warning("grpo.lr is %g; %s trained at %g: going on at %g", lr, path, sched.base_lrs[0], lr)
+        sched.base_lrs = [lr] * len(sched.base_lrs)
+        for group, factor in zip(self.trainer.optimizer.param_groups, sched.lr_lambdas):
+            group["lr"] = lr * factor(sched.last_epoch)
+        sched._last_lr = [group["lr"] for group in self.trainer.optimizer.param_groups]
 
     def _local_slots(self, external: int) -> tuple[int, int]:
         """Local groups to train on (external slots left empty go to local ones under `fill_local`), and how

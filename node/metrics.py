@@ -92,6 +92,16 @@ class MetricsLog:
         return len(moved)
 
 
+    def start_accuracy(self) -> float | None:
+        """Held-out accuracy before the first step (round 0's line), for a resumed node's learning watch."""
+        if not self.path.exists():
+            return None
+        for line in self.path.read_bytes().splitlines():
+            if _round_of(line) == 0:
+                return json.loads(line).get("eval_accuracy")
+        return None
+
+
 def _round_of(line: bytes) -> int | None:
     """The round a metrics line records, or None where it is not a round's line."""
     try:

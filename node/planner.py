@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, replace
 
 from node.config import NodeConfig
+from node.recipes import MIN_FITTED_TOKENS, Settled, settle, settle_lr
 from rewards import TaskSource
 from trainer import memory
 from trainer.memory import GB, MemoryPlanError
@@ -27,6 +28,7 @@ class Fitted:
     cfg: NodeConfig  # with every "auto" the plan decides replaced by its choice
     tokenizer: object
     source: str  # the folder or hub id the model loads from
+    settled: Settled  # where each of the model's settings came from
 
 
 def wants_of(cfg: NodeConfig) -> Wants:
@@ -69,11 +71,13 @@ class Inputs:
     source: str
     round: memory.RoundShape
     wants: Wants
+    settled: Settled  # the config with its model's settings (node/recipes.py)
 
 
 def inputs(cfg: NodeConfig) -> Inputs:
-    """The model's config.json and tokenizer (never its weights) and the round's shape, its longest held-out
-    prompt measured with a quarter more for the longest training prompt."""
+    """The model's config.json and tokenizer (never its weights), the settings its kind of model trains with
+    where the user set none, and the round's shape, its longest held-out prompt measured with a quarter more
+    for the longest training prompt."""
     from transformers import AutoConfig
 
     require_packages(cfg.model)  # before a plan is made with a package that is not there
@@ -84,20 +88,47 @@ def inputs(cfg: NodeConfig) -> Inputs:
     except Exception as e:  # noqa: BLE001 - model files are input: any failure to read them is the user's to fix
         first_line = (str(e).splitlines() or [type(e).__name__])[0]
         raise ModelLoadError(f"cannot read model {source!r}: {first_line}") from None
+    try:
+        parameters = memory.shape_from_config(model_config).parameters
+    except memory.ShapeError as e:
+        raise ModelLoadError(f"cannot plan model {source!r}: {e}") from None
+    settled = settle(cfg, source, parameters)
+    cfg = settled.cfg
     template = uses_chat_template(cfg.model, tokenizer)
     prompts = [format_prompt(tokenizer, t.prompt, template, cfg.model.chat_example)
                for t in TaskSource(cfg.tasks.mix(), seed=cfg.tasks.eval_seed).draw(min(cfg.tasks.eval_size, PROMPTS_MEASURED))]
     longest = max(len(ids) for ids in tokenizer(prompts, add_special_tokens=not template)["input_ids"])
-    return Inputs(model_config, tokenizer, source, round_shape(cfg, longest + longest // 4), wants_of(cfg))
+    return Inputs(model_config, tokenizer, source, round_shape(cfg, longest + longest // 4), wants_of(cfg), settled)
+
+
+def plan_tokens(device: Device, got: Inputs) -> tuple[Plan, int]:
+    """The plan, and the max_new_tokens it holds: a length the model's settings chose (not the user) is halved
+    until the plan fits, down to `MIN_FITTED_TOKENS`; past that the refusal is the planner's."""
+    tokens = got.round.completion_tokens
+    derived = got.settled.sources.get("generation.max_new_tokens") not in ("user", None)
+    while True:
+        try:
+            return plan(device, got.model_config, replace(got.round, completion_tokens=tokens), got.wants), tokens
+        except MemoryPlanError:
+            if not derived or tokens // 2 < MIN_FITTED_TOKENS:
+                raise
+            tokens //= 2
 
 
 def fit(cfg: NodeConfig, device: Device | None = None) -> Fitted:
     """The plan for `cfg` on `device` (default: the device this machine would run it on, within the node's
-    share of it where `run.memory_gb` gives one)."""
+    share of it where `run.memory_gb` gives one), and the config with the model's settings and the plan's
+    choices in place."""
     device = device or probe(cfg.model.device, cfg.run.memory_gb)  # first: a share too large fails before a preset is built
     got = inputs(cfg)
-    chosen = plan(device, got.model_config, got.round, got.wants)
-    return Fitted(chosen, applied(cfg, chosen), got.tokenizer, got.source)
+    chosen, tokens = plan_tokens(device, got)
+    settled = settle_lr(got.settled, chosen.lora)
+    if tokens != settled.cfg.generation.max_new_tokens:
+        chosen.why.append(f"generation.max_new_tokens {tokens}, not {settled.cfg.generation.max_new_tokens}: "
+                          "longer completions would not fit")
+        settled.cfg.generation.max_new_tokens = tokens
+        settled.cfg.generation.model_fields_set.discard("max_new_tokens")
+    return Fitted(chosen, applied(settled.cfg, chosen), got.tokenizer, got.source, settled)
 
 
 @dataclass
@@ -134,7 +165,7 @@ def fit_together(nodes: dict[str, NodeConfig]) -> Shared:
         got = read[key] = read.get(key) or inputs(cfg)
         gb = cfg.run.memory_gb or share
         try:
-            plans[name] = plan(replace(machine, free_bytes=gb * GB), got.model_config, got.round, got.wants)
+            plans[name] = plan_tokens(replace(machine, free_bytes=gb * GB), got)[0]
         except MemoryPlanError as e:
             hint = ""
             if not cfg.run.memory_gb:  # its share is the machine's divided: fewer nodes get more of it
@@ -152,7 +183,7 @@ def _where(device: Device) -> str:
 
 def _fits(device: Device, got: Inputs) -> bool:
     try:
-        plan(device, got.model_config, got.round, got.wants)
+        plan_tokens(device, got)
     except MemoryPlanError:
         return False
     return True
@@ -174,3 +205,8 @@ def log_plan(p: Plan) -> None:
     log.info("plan: %s", p.summary())
     for reason in p.why:
         log.info("plan: %s", reason)
+
+
+def log_settings(settled: Settled) -> None:
+    log.info("settings for %s (%s): %s", settled.cfg.model.name, settled.profile,
+             "; ".join(f"{name} {value} ({source})" for name, value, source in settled.lines()))

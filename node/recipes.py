@@ -1,32 +1,140 @@
-"""Settings a named real model trains well with, measured on it (docs/models.md, "Real models on a CPU"), applied to
-whatever the user left unset: `sapo run --model smollm2-135m` starts from tasks it can learn from,
-sampling it stays on topic with and a learning rate its size takes, and every setting can still be
-overridden like any other (file, environment or flag).
+"""What a node trains with where the user set nothing, chosen by what its model is, with where each value
+came from (`sapo doctor` prints them; a run folder's settings.json keeps them). The config's own defaults are
+written for the 0.3M-parameter tiny presets; a real model given by path or hub id with those (learning rate
+2e-4, 16 new tokens, temperature 1.0, the tiny task mix) was destroyed by its first step. So:
+
+- a tiny preset, a folder built from one, or any model under `TOY_PARAMETERS`: the config's defaults;
+- a preset with a recipe (smollm2-135m, also as a folder `sapo init-model --out` made): the recipe measured on it;
+- any other model: the pretrained profile below, and a learning rate by its size and by full fine-tuning or
+  LoRA (`learning_rate`, anchored in docs/models.md).
+
+Every value the user set (file, environment or flag) stands.
 """
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from rewards.mixes import MIXES
+
+SMOLLM2 = "smollm2-135m"
 RECIPES: dict[str, dict[str, dict[str, Any]]] = {
-    "smollm2-135m": {
-        "tasks": {"datasets": [  # pass rates 0.39, 0.52 and 0.25 before training (docs/bench/pass-rates-smollm2-135m-2cpu.json)
-            {"name": "rg/basic_arithmetic", "config": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1,
-                                                       "operators": ["+", "-"], "allow_parentheses": False,
-                                                       "allow_negation": False}},
-            {"name": "rg/products", "config": {"min_digits": 1, "max_digits": 1}},
-            {"name": "arith", "config": {"max_operand": 99, "ops": "+-"}},
-        ]},
+    SMOLLM2: {
+        "tasks": {"datasets": MIXES["arithmetic"]},  # pass rates 0.39, 0.52, 0.25 (docs/bench/pass-rates-smollm2-135m-2cpu.json)
         "generation": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 64},
         "grpo": {"lr": 1e-5},
     },
 }
+# A model given by path or hub id that is no preset: tasks a small pretrained model passes often enough to learn
+# from (SmolLM2's measured mix), sampling that keeps it on topic (measured on SmolLM2: at temperature 1.0 it drifts
+# off format, at 0.5 its groups agree and carry no gradient), and room for a worked answer before the tag closes;
+# the planner halves max_new_tokens where that does not fit (`fit_tokens`).
+PRETRAINED: dict[str, dict[str, Any]] = {
+    "tasks": {"datasets": MIXES["arithmetic"]},
+    "generation": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 256},
+}
+TOY_PARAMETERS = 10e6  # below this a model cannot follow a prompt's format: it gets the tiny presets' settings
+MIN_FITTED_TOKENS = 64  # the planner lowers a derived max_new_tokens no further (the recipe's length)
+# Learning rates that trained each size with full fine-tuning, in log-log interpolation, flat beyond the ends:
+# the tiny presets (measured here), SmolLM2-135M (measured here: learns in 20-80 rounds, 2e-4 destroys it in one
+# step) and 7B GRPO runs (DeepSeekMath; TRL's default). LoRA takes ten times full fine-tuning's rate (Schulman et
+# al., "LoRA Without Regret", 2025; SmolLM2 under LoRA on an NF4 base learned at 1e-4, docs/bench/nf4-check-2cpu).
+LR_ANCHORS = ((0.33e6, 2e-4), (135e6, 1e-5), (7e9, 1e-6))
+LORA_LR_FACTOR = 10
+SECTIONS = ("tasks", "generation", "grpo")
 
 
-def apply_recipe(cfg: Any) -> None:
-    """Fill the fields of `cfg` (a NodeConfig) that its sources did not set from its model's recipe."""
-    for section_name, values in RECIPES.get(cfg.model.name, {}).items():
+def learning_rate(parameters: float, lora: bool) -> float:
+    """The AdamW rate for a model of `parameters` weights (`LR_ANCHORS`), times `LORA_LR_FACTOR` under LoRA."""
+    (n0, lr0), *rest = LR_ANCHORS
+    lr = lr0
+    for n1, lr1 in rest:
+        if parameters > n0:
+            t = min(1.0, math.log(parameters / n0) / math.log(n1 / n0))
+            lr = math.exp(math.log(lr0) + t * (math.log(lr1) - math.log(lr0)))
+        n0, lr0 = n1, lr1
+    return float(f"{lr * (LORA_LR_FACTOR if lora else 1):.2g}")
+
+
+def preset_of(name: str, source: str, parameters: float) -> str | None:
+    """The preset a model is: its name, or the one recorded in a folder built by `sapo init-model` whose config
+    still has the preset's size (a folder copied from a preset and given another model is not that preset)."""
+    from trainer.presets import META_FILE, names
+
+    if name in names():
+        return name
+    try:
+        meta = json.loads((Path(source) / META_FILE).read_text())
+        recorded = float(meta["parameters"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return meta.get("preset") if abs(recorded - parameters) <= 0.05 * recorded else None
+
+
+@dataclass
+class Settled:
+    """A config with its model's settings filled in, and where each knob those settings touch came from."""
+    cfg: Any  # NodeConfig
+    sources: dict[str, str]
+    profile: str  # "tiny", "recipe <preset>" or "pretrained"
+    parameters: float
+
+    def lines(self) -> list[tuple[str, str, str]]:
+        """(setting, value, source) for every knob a profile can set, in a stable order."""
+        out = []
+        for dotted in sorted(self.sources):
+            section, field = dotted.split(".")
+            value = getattr(getattr(self.cfg, section), field)
+            if dotted == "tasks.datasets":
+                value = ", ".join(d.name for d in value)
+            out.append((dotted, str(value), self.sources[dotted]))
+        return out
+
+
+def settle(cfg: Any, source: str, parameters: float) -> Settled:
+    """`cfg` (a NodeConfig as its sources gave it) with its model's settings where the user set none.
+    The learning rate waits for the plan (`settle_lr`): it depends on full fine-tuning or LoRA."""
+    preset = preset_of(cfg.model.name, source, parameters)
+    if preset in RECIPES:
+        profile, values = f"recipe {preset}", RECIPES[preset]
+    elif preset is not None or parameters < TOY_PARAMETERS:
+        profile, values = "tiny", {}
+    else:
+        profile, values = "pretrained", PRETRAINED
+    cfg = cfg.model_copy(deep=True)
+    sources = {}
+    for section_name in SECTIONS:
         section = getattr(cfg, section_name)
-        for field, value in values.items():
-            if field not in section.model_fields_set:
-                setattr(section, field, value)
+        user = set(section.model_fields_set)
+        for field in {*values.get(section_name, {}), *RECIPES[SMOLLM2].get(section_name, {})}:
+            dotted = f"{section_name}.{field}"
+            if field in user:
+                sources[dotted] = "user"
+            elif field in values.get(section_name, {}):
+                setattr(section, field, values[section_name][field])  # validated
+                section.model_fields_set.discard(field)  # still the model's choice, not the user's
+                sources[dotted] = profile
+            else:
+                sources[dotted] = "default (tiny presets)" if profile == "tiny" else "default"
+    return Settled(cfg, sources, profile, parameters)
+
+
+def settle_lr(settled: Settled, lora: bool) -> Settled:
+    """The learning rate for a model of this size trained this way, where neither the user nor a recipe set one."""
+    if settled.profile != "pretrained" or settled.sources["grpo.lr"] == "user":
+        return settled
+    settled.cfg.grpo.lr = learning_rate(settled.parameters, lora)
+    settled.cfg.grpo.model_fields_set.discard("lr")
+    how = "LoRA" if lora else "full fine-tuning"
+    settled.sources["grpo.lr"] = f"model size ({settled.parameters / 1e6:,.0f}M parameters, {how})"
+    return settled
+
+
+def with_recipe(cfg: Any) -> Any:
+    """`cfg` with its preset's settings (a recipe, or the tiny presets' defaults) where the user set none, for
+    tools that load a named preset without planning a run (the benchmarks)."""
+    return settle(cfg, cfg.model.name, float("inf")).cfg

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
+from rewards.mixes import MIXES, expand
 from rewards.source import DatasetMix
 from rewards.datasets import canonical_config, check_dataset
 from rewards.tasks import TaskError
@@ -38,7 +39,8 @@ class TasksConfig(BaseModel):
     datasets: Annotated[list[DatasetSpec], NoDecode] = Field(  # SAPO_TASKS__DATASETS=arith,reverse:2 reaches the validator as text
         default_factory=lambda: [DatasetSpec(name=n) for n in ("arith", "reverse", "count")],
         min_length=1,
-        description="weighted task mix; on the command line also 'arith,reverse:2,rg/leg_counting'",
+        description="weighted task mix; on the command line also 'arith,reverse:2,rg/leg_counting', where a mix's "
+        f"name ({', '.join(MIXES)}) stands for its datasets",
     )
     eval_size: int = Field(200, ge=1, description="held-out tasks in the fixed evaluation set")
     eval_seed: int = Field(7, description="seed of the evaluation set (keep it apart from run.seed)")
@@ -58,7 +60,11 @@ class TasksConfig(BaseModel):
         specs = []
         for part in filter(None, (p.strip() for p in value.split(","))):
             name, _, weight = part.partition(":")
-            specs.append({"name": name, **({"weight": weight} if weight else {})})
+            try:
+                mix = expand(name, float(weight or 1))
+            except ValueError:
+                mix = None  # a weight that is not a number: the dataset's own check names it
+            specs += mix if mix is not None else [{"name": name, **({"weight": weight} if weight else {})}]
         return specs
 
     def mix(self) -> list[DatasetMix]:

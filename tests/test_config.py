@@ -187,23 +187,6 @@ def test_the_shipped_gpu_config_is_valid_and_set_up_like_the_paper():
     assert len(cfg.tasks.datasets) == 9 and all(d.name.startswith("rg/") for d in cfg.tasks.datasets)
 
 
-def test_a_real_models_recipe_fills_only_what_the_user_left_unset(tmp_path, monkeypatch):
-    from node.recipes import RECIPES
-
-    recipe = RECIPES["smollm2-135m"]
-    cfg = load_config(overrides={"model": {"name": "smollm2-135m"}})
-    assert cfg.generation.temperature == recipe["generation"]["temperature"] and cfg.grpo.lr == recipe["grpo"]["lr"]
-    assert [d.model_dump(exclude={"weight"}) for d in cfg.tasks.datasets] == recipe["tasks"]["datasets"]
-    assert cfg.generation.completions_per_group == 8  # not in the recipe: the plain default
-    monkeypatch.setenv("SAPO_GRPO__LR", "3e-6")
-    config = tmp_path / "node.toml"
-    config.write_text('[generation]\nmax_new_tokens = 200\n')
-    mine = load_config(config, {"model": {"name": "smollm2-135m"}, "generation": {"temperature": 1.0}, "tasks": {"datasets": "arith"}})
-    assert (mine.generation.temperature, mine.generation.max_new_tokens, mine.grpo.lr) == (1.0, 200, 3e-6)
-    assert [d.name for d in mine.tasks.datasets] == ["arith"] and mine.generation.top_p == recipe["generation"]["top_p"]
-    assert load_config(overrides={"model": {"name": "tiny-a"}}).generation.temperature == 1.0  # no recipe
-
-
 def test_reading_a_config_the_cli_help_and_the_preflights_refusals_load_neither_torch_nor_transformers(tmp_path):
     """A bad flag, `sapo --help`, a misspelt model, a run folder in use or `sapo swarm --nodes 0` answers in about
     a second, not after 6 s of imports (node/selection_config.py, trainer/tiny.py's table)."""

@@ -16,7 +16,7 @@ WIDE = {"COLUMNS": "400"}
 def described_model(tmp_path, tiny_a, size: str):
     """A folder with a Qwen2.5 config.json and a tokenizer but no weights: all the planner reads."""
     folder = tmp_path / f"qwen2.5-{size}"
-    shutil.copytree(tiny_a, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    shutil.copytree(tiny_a, folder, ignore=shutil.ignore_patterns("*.safetensors", "sapo_preset.json"))
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **QWEN[size]}))
     return folder
 
@@ -115,7 +115,7 @@ def test_doctor_bench_refuses_too_few_rounds_in_one_line():
 
 
 @pytest.mark.parametrize("peak, kind, words", [(1.5, "under", "past the 1.00 GB it planned (+50%)"),
-                                               (0.3, "over", "it planned 1.00 GB and a round used 0.30 GB (30%)"),
+                                               (0.3, "over", "a round peaked at 0.30 GB, 30% of the 1.00 GB planned: below the plan by design"),
                                                (0.8, "held", "the plan held: peak 0.80 GB of the 1.00 GB planned"),
                                                (None, "unknown", "cannot be read")])
 def test_bench_verdict_says_plainly_which_way_the_plan_was_wrong(peak, kind, words):

@@ -62,30 +62,90 @@ class ModelShape:
         return self.trainable < self.parameters
 
 
+class ShapeError(ValueError):
+    """The model's config does not say its shape in any of the names the planner knows."""
+
+
+# What transformers' configs call each width, across families (Llama-style first; GPT-2, OPT, Falcon, T5-style after)
+HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
+LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+GATED_MLP = ("intermediate_size",)  # Llama, Qwen, Mistral, Gemma: gate, up and down projections (phi and gpt_neox count high)
+PLAIN_MLP = ("n_inner", "ffn_dim", "ffn_hidden_size", "d_ff")  # GPT-2, OPT, Falcon: an up and a down projection
+EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+ACTIVE_EXPERTS = ("num_experts_per_tok", "moe_topk", "num_selected_experts")
+LEARNED_POSITIONS = {"gpt2": "n_positions", "gpt_bigcode": "n_positions", "opt": "max_position_embeddings",
+                     "gpt_neo": "max_position_embeddings"}  # a table of position embeddings (rotary ones hold no weights)
+
+
+def _first(c: dict, names: tuple[str, ...]):
+    return next((c[n] for n in names if isinstance(c.get(n), int) and c[n] > 0), None)
+
+
+def _dims(config: dict) -> dict:
+    """The widths the estimate needs, under whichever names the model's family uses; `ShapeError` names the
+    model type and the width it lacks."""
+    c = config.get("text_config") or config
+    got = {k: _first(c, names) for k, names in (("hidden", HIDDEN), ("layers", LAYERS), ("heads", HEADS),
+                                                ("vocab", ("vocab_size",)))}
+    if missing := [k for k, v in got.items() if v is None]:
+        names = {"hidden": HIDDEN, "layers": LAYERS, "heads": HEADS, "vocab": ("vocab_size",)}[missing[0]]
+        raise ShapeError(f"model type {c.get('model_type') or config.get('model_type') or 'unknown'!r}: its config "
+                         f"gives no {missing[0]} size ({', '.join(names)}), so its memory cannot be planned")
+    hidden, heads = got["hidden"], got["heads"]
+    head_dim = c.get("head_dim") or hidden // heads
+    kv_heads = 1 if c.get("multi_query") and not c.get("new_decoder_architecture") else _first(c, KV_HEADS) or heads
+    gated = _first(c, GATED_MLP) is not None
+    mlp = _first(c, GATED_MLP) or _first(c, PLAIN_MLP) or 4 * hidden
+    experts, expert_mlp, shared, active = _experts(c, mlp)
+    positions = c.get(LEARNED_POSITIONS.get(c.get("model_type") or config.get("model_type"), ""), 0)
+    return dict(got, head_dim=head_dim, kv_width=kv_heads * head_dim, gated=gated, mlp=mlp, experts=experts,
+                expert_mlp=expert_mlp, shared=shared, active_mlp=active, positions=positions,
+                tied=config.get("tie_word_embeddings", c.get("tie_word_embeddings", True)))
+
+
+def _experts(c: dict, mlp: int) -> tuple[int, int, int, int]:
+    """A mixture's routed experts, each one's MLP width, the shared experts' width, and the MLP width a token
+    runs through (the routed ones it picks and the shared); a dense model: no experts, `mlp` throughout."""
+    experts = _first(c, EXPERTS) or 0
+    if not experts:
+        return 0, mlp, 0, mlp
+    expert_mlp = c.get("moe_intermediate_size") or mlp
+    shared = c.get("shared_expert_intermediate_size") or (c.get("n_shared_experts") or 0) * expert_mlp
+    return experts, expert_mlp, shared, (_first(c, ACTIVE_EXPERTS) or 1) * expert_mlp + shared
+
+
 def shape_from_config(config: dict, lora_r: int | None = None, lora_targets: tuple[str, ...] = ()) -> ModelShape:
     """The shape of a decoder-only transformer from its config.json alone (no weights read): parameters
-    counted from the widths (embeddings, attention, gated MLP; biases and norms are a rounding error),
-    trainable ones from the LoRA rank and target modules when `lora_r` is given."""
-    c = config.get("text_config") or config
-    hidden, layers, mlp, vocab = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"], c["vocab_size"]
-    heads = c["num_attention_heads"]
-    head_dim = c.get("head_dim") or hidden // heads
-    kv_width = (c.get("num_key_value_heads") or heads) * head_dim
-    widths = {"q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv_width), "v_proj": (hidden, kv_width),
-              "o_proj": (heads * head_dim, hidden), "gate_proj": (hidden, mlp), "up_proj": (hidden, mlp),
-              "down_proj": (mlp, hidden)}
-    per_layer = sum(i * o for i, o in widths.values()) + 2 * hidden
-    embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", c.get("tie_word_embeddings", True)) else 2)
-    parameters = embeddings + layers * per_layer + hidden
+    counted from the widths (embeddings, attention, the MLP or every expert of a mixture; biases and norms are
+    a rounding error), trainable ones from the LoRA rank and target modules when `lora_r` is given. A mixture
+    of experts holds every expert's weights but runs only the routed ones per token."""
+    d = _dims(config)
+    hidden, heads, head_dim, kv_width, layers = d["hidden"], d["heads"], d["head_dim"], d["kv_width"], d["layers"]
+    attention = {"q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv_width), "v_proj": (hidden, kv_width),
+                 "o_proj": (heads * head_dim, hidden)}
+    mlp = {"gate_proj": (hidden, d["mlp"]), "up_proj": (hidden, d["mlp"]), "down_proj": (d["mlp"], hidden)}
+    if not d["gated"]:
+        del mlp["gate_proj"]
+    widths = attention | mlp
+    if d["experts"]:  # the routed experts (gated), the shared ones and the router, in place of one MLP
+        e = d["expert_mlp"]
+        mlp_weights = (d["experts"] * 3 * hidden * e + 3 * hidden * d["shared"] + hidden * d["experts"])
+    else:
+        mlp_weights = sum(i * o for i, o in mlp.values())
+    linear = layers * (sum(i * o for i, o in attention.values()) + mlp_weights)
+    embeddings = (d["vocab"] * (1 if d["tied"] else 2) + d["positions"]) * hidden
+    parameters = embeddings + linear + layers * 2 * hidden + hidden
     trainable, frozen_inputs = parameters, 0
     if lora_r is not None:
         trainable = layers * sum(lora_r * sum(widths[t]) for t in lora_targets if t in widths)
         parameters += trainable
         readers = [(hidden, ("q_proj", "k_proj", "v_proj")), (heads * head_dim, ("o_proj",)),
-                   (hidden, ("gate_proj", "up_proj")), (mlp, ("down_proj",))]  # each input, and the projections reading it
+                   (hidden, ("gate_proj", "up_proj")), (d["active_mlp"], ("down_proj",))]  # each input, and the projections reading it
         frozen_inputs = sum(width for width, names in readers if not set(names) & set(lora_targets))
-    return ModelShape(parameters=parameters, trainable=trainable, layers=layers, hidden=hidden, mlp=mlp, vocab=vocab,
-                      kv_width=kv_width, linear=layers * sum(i * o for i, o in widths.values()), frozen_inputs=frozen_inputs)
+    return ModelShape(parameters=parameters, trainable=trainable, layers=layers, hidden=hidden, mlp=d["active_mlp"],
+                      vocab=d["vocab"], kv_width=kv_width, linear=linear, frozen_inputs=frozen_inputs)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from rich.table import Table
 
 from node.argtypes import bounded, count
 from node.config import load_config
+from node.recipes import with_recipe
 from node.selection import rows_to_gate
 from rewards import TaskSource
 from trainer.groups import RolloutGroup
@@ -163,7 +164,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     console = Console(width=None if sys.stdout.isatty() else 200)
 
-    node = load_config(overrides={"model": {"name": args.model, **({"chat_example": None} if args.no_example else {})}})
+    node = with_recipe(load_config(overrides={"model": {"name": args.model, **({"chat_example": None} if args.no_example else {})}}))
     temperature = node.generation.temperature if args.temperature is None else args.temperature
     top_p = node.generation.top_p if args.top_p is None else args.top_p
     args.max_new_tokens = args.max_new_tokens or node.generation.max_new_tokens

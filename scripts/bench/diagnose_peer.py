@@ -41,6 +41,7 @@ from rich.table import Table
 
 from node.argtypes import bounded, count
 from node.config import NodeConfig, load_config
+from node.recipes import with_recipe
 from node.selection import SupportGate
 from rewards import TaskSource
 from rewards.scoring import OPEN
@@ -140,8 +141,8 @@ def main() -> None:
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     console = Console(width=None if sys.stdout.isatty() else 200)
-    node = load_config(overrides={"model": {"name": args.model}})
-    peer = load_config(overrides={"model": {"name": args.peer}, "tasks": {"datasets": PEER_TASKS}})
+    node = with_recipe(load_config(overrides={"model": {"name": args.model}}))
+    peer = with_recipe(load_config(overrides={"model": {"name": args.peer}, "tasks": {"datasets": PEER_TASKS}}))
     started = time.time()
     torch.manual_seed(args.seed)
     policy, peer_policy = load(node.model), load(peer.model)
