@@ -8,6 +8,7 @@ import logging
 import math
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -64,7 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_checked(args: argparse.Namespace, cfg: NodeConfig, checked) -> int:
     from node.bootstrap import run_bootstrap
-    from node.lifecycle import StopSignal
+    from node.lifecycle import CHECKPOINTING, StopSignal
     from node.loop import Node
     from node.status import StatusError
     from node.supervise import ComponentFailed
@@ -75,7 +76,8 @@ def _run_checked(args: argparse.Namespace, cfg: NodeConfig, checked) -> int:
     from trainer.memory import MemoryPlanError
     from trainer.policy import ModelLoadError
 
-    with StopSignal(cfg.run.stop_timeout_s) as stop:
+    then = "leaving the swarm (a bootstrap-only node has nothing to save)" if args.bootstrap_only else CHECKPOINTING
+    with StopSignal(cfg.run.stop_timeout_s, then) as stop:
         try:
             if args.bootstrap_only:
                 run_bootstrap(cfg, stop, checked.status_socket)
@@ -259,7 +261,10 @@ def cmd_init_model(args: argparse.Namespace) -> int:
     if args.out is not None and args.out.exists() and any(args.out.iterdir()):
         raise ConfigError(f"--out: {args.out} exists and is not empty; choose a new folder")
     _setup_logging("INFO")
-    built = presets.ensure(args.preset, args.cache_dir or NodeConfig().model.cache_dir, seed=args.seed)
+    cache_dir = args.cache_dir or NodeConfig().model.cache_dir
+    cached = presets.is_cached(args.preset, cache_dir, seed=args.seed)
+    started = time.monotonic()
+    built = presets.ensure(args.preset, cache_dir, seed=args.seed)
     target = built
     if args.out is not None:
         shutil.copytree(built, args.out, dirs_exist_ok=True)
@@ -267,7 +272,10 @@ def cmd_init_model(args: argparse.Namespace) -> int:
     meta = presets.metadata(target)
     made = (f"warm-start held-out accuracy {meta['held_out_accuracy']:.3f} after {meta['sft_steps']} steps"
             if "sft_steps" in meta else f"{meta['model']}, {meta['license']}, from {meta['requirement']}")
-    print(f"{args.preset}: {target} ({meta['parameters']:,} parameters, {made}, built in {meta['build_seconds']} s)")
+    took = time.monotonic() - started
+    how = (f"built in {meta['build_seconds']} s" if not cached else
+           f"{'copied from the cache' if args.out is not None else 'cached'} in {took:.1f} s; built earlier in {meta['build_seconds']} s")
+    print(f"{args.preset}: {target} ({meta['parameters']:,} parameters, {made}, {how})")
     return 0
 
 

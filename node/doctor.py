@@ -8,6 +8,7 @@ import importlib.util
 import ipaddress
 import os
 import platform
+from dataclasses import replace
 
 from rich.console import Console
 from rich.markup import escape
@@ -79,6 +80,20 @@ def network(cfg: NodeConfig) -> list[tuple[str, str]]:
     return rows
 
 
+def described_card(cfg: NodeConfig, card_gb: float):
+    """The card `--card` describes, as `sapo run` with the same flags would plan on it: within the node's share
+    (`run.memory_gb`) where one is given; a device setting that is not a CUDA card cannot be described as one."""
+    from trainer.plan import Device
+
+    if cfg.model.device not in ("auto", "cuda"):
+        raise ConfigError(f"--card describes a CUDA card, and model.device is {cfg.model.device}: drop one of them")
+    share = cfg.run.memory_gb
+    if share and share > card_gb:
+        raise ConfigError(f"run.memory_gb {share:g} is more than the {card_gb:g} GB card --card describes")
+    card = Device.card(card_gb)
+    return replace(card, name=f"{card.name}, this node's share {share:g} GB", free_bytes=share * GB) if share else card
+
+
 def report(cfg: NodeConfig, card_gb: float | None = None, console: Console | None = None) -> int:
     """Print the machine, the network and the plan; 0 when a plan fits, 1 when none does."""
     from node import planner
@@ -91,7 +106,7 @@ def report(cfg: NodeConfig, card_gb: float | None = None, console: Console | Non
     print_table(console, table)
     if problem := model_problem(cfg.model.name, cfg.model.cache_dir):
         raise ConfigError(f"model.name: {problem}")
-    device = Device.card(card_gb) if card_gb else None
+    device = described_card(cfg, card_gb) if card_gb else None
     try:
         fitted = planner.fit(cfg, device)
     except MemoryPlanError as e:

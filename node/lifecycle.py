@@ -18,10 +18,13 @@ log = logging.getLogger(__name__)
 
 
 EXIT_STOP_TIMEOUT = 3
+CHECKPOINTING = "finishing the current step, then checkpointing"
 
 
 class StopSignal:
-    def __init__(self, deadline_s: float | None = None) -> None:
+    def __init__(self, deadline_s: float | None = None, then: str = CHECKPOINTING) -> None:
+        """`then`: what the process does on a stop, as its log says (a bootstrap-only node has nothing to save)."""
+        self._then = then
         self._event = threading.Event()
         self._previous: dict[int, object] = {}
         self._deadline_s = deadline_s
@@ -36,7 +39,7 @@ class StopSignal:
 
     def request(self, reason: str = "requested") -> None:
         if not self._event.is_set():
-            log.warning("stop %s: finishing the current step, then checkpointing (repeat to abort)", reason)
+            log.warning("stop %s: %s (repeat to abort)", reason, self._then)
             if self._deadline_s is not None:
                 timer = threading.Timer(self._deadline_s, self._give_up)
                 timer.daemon = True

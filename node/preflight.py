@@ -162,6 +162,9 @@ def bind_status(cfg: NodeConfig) -> socket.socket:
     tries = 1 if port == 0 else STATUS_PORT_TRIES
     for candidate in range(port, port + tries):
         s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        # a node restarted within a minute finds its port held by the last run's closed connections (TIME_WAIT):
+        # still its own port, not a busy one (a port another socket listens on stays refused)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, candidate))
             s.listen(16)

@@ -188,6 +188,8 @@ def families(s: dict) -> list[Metric]:
            [({}, p2p.get("relay_paced_s", 0))])
     metric("peers_other_protocol", "gauge", "connected peers gossiping rollouts under another protocol version",
            [({}, p2p.get("peers_other_protocol"))])
+    metric("peers_other_network", "gauge", "connected peers gossiping rollouts on another network's topics",
+           [({}, p2p.get("peers_other_network"))])
     metric("round_seconds", "gauge", "seconds the last round spent per phase",
            [({"phase": p}, last.get(f"seconds_{p}")) for p in PHASES])
     metric("phase_seconds_total", "counter", "seconds spent per phase since start",

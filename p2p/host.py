@@ -45,6 +45,10 @@ EXCHANGE_MAX_BYTES = 64 * 1024
 HINT_DIALS_PER_ANSWER = 4  # new peers dialed from one peer-exchange answer: a liar's answer costs at most this
 SHARD_CHECK_S = 2.0  # how often the shard level is re-decided
 DELIVERED_TTL_S = 600.0  # a message is not handed on twice within this (the pool drops stale ones sooner)
+ELSEWHERE = {  # why a connected peer on another rollout topic family shares nothing with this node
+    "protocol": "another protocol version: rollouts do not cross versions (one of you should upgrade sapo-node)",
+    "network": "another network than this node's {network!r}: it counts as a peer and shares nothing (start both with "
+               "the same --network)"}
 
 
 def advertised(addrs: list[Multiaddr]) -> list[Multiaddr]:
@@ -81,6 +85,7 @@ class GossipHost:
         self.n_peers = 0
         self.n_mesh = 0  # GossipSub mesh peers on our shard topic: who our publishes reach first
         self.n_other_protocol = 0  # connected peers on this network's rollout topics of another protocol version
+        self.n_other_network = 0  # connected peers gossiping rollouts on another network's topics
         self.reading: dict[str, trio.CancelScope] = {}  # every topic subscribed to -> its reader
         self.leaving: dict[str, float] = {}  # topics read but no longer wanted -> when to unsubscribe
         self._delivered = SeenKeys(DELIVERED_TTL_S, REMEMBERED)  # payload digests: it comes once per topic we read
@@ -165,22 +170,30 @@ class GossipHost:
         that shard's level: where `ShardLevel` may look, never where it goes. Peers on another
         protocol's rollout topic are counted and logged once each."""
         hints: list[int] = []
-        other: set[ID] = set()
-        family = self.base.rsplit("/", 1)[0] + "/"
+        other: dict[str, set[ID]] = {"protocol": set(), "network": set()}
         for topic, peers in list(self.pubsub.peer_topics.items()):
             level = topic_level(self.base, topic)
             if level is not None:
                 if topic == shard_topic(self.base, self.shard.key, level):
                     hints += [level] * len(peers)
                 continue
-            for peer in peers if topic.startswith(family) else ():
-                other.add(peer)
-                if peer not in self._logged_other:
-                    self._logged_other.add(peer, 0.0)
-                    log.warning("peer %s gossips rollouts on %s, another protocol version: rollouts do not "
-                                "cross versions (one of you should upgrade sapo-node)", peer, topic)
-        self.n_other_protocol = len(other)
+            kind = self._elsewhere(topic)
+            for peer in peers if kind else ():
+                other[kind].add(peer)
+                if (kind, peer) not in self._logged_other:
+                    self._logged_other.add((kind, peer), 0.0)
+                    log.warning("peer %s gossips rollouts on %s, %s", peer, topic, ELSEWHERE[kind].format(
+                        network=self.cfg.network))
+        self.n_other_protocol, self.n_other_network = len(other["protocol"]), len(other["network"])
         return hints
+
+    def _elsewhere(self, topic: str) -> str | None:
+        """"protocol" for a rollout topic of this network under another version, "network" for one of another
+        network (`/sapo/<network>/rollouts/...`), None otherwise."""
+        parts, own = topic.split("/"), self.base.split("/")
+        if len(parts) < 5 or parts[1] != "sapo" or parts[3] != "rollouts":
+            return None
+        return "protocol" if parts[2] == own[2] else "network"
 
     def stats(self) -> dict[str, object]:
         now = time.time()
@@ -190,7 +203,7 @@ class GossipHost:
                 "shard_authors": self.shard.authors(now, self.shard.level),
                 "shard_topics": len(self.reading),  # own, probes, and for a while after a move the old one
                 "shard_probes": sorted(self.shard.probes),
-                "peers_other_protocol": self.n_other_protocol}
+                "peers_other_protocol": self.n_other_protocol, "peers_other_network": self.n_other_network}
 
     # -- gossip -------------------------------------------------------------------------------
 

@@ -225,7 +225,9 @@ class Reach:
             if self.state is Reachability.PUBLIC and self.cfg.relay_slots and not self._hop:
                 self._hop = True
                 self.host.set_stream_handler(HOP_PROTOCOL, self.protocol._handle_hop_stream)
-                log.info("reachable from outside: serving as a relay for up to %d peers behind NAT", self.cfg.relay_slots)
+                where = ("by peers on this machine (it listens on loopback only)"
+                         if all(_private_net(a) == "loopback" for a in self.host.get_addrs()) else "from outside")
+                log.info("reachable %s: serving as a relay for up to %d peers behind NAT", where, self.cfg.relay_slots)
             if self.state is Reachability.PRIVATE:
                 for relay in [r for r in self.reserved if r not in peers]:
                     del self.reserved[relay]

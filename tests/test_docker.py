@@ -133,7 +133,7 @@ def test_the_gpu_service_generates_with_vllm_on_its_own_volume(spec):
     assert gpu["profiles"] == ["gpu"]
     assert gpu["build"]["dockerfile"] == "docker/Dockerfile.gpu"
     assert mounts(gpu)["/data"] == "nodes-gpu"  # apart: a slot's checkpoint belongs to one model
-    assert env_of(gpu)["SAPO_GENERATION__BACKEND"] == "vllm"
+    assert env_of(gpu)["SAPO_GENERATION__BACKEND"] == "${SAPO_GPU_BACKEND:-vllm}"  # docker/README.md: set it to auto
     (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
 
@@ -231,6 +231,8 @@ def test_compose_config_validates_with_defaults(tmp_path):
     assert node["SAPO_P2P__NETWORK"] == "local"
     assert int(node["SAPO_RUN__ROUNDS"]) > 0
     assert env_of(services["node-gpu"])["SAPO_GENERATION__BACKEND"] == "vllm"
+    auto = compose_config(tmp_path, env_file="SAPO_GPU_BACKEND=auto\n")["services"]["node-gpu"]  # as docker/README.md says
+    assert env_of(auto)["SAPO_GENERATION__BACKEND"] == "auto"
     assert node["SAPO_RUN__MEMORY_GB"] == "2" and int(services["node"]["mem_limit"]) == 2 * 1024**3
     assert "8080:8080" in json.dumps(services["bootstrap"]["ports"]) or \
         services["bootstrap"]["ports"][0].get("published") in ("8080", 8080)

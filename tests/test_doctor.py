@@ -40,8 +40,16 @@ def test_doctor_plans_for_a_described_card(card, expect, tiny_a, tmp_path):
     r = run_sapo("doctor", "--model", str(model), "--card", str(card), "--generation.max_new_tokens", "512",
                  "--out", str(tmp_path / "out"), env=WIDE)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f"cuda (a {card:g} GB CUDA card, {card:.1f} GB free): transformers backend, {expect}" in r.stdout
+    assert f"cuda ({'an' if card == 8 else 'a'} {card:g} GB CUDA card, {card:.1f} GB free): transformers backend, {expect}" in r.stdout
     assert "expected peak" in r.stdout and "why:" in r.stdout
+
+
+def test_doctor_plans_a_described_card_within_the_nodes_share_as_run_would(tiny_a, tmp_path):
+    model = described_model(tmp_path, tiny_a, "0.5B")
+    r = run_sapo("doctor", "--model", str(model), "--card", "80", "--run.memory_gb", "8",
+                 "--generation.max_new_tokens", "512", env=WIDE)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "cuda (an 80 GB CUDA card, this node's share 8 GB, 8.0 GB free): transformers backend, bfloat16 weights, LoRA" in r.stdout
 
 
 def test_doctor_says_what_a_card_too_small_would_need(tiny_a, tmp_path):
@@ -56,6 +64,8 @@ def test_doctor_says_what_a_card_too_small_would_need(tiny_a, tmp_path):
     (["--card", "-3"], "--card: GB must be a finite number above 0 (got -3.0)"),
     (["--card", "nan"], "--card: GB must be a finite number above 0 (got nan)"),
     (["--card", "inf"], "--card: GB must be a finite number above 0 (got inf)"),
+    (["--card", "24", "--model.device", "cpu"], "--card describes a CUDA card, and model.device is cpu: drop one of them"),
+    (["--card", "8", "--run.memory_gb", "12"], "run.memory_gb 12 is more than the 8 GB card --card describes"),
     (["--bench", "--bench-timeout", "-5"], "--bench-timeout: seconds must be a finite number above 0 (got -5.0)"),
     # the JSON's place is checked before the runs, which take minutes, not after them
     (["--bench", "--bench-out", "{file}/bench.json"], "--bench-out: {file} is a file, not a folder"),
@@ -123,3 +133,22 @@ def test_bench_verdict_says_plainly_which_way_the_plan_was_wrong(peak, kind, wor
 
     v = judge(peak, 1.0)
     assert v.kind == kind and words in v.line
+
+
+@pytest.mark.slow
+def test_a_gpt2_folder_is_planned_by_doctor_and_trained_by_run(tiny_a, cache_dir, tmp_path):
+    """GPT-2's config names its widths n_embd, n_layer and n_head: the planner read Llama's names only (KeyError)."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path / "gpt2"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_a)
+    GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=len(tokenizer), n_positions=256,
+                               bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    doctor = run_sapo("doctor", "--model", str(folder), env=WIDE)
+    assert doctor.returncode == 0 and "Traceback" not in doctor.stderr, doctor.stderr[-2000:]
+    assert f"plan for {folder}: cpu (" in doctor.stdout and "what " in doctor.stdout
+    r = run_sapo("run", "--model", str(folder), "--out", str(tmp_path / "out"), "--rounds", "2", "--local", "2",
+                 "--tasks.eval_size", "10", "--p2p.enabled", "false")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "out" / "settings.json").read_text())["profile"] == "tiny"  # 0.1M parameters: a toy

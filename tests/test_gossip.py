@@ -232,10 +232,14 @@ def test_nodes_on_different_networks_never_exchange_rollouts(spawn, tmp_path):
     assert not lab.events("received")
 
 
-@pytest.mark.parametrize("old_topic", ["/sapo/local/rollouts/1", "/sapo/local/rollouts/2/s"])  # protocols 1 and 2
-def test_a_peer_on_an_older_protocols_rollout_topic_is_counted_and_named_once(tmp_path, caplog, old_topic):
-    """PROTOCOL.md section 7, coexistence: an old node connected to a new one exchanges no rollouts, and the new
-    one says so once, naming the peer and the topic, and counts it in its status."""
+@pytest.mark.parametrize("old_topic, counter, words", [
+    ("/sapo/local/rollouts/1", "peers_other_protocol", "another protocol version"),  # protocol 1
+    ("/sapo/local/rollouts/2/s", "peers_other_protocol", "another protocol version"),  # protocol 2
+    ("/sapo/testnet/rollouts/3/s", "peers_other_network", "another network than this node's 'local'")])
+def test_a_peer_on_an_older_protocols_or_another_networks_rollout_topic_is_counted_and_named_once(
+        tmp_path, caplog, old_topic, counter, words):
+    """PROTOCOL.md section 7, coexistence: an old node (or one of another network) connected to a new one exchanges
+    no rollouts, and the new one says so once, naming the peer and the topic, and counts it in its status."""
     from libp2p.pubsub.gossipsub import GossipSub
     from libp2p.pubsub.pubsub import Pubsub
     from libp2p.tools.anyio_service import background_trio_service
@@ -250,7 +254,7 @@ def test_a_peer_on_an_older_protocols_rollout_topic_is_counted_and_named_once(tm
             await pubsub.subscribe(old_topic)
             await host.connect(info_from_p2p_addr(multiaddr.Multiaddr(addr)))
             with trio.fail_after(20):  # stats() waits on the node's own trio thread: ask from a worker thread
-                while (await trio.to_thread.run_sync(node.stats)).get("peers_other_protocol") != 1:
+                while (await trio.to_thread.run_sync(node.stats)).get(counter) != 1:
                     await trio.sleep(0.2)
             await trio.sleep(5)  # two more shard checks: still one peer, still one line
             return await trio.to_thread.run_sync(node.stats)
@@ -258,8 +262,8 @@ def test_a_peer_on_an_older_protocols_rollout_topic_is_counted_and_named_once(tm
     with caplog.at_level(logging.WARNING, logger="p2p.host"), \
             Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "new.key", on_message=lambda msg: None, signal=group_carries_signal) as node:
         stats = trio.run(old_node, node.addrs[0], node)
-    assert stats["peers_other_protocol"] == 1 and stats["accepted"] == 0
-    lines = [r.getMessage() for r in caplog.records if "another protocol version" in r.getMessage()]
+    assert stats[counter] == 1 and stats["accepted"] == 0
+    lines = [r.getMessage() for r in caplog.records if words in r.getMessage()]
     assert len(lines) == 1 and old_topic in lines[0], lines
 
 

@@ -180,6 +180,7 @@ def test_init_model_copies_the_cached_preset_and_refuses_to_overwrite(tiny_b, ca
     r = run_sapo("init-model", "--preset", "tiny-b", "--cache-dir", str(cache_dir), "--out", str(tmp_path / "m"))
     assert r.returncode == 0, r.stderr
     assert "tiny-b" in r.stdout and (tmp_path / "m" / "model.safetensors").exists()
+    assert ", copied from the cache in " in r.stdout and "; built earlier in " in r.stdout  # not the build's time as its own
     again = run_sapo("init-model", "--preset", "tiny-b", "--cache-dir", str(cache_dir), "--out", str(tmp_path / "m"))
     assert again.returncode == 2 and "not empty" in again.stderr
     bad = run_sapo("init-model", "--preset", "huge", "--cache-dir", str(cache_dir))

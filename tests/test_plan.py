@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from trainer.memory import GB, MemoryPlanError, ModelShape, RoundShape, shape_from_config
-from trainer.plan import FASTEST_MICRO, Device, Wants, estimate, peak, plan
+from trainer.plan import FASTEST_MICRO, Device, Wants, article, estimate, peak, plan
 
 # Qwen2.5 Instruct configs as the hub publishes them (only the fields the planner reads)
 QWEN = {
@@ -99,7 +99,7 @@ def test_home_and_datacenter_cards_get_a_plan_that_fits_or_the_change_that_would
         with pytest.raises(MemoryPlanError) as refused:
             plan(card, QWEN[model], PAPER_ROUND, wants)
         message = str(refused.value)
-        assert f"usable on cuda (a {gb} GB CUDA card" in message and "use a device with " in message
+        assert f"usable on cuda ({article(gb)} {gb} GB CUDA card" in message and "use a device with " in message
         needed = int(message.split("use a device with ")[1].split(" GB")[0])
         fitted = plan(Device.card(needed), QWEN[model], PAPER_ROUND, wants)  # the device it names would do
         assert fitted.peak_bytes <= fitted.budget_bytes
@@ -232,15 +232,6 @@ def test_apple_mps_plans_transformers_in_float32_and_refuses_vllm():
         plan(mac, QWEN["0.5B"], PAPER_ROUND, Wants(backend="vllm"))
 
 
-def test_the_gpu_guide_quotes_the_planner_word_for_word():
-    from tests.conftest import ROOT
-
-    quoted = next(line for line in (ROOT / "docs" / "gpu.md").read_text().splitlines() if line.startswith("no plan fits: "))
-    with pytest.raises(MemoryPlanError) as refused:
-        plan(Device.card(12), QWEN["7B"], PAPER_ROUND, Wants())
-    assert quoted == f"no plan fits: {refused.value}"
-
-
 @pytest.mark.parametrize("selection, rows", [({}, 64), ({"when_short": "fewer"}, 32), ({"self_external": True}, 96)])
 def test_the_plan_counts_every_row_a_round_can_decode(selection, rows):
     """A node alone fills its external slots with local groups: the first GPU run planned 32 rows and decoded 64."""
@@ -263,3 +254,112 @@ def test_a_device_this_machine_lacks_is_named_before_torch_asserts(kind, problem
     with pytest.raises(MemoryPlanError) as e:
         probe(kind)
     assert str(e.value) == f"model.device: {kind} asked for, but {problem}"
+
+
+# Published sizes of the models whose configs transformers' config classes describe by default
+FAMILIES = {"GPT2Config": 124.4e6, "OPTConfig": 125.2e6, "FalconConfig": 6.92e9, "MixtralConfig": 46.7e9,
+            "Qwen2MoeConfig": 14.3e9}
+
+
+@pytest.mark.parametrize("family, published", FAMILIES.items())
+def test_the_planner_counts_gpt2_opt_falcon_and_mixtures_of_experts_by_their_own_config_names(family, published):
+    import transformers
+
+    config = getattr(transformers, family)().to_dict()
+    assert shape_from_config(config).parameters == pytest.approx(published, rel=0.01)
+
+
+@pytest.mark.parametrize("family, widths", [
+    ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, vocab_size=500)),
+    ("OPTConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=256, vocab_size=500,
+                       word_embed_proj_dim=64)),
+    ("FalconConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=500)),
+    ("MixtralConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=128, vocab_size=500)),
+])
+def test_the_count_matches_the_built_model_of_each_family(family, widths):
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    config = getattr(transformers, family)(**widths, bos_token_id=0, eos_token_id=0)
+    real = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    assert shape_from_config(config.to_dict()).parameters == pytest.approx(real, rel=0.02)
+
+
+def test_a_mixture_of_experts_is_planned_with_every_expert_and_a_config_without_widths_is_named():
+    from transformers import MixtralConfig
+
+    from trainer.memory import ShapeError
+
+    mixtral = MixtralConfig().to_dict()
+    with pytest.raises(MemoryPlanError):  # 93 GB of 16-bit weights: no 24 GB card holds them, LoRA or not
+        plan(Device.card(24), mixtral, PAPER_ROUND, Wants())
+    active = shape_from_config(mixtral)
+    assert active.mlp == 2 * mixtral["intermediate_size"]  # a token runs through its two routed experts
+    with pytest.raises(ShapeError, match="model type 't5': its config gives no hidden size"):
+        shape_from_config({"model_type": "t5", "num_layers": 6, "num_heads": 8, "vocab_size": 32128})
+
+
+PAPER_CONFIG = "docs/configs/paper-qwen2.5-0.5b.toml"
+GUIDE_CARDS, GUIDE_MODELS = (8, 12, 16, 24, 80), ("0.5B", "1.5B", "7B")
+
+
+@pytest.fixture(scope="module")
+def paper_inputs(request, tmp_path_factory):
+    """What `sapo doctor --config docs/configs/paper-qwen2.5-0.5b.toml --model <Qwen2.5 folder>` reads, for each
+    size: the shipped config and the published Qwen2.5 config, with SmolLM2's tokenizer and chat template
+    measuring the prompts (Qwen's cannot be fetched here; both are byte-level BPE of the same kind)."""
+    import shutil
+
+    from node import planner
+    from node.config import load_config
+    from tests.conftest import ROOT, cached_preset
+
+    smollm2 = cached_preset(request, "smollm2-135m")
+    got = {}
+    for size in GUIDE_MODELS:
+        folder = tmp_path_factory.mktemp(f"qwen2.5-{size}")
+        shutil.copytree(smollm2, folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors", "sapo_*"))
+        (folder / "config.json").write_text(json.dumps({"model_type": "qwen2", **QWEN[size]}))
+        cfg = load_config(ROOT / PAPER_CONFIG, {"model": {"name": str(folder)}})
+        got[size] = planner.inputs(cfg)
+    return got
+
+
+def guide_cell(device: Device, got) -> str:
+    from node.planner import plan_tokens
+
+    wants = replace(got.wants, bnb_installed=True, peft_installed=True, vllm_installed=False)  # the quant extra
+    try:
+        p, _ = plan_tokens(device, replace(got, wants=wants))
+    except MemoryPlanError as e:
+        why = str(e)
+        return (f"no: needs {why.split('use a device with ')[1].split(' GB')[0]} GB" if "use a device with " in why
+                else f"no: {why.rsplit(': ', 1)[1]}")
+    how = {"LoRA on an NF4 base": "LoRA on NF4", "full fine-tuning": "full"}.get(p.training, p.training)
+    rows = f", decoding {p.generation_rows} rows at a time" if p.generation_rows < p.round.generation_rows else ""
+    return f"{how}{' + checkpointing' if p.checkpointing else ''}, {p.micro_batch}{rows}"
+
+
+def test_the_gpu_guides_plan_table_is_what_doctor_plans_for_the_shipped_paper_config(paper_inputs):
+    from tests.conftest import ROOT
+
+    guide = (ROOT / "docs" / "gpu.md").read_text()
+    prompts = {got.round.prompt_tokens for got in paper_inputs.values()}
+    rows = [f"| {gb} GB | " + " | ".join(guide_cell(Device.card(gb), paper_inputs[size]) for size in GUIDE_MODELS) + " |"
+            for gb in GUIDE_CARDS]
+    assert all(row in guide.splitlines() for row in rows), "\n".join(rows)
+    assert f"prompts up to {max(prompts)} tokens" in guide, prompts
+    quoted = next(line for line in guide.splitlines() if line.startswith("no plan fits: "))
+    with pytest.raises(MemoryPlanError) as refused:  # the guide's example: 7B on a 12 GB card, without bitsandbytes
+        from node.planner import plan_tokens
+
+        got = paper_inputs["7B"]
+        plan_tokens(Device.card(12), replace(got, wants=replace(got.wants, bnb_installed=False)))
+    assert quoted == f"no plan fits: {refused.value}"
+
+
+def test_a_described_card_reads_as_english():
+    assert [Device.card(gb).name for gb in (8, 11, 12, 18, 24, 80, 0.5)] == [
+        "an 8 GB CUDA card", "an 11 GB CUDA card", "a 12 GB CUDA card", "an 18 GB CUDA card", "a 24 GB CUDA card",
+        "an 80 GB CUDA card", "a 0.5 GB CUDA card"]

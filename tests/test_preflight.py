@@ -39,6 +39,20 @@ def test_an_unavailable_status_address_is_one_line_naming_the_knob(tmp_path):
         preflight.check(cfg, model=False)
 
 
+def test_a_restarted_node_gets_its_status_port_back_while_the_last_runs_connections_linger():
+    with busy_port() as free:
+        port = free.getsockname()[1]
+    cfg = load_config(overrides={"status": {"listen": f"127.0.0.1:{port}"}})
+    server = preflight.bind_status(cfg)  # the last run's endpoint
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server side closes first: its end of the connection waits in TIME_WAIT
+    server.close()
+    client.close()
+    with preflight.bind_status(cfg) as again:
+        assert again.getsockname()[1] == port
+
+
 def test_a_busy_p2p_port_is_refused_before_any_model_is_built(tmp_path):
     """The model cache stays empty: the tiny-a preset would have been built (a minute) had it got that far."""
     cache = tmp_path / "cache"

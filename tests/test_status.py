@@ -255,6 +255,7 @@ def test_bootstrap_only_node_joins_two_trainers_without_a_model(tiny_a, cache_di
         codes = [stop(p) for p, _ in nodes] + [stop(boot)]
     assert codes == [0, 0, 0], boot_log.read_text()
     assert "no-such-model" not in boot_log.read_text()
+    assert "leaving the swarm" in boot_log.read_text() and "checkpointing" not in boot_log.read_text()  # nothing to save
 
 
 def test_bootstrap_only_without_p2p_is_a_config_error(tmp_path):

@@ -34,6 +34,12 @@ FASTEST_MICRO = {"cpu": 8}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+def article(number: float) -> str:
+    """"an" before a number said with a vowel first (8, 11, 18, 80-89, 800...), else "a"."""
+    whole = f"{number:g}".split(".")[0]
+    return "an" if whole.startswith("8") or whole in ("11", "18") else "a"
+
+
 @dataclass(frozen=True)
 class Device:
     kind: DeviceKind
@@ -45,7 +51,7 @@ class Device:
     @classmethod
     def card(cls, gb: float, name: str | None = None, bf16: bool = True) -> "Device":
         """A described CUDA card with `gb` GB free (tests, `sapo doctor --card`)."""
-        return cls("cuda", name or f"a {gb:g} GB CUDA card", gb * GB, gb * GB, bf16)
+        return cls("cuda", name or f"{article(gb)} {gb:g} GB CUDA card", gb * GB, gb * GB, bf16)
 
     def __str__(self) -> str:
         return f"{self.kind} ({self.name}, {self.free_bytes / GB:.1f} GB free)"
