@@ -303,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(doctor)
     doctor.set_defaults(func=cmd_doctor)
 
-    show = sub.add_parser("config", help="print the resolved config (defaults < file < env < flags) as JSON")
+    show = sub.add_parser("config", help="print the resolved config (defaults < file < env < flags) as JSON, before "
+                          "the model is read: what the model adds (its recipe, or settings by its size) `sapo doctor` shows")
     add_config_flags(show)
     show.set_defaults(func=cmd_config)
 

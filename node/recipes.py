@@ -124,13 +124,21 @@ def settle(cfg: Any, source: str, parameters: float) -> Settled:
 
 
 def settle_lr(settled: Settled, lora: bool) -> Settled:
-    """The learning rate for a model of this size trained this way, where neither the user nor a recipe set one."""
-    if settled.profile != "pretrained" or settled.sources["grpo.lr"] == "user":
+    """The learning rate for a model of this size trained this way (a recipe's, measured with full fine-tuning,
+    times `LORA_LR_FACTOR` under LoRA), where the user set none."""
+    source = settled.sources["grpo.lr"]
+    if source == "user" or settled.profile == "tiny":
         return settled
-    settled.cfg.grpo.lr = learning_rate(settled.parameters, lora)
+    if settled.profile == "pretrained":
+        lr = learning_rate(settled.parameters, lora)
+        source = f"model size ({settled.parameters / 1e6:,.0f}M parameters, {'LoRA' if lora else 'full fine-tuning'})"
+    elif lora:  # a recipe's rate was measured with full fine-tuning
+        lr, source = float(f"{settled.cfg.grpo.lr * LORA_LR_FACTOR:.2g}"), f"{source}, x{LORA_LR_FACTOR} under LoRA"
+    else:
+        return settled
+    settled.cfg.grpo.lr = lr
     settled.cfg.grpo.model_fields_set.discard("lr")
-    how = "LoRA" if lora else "full fine-tuning"
-    settled.sources["grpo.lr"] = f"model size ({settled.parameters / 1e6:,.0f}M parameters, {how})"
+    settled.sources["grpo.lr"] = source
     return settled
 
 

@@ -223,11 +223,7 @@ class Reach:
                     checked_at = now
                     self._set(found)
             if self.state is Reachability.PUBLIC and self.cfg.relay_slots and not self._hop:
-                self._hop = True
-                self.host.set_stream_handler(HOP_PROTOCOL, self.protocol._handle_hop_stream)
-                where = ("by peers on this machine (it listens on loopback only)"
-                         if all(_private_net(a) == "loopback" for a in self.host.get_addrs()) else "from outside")
-                log.info("reachable %s: serving as a relay for up to %d peers behind NAT", where, self.cfg.relay_slots)
+                self._serve_relay()
             if self.state is Reachability.PRIVATE:
                 for relay in [r for r in self.reserved if r not in peers]:
                     del self.reserved[relay]
@@ -237,6 +233,13 @@ class Reach:
                     if not await self._reserve(relay, nursery):
                         tried.add(relay, now)
             await trio.sleep(2.0)
+
+    def _serve_relay(self) -> None:
+        self._hop = True
+        self.host.set_stream_handler(HOP_PROTOCOL, self.protocol._handle_hop_stream)
+        where = ("by peers on this machine (it listens on loopback only)"
+                 if all(_private_net(a) == "loopback" for a in self.host.get_addrs()) else "from outside")
+        log.info("reachable %s: serving as a relay for up to %d peers behind NAT", where, self.cfg.relay_slots)
 
     async def _run_protocol(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with background_trio_service(self.protocol):

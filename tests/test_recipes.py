@@ -101,3 +101,15 @@ def test_the_paper_mix_is_nine_reasoning_gym_families_by_name():
     mixed = load_config(overrides={"tasks": {"datasets": "arithmetic:2,reverse"}})
     assert [(d.name, d.weight) for d in mixed.tasks.datasets] == [
         ("rg/basic_arithmetic", 2), ("rg/products", 2), ("arith", 2), ("reverse", 1)]
+
+
+def test_a_recipes_rate_is_scaled_for_lora_and_a_users_is_not():
+    from node.recipes import settle_lr
+
+    recipe = settle(load_config(overrides={"model": {"name": "smollm2-135m"}}), "smollm2-135m", 134.5e6)
+    assert settle_lr(recipe, lora=True).cfg.grpo.lr == 1e-4
+    assert recipe.sources["grpo.lr"] == "recipe smollm2-135m, x10 under LoRA"
+    mine = settle(load_config(overrides={"model": {"name": "smollm2-135m"}, "grpo": {"lr": 3e-5}}), "smollm2-135m", 134.5e6)
+    assert settle_lr(mine, lora=True).cfg.grpo.lr == 3e-5
+    tiny = settle(load_config(), "tiny-a", 0.33e6)
+    assert settle_lr(tiny, lora=True).cfg.grpo.lr == 2e-4

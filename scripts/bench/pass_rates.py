@@ -7,6 +7,8 @@ the node's own prompt and generator and records the share of completions that cl
 the pass rate, the share of informative groups (rewards not all equal), completion length and time.
 
     .venv/bin/python scripts/bench/pass_rates.py --model smollm2-135m --out docs/bench/pass-rates-smollm2-135m-2cpu.json
+    .venv/bin/python scripts/bench/pass_rates.py --mix paper --tasks 12 --max-new-tokens 256 --sampling 0.7:0.9 \
+        --out docs/bench/pass-rates-paper-smollm2-135m-2cpu.json
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rich.table import Table
 
 from node.argtypes import bounded, count
 from rewards import TaskSource
+from rewards.mixes import MIXES
 from rewards.scoring import CLOSE
 from rewards.source import DatasetMix
 from trainer.config import ModelConfig
@@ -77,6 +80,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=count, default=64)
     parser.add_argument("--sampling", nargs="+", default=["1.0:1.0", "0.7:0.9"], help="temperature:top_p settings")
     parser.add_argument("--only", nargs="*", default=[], help="dataset names to keep (default: every candidate)")
+    parser.add_argument("--mix", choices=sorted(MIXES), help="measure a named task mix's datasets instead of the candidates")
     parser.add_argument("--no-example", action="store_true", help="send the task alone (model.chat_example = null)")
     parser.add_argument("--seed", type=bounded(int, ge=0), default=0)
     parser.add_argument("--out", type=Path, help="save the JSON here")
@@ -92,7 +96,8 @@ def main() -> None:
         temperature, top_p = map(float, setting.split(":"))
         sampling = SamplingParams(n=args.completions, temperature=temperature, top_p=top_p,
                                   max_new_tokens=args.max_new_tokens, stop=(CLOSE,), seed=args.seed)
-        for mix in CANDIDATES:
+        candidates = [DatasetMix(d["name"], d.get("config", {})) for d in MIXES[args.mix]] if args.mix else CANDIDATES
+        for mix in candidates:
             if args.only and mix.name not in args.only:
                 continue
             rows.append(measure(generator, policy, mix, sampling, args.tasks, args.seed))
@@ -102,7 +107,7 @@ def main() -> None:
             if args.out:  # after every row: a long survey that stops keeps what it measured
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps({
-                    "model": args.model, "tasks": args.tasks, "completions": args.completions,
+                    "model": args.model, "mix": args.mix, "tasks": args.tasks, "completions": args.completions,
                     "max_new_tokens": args.max_new_tokens, "chat_example": cfg.chat_example, "seed": args.seed,
                     "threads": torch.get_num_threads(), "rows": rows}, indent=2))
 
