@@ -21,9 +21,8 @@ from typing import Any
 
 from rewards.mixes import MIXES
 
-SMOLLM2 = "smollm2-135m"
 RECIPES: dict[str, dict[str, dict[str, Any]]] = {
-    SMOLLM2: {
+    "smollm2-135m": {
         "tasks": {"datasets": MIXES["arithmetic"]},  # pass rates 0.39, 0.52, 0.25 (docs/bench/pass-rates-smollm2-135m-2cpu.json)
         "generation": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 64},
         "grpo": {"lr": 1e-5},
@@ -45,7 +44,7 @@ MIN_FITTED_TOKENS = 64  # the planner lowers a derived max_new_tokens no further
 # al., "LoRA Without Regret", 2025; SmolLM2 under LoRA on an NF4 base learned at 1e-4, docs/bench/nf4-check-2cpu).
 LR_ANCHORS = ((0.33e6, 2e-4), (135e6, 1e-5), (7e9, 1e-6))
 LORA_LR_FACTOR = 10
-SECTIONS = ("tasks", "generation", "grpo")
+KNOBS = {"tasks": ("datasets",), "generation": ("max_new_tokens", "temperature", "top_p"), "grpo": ("lr",)}  # what a profile sets
 
 
 def learning_rate(parameters: float, lora: bool) -> float:
@@ -107,10 +106,10 @@ def settle(cfg: Any, source: str, parameters: float) -> Settled:
         profile, values = "pretrained", PRETRAINED
     cfg = cfg.model_copy(deep=True)
     sources = {}
-    for section_name in SECTIONS:
+    for section_name, fields in KNOBS.items():
         section = getattr(cfg, section_name)
         user = set(section.model_fields_set)
-        for field in {*values.get(section_name, {}), *RECIPES[SMOLLM2].get(section_name, {})}:
+        for field in fields:
             dotted = f"{section_name}.{field}"
             if field in user:
                 sources[dotted] = "user"

@@ -3,7 +3,8 @@ pass rate and the share of groups that carry signal: a family whose groups are a
 answer never closes within max_new_tokens) or all right (too easy) teaches nothing, and the line names the
 setting to change. At every evaluation, held-out accuracy against its start: a fall to below half of it,
 beyond what the evaluation's noise explains, is a collapse (most often a learning rate too high for the
-model), and the node stops before training on (`Collapsed`), its earlier checkpoints and metrics kept.
+model), and the node stops before training on (`Collapsed`), its earlier checkpoints and metrics kept; on an
+evaluation too small to rest a stop on it only warns.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ MIN_GROUPS = 4  # a family with fewer groups by then is reported when it has thi
 TRUNCATED_MOST = 0.5  # all wrong and more than this share cut off at max_new_tokens: the length, not the task
 COLLAPSE_SHARE = 0.5  # held-out accuracy below this share of its start ...
 COLLAPSE_SIGMAS = 3.0  # ... and further below it than this many binomial standard errors of the start
+STOP_MIN_TASKS = 100  # a stop rests on an evaluation of at least this many tasks; a smaller one only warns
 
 
 class Collapsed(RuntimeError):
@@ -100,7 +102,13 @@ class LearningWatch:
             self.start = accuracy
             return
         noise = math.sqrt(self.start * (1 - self.start) / self.eval_size)
-        if accuracy < COLLAPSE_SHARE * self.start and self.start - accuracy > COLLAPSE_SIGMAS * noise:
-            raise Collapsed(f"held-out accuracy fell from {self.start:.3f} to {accuracy:.3f} by round {round_}: the model "
-                            f"is unlearning; most likely grpo.lr {self.lr:g} is too high for it (lower it, e.g. "
-                            f"--grpo.lr {self.lr / 10:g}, and resume; run.stop_on_collapse false trains on regardless)")
+        if accuracy >= COLLAPSE_SHARE * self.start or self.start - accuracy <= COLLAPSE_SIGMAS * noise:
+            return
+        why = (f"held-out accuracy fell from {self.start:.3f} to {accuracy:.3f} by round {round_}: the model is "
+               f"unlearning; most likely grpo.lr {self.lr:g} is too high for it (lower it, e.g. --grpo.lr "
+               f"{self.lr / 10:g}, and resume), or in a swarm peers' groups pull it away (selection.rule guarded)")
+        if self.eval_size < STOP_MIN_TASKS:
+            log.warning("%s; not stopping on an evaluation of %d tasks (tasks.eval_size; %d or more stop the node)",
+                        why, self.eval_size, STOP_MIN_TASKS)
+            return
+        raise Collapsed(f"{why}; run.stop_on_collapse false trains on regardless")

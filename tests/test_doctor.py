@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import run_sapo
 from tests.test_plan import QWEN
+from trainer.plan import article
 
 WIDE = {"COLUMNS": "400"}
 
@@ -40,7 +41,7 @@ def test_doctor_plans_for_a_described_card(card, expect, tiny_a, tmp_path):
     r = run_sapo("doctor", "--model", str(model), "--card", str(card), "--generation.max_new_tokens", "512",
                  "--out", str(tmp_path / "out"), env=WIDE)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f"cuda ({'an' if card == 8 else 'a'} {card:g} GB CUDA card, {card:.1f} GB free): transformers backend, {expect}" in r.stdout
+    assert f"cuda ({article(card)} {card:g} GB CUDA card, {card:.1f} GB free): transformers backend, {expect}" in r.stdout
     assert "expected peak" in r.stdout and "why:" in r.stdout
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from node.config import load_config
-from node.recipes import LR_ANCHORS, PRETRAINED, RECIPES, learning_rate, settle
+from node.recipes import KNOBS, LR_ANCHORS, PRETRAINED, RECIPES, learning_rate, settle
 from tests.conftest import run_sapo
 from tests.test_doctor import WIDE, described_model
 from trainer.presets import META_FILE
@@ -113,3 +113,8 @@ def test_a_recipes_rate_is_scaled_for_lora_and_a_users_is_not():
     assert settle_lr(mine, lora=True).cfg.grpo.lr == 3e-5
     tiny = settle(load_config(), "tiny-a", 0.33e6)
     assert settle_lr(tiny, lora=True).cfg.grpo.lr == 2e-4
+
+
+def test_every_setting_a_profile_sets_is_one_doctor_shows():
+    for values in [PRETRAINED, *RECIPES.values()]:
+        assert all(set(fields) <= set(KNOBS[section]) for section, fields in values.items())

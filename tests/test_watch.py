@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -41,12 +42,17 @@ def test_a_family_with_no_signal_is_named_once_with_the_setting_to_change():
     assert watched([[group("arith", 0)]] * (FIRST_ROUNDS - 1)) == []  # not judged before its first rounds
 
 
-def test_held_out_accuracy_far_below_its_start_is_a_collapse_and_noise_is_not():
+def test_held_out_accuracy_far_below_its_start_is_a_collapse_and_noise_is_not(caplog):
     watch = LearningWatch(max_new_tokens=64, lr=2e-4, eval_size=200)
     watch.evaluated(0, 0.26)
     watch.evaluated(25, 0.20)  # lower, not half
     with pytest.raises(Collapsed, match=r"fell from 0\.260 to 0\.025 by round 2: .* grpo\.lr 0\.0002 is too high"):
         watch.evaluated(2, 0.025)
+    small = LearningWatch(max_new_tokens=64, lr=2e-4, eval_size=20)
+    small.evaluated(0, 0.55)
+    with caplog.at_level(logging.WARNING, logger="node.watch"):
+        small.evaluated(25, 0.15)  # a fall as large, on 20 tasks: said, not stopped on
+    assert "fell from 0.550 to 0.150 by round 25" in caplog.text and "not stopping on an evaluation of 20 tasks" in caplog.text
     low = LearningWatch(max_new_tokens=64, lr=2e-4, eval_size=200)
     low.evaluated(0, 0.05)
     low.evaluated(25, 0.02)  # below half, but within three standard errors of a 0.05 start on 200 tasks
