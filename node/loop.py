@@ -240,13 +240,14 @@ class Node:
         return True
 
     def _watch(self, r: int, groups: list[RolloutGroup], eval_accuracy: float | None) -> None:
-        """Say when a task family teaches nothing; stop (no checkpoint of these weights) when the model unlearns."""
+        """Say when a task family teaches nothing, and when the model unlearns (stopping there, with no checkpoint of
+        these weights, under run.stop_on_collapse)."""
         self.watch.observe(groups)
         try:
             self.watch.evaluated(r, eval_accuracy)
         except Collapsed as e:
             if not self.cfg.run.stop_on_collapse:
-                log.warning("%s", e)
+                log.warning("%s; training on (run.stop_on_collapse true stops here, before a checkpoint of these weights)", e)
                 return
             raise ComponentFailed(str(e), resumable=False) from None
 

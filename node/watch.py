@@ -3,8 +3,8 @@ pass rate and the share of groups that carry signal: a family whose groups are a
 answer never closes within max_new_tokens) or all right (too easy) teaches nothing, and the line names the
 setting to change. At every evaluation, held-out accuracy against its start: a fall to below half of it,
 beyond what the evaluation's noise explains, is a collapse (most often a learning rate too high for the
-model), and the node stops before training on (`Collapsed`), its earlier checkpoints and metrics kept; on an
-evaluation too small to rest a stop on it only warns.
+model): `Collapsed`, which the node warns about and trains on, or with `run.stop_on_collapse` stops on, its
+earlier checkpoints and metrics kept. An evaluation too small to rest a stop on only warns.
 """
 
 from __future__ import annotations
@@ -111,4 +111,4 @@ class LearningWatch:
             log.warning("%s; not stopping on an evaluation of %d tasks (tasks.eval_size; %d or more stop the node)",
                         why, self.eval_size, STOP_MIN_TASKS)
             return
-        raise Collapsed(f"{why}; run.stop_on_collapse false trains on regardless")
+        raise Collapsed(why)

@@ -72,15 +72,16 @@ def test_a_run_whose_groups_are_all_wrong_says_so_in_one_line(tiny_a, cache_dir,
 
 
 @pytest.mark.slow
-def test_a_run_that_unlearns_stops_naming_the_learning_rate_and_keeps_its_metrics(tiny_a, cache_dir, tmp_path):
+def test_a_run_that_unlearns_says_so_naming_the_learning_rate_and_can_stop_keeping_its_metrics(tiny_a, cache_dir, tmp_path):
     args = ["run", "--model.cache_dir", str(cache_dir), "--rounds", "6", "--run.eval_every", "3", "--grpo.lr", "0.01",
             "--p2p.enabled", "false", "--run.checkpoint_every", "1"]
-    r = run_sapo(*args, "--out", str(tmp_path / "stop"))
+    r = run_sapo(*args, "--out", str(tmp_path / "stop"), "--run.stop_on_collapse", "true")
     assert r.returncode == 1, r.stderr[-3000:]
     assert "held-out accuracy fell from" in r.stderr and "grpo.lr 0.01 is too high" in r.stderr
     rows = [json.loads(line) for line in (tmp_path / "stop" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["round"] == 3 and rows[-1]["eval_accuracy"] < rows[0]["eval_accuracy"] / 2  # the line is kept
     saved = sorted(p.name for p in (tmp_path / "stop" / "checkpoints").iterdir())
     assert saved[-1] == "round-000002"  # the collapsed weights are not checkpointed
-    on = run_sapo(*args, "--out", str(tmp_path / "on"), "--run.stop_on_collapse", "false")
+    on = run_sapo(*args, "--out", str(tmp_path / "on"))  # the default: said at each such evaluation, trained on
     assert on.returncode == 0 and "WARNING held-out accuracy fell from" in on.stderr, on.stderr[-3000:]
+    assert "training on (run.stop_on_collapse true stops here" in on.stderr
