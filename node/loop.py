@@ -109,8 +109,7 @@ class Node:
             self.metrics.rewind(-1)
         (out / "config.json").write_text(cfg.model_dump_json(indent=2))
         (out / "plan.json").write_text(json.dumps(self.plan.record(), indent=2))
-        (out / "settings.json").write_text(json.dumps({"profile": fitted.settled.profile, "sources": {
-            name: {"value": value, "source": source} for name, value, source in fitted.settled.lines()}}, indent=2))
+        (out / "settings.json").write_text(json.dumps(fitted.settled.record(), indent=2))
 
     def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
         self.round = ckpt.round

@@ -128,6 +128,7 @@ def fit(cfg: NodeConfig, device: Device | None = None) -> Fitted:
                           "longer completions would not fit")
         settled.cfg.generation.max_new_tokens = tokens
         settled.cfg.generation.model_fields_set.discard("max_new_tokens")
+        settled.sources["generation.max_new_tokens"] += ", halved until the plan fits"
     return Fitted(chosen, applied(settled.cfg, chosen), got.tokenizer, got.source, settled)
 
 

@@ -82,6 +82,11 @@ class Settled:
     profile: str  # "tiny", "recipe <preset>" or "pretrained"
     parameters: float
 
+    def record(self) -> dict:
+        """What the model trains with and where each value came from, for a run folder's settings.json."""
+        return {"profile": self.profile, "sources": {name: {"value": value, "source": source}
+                                                     for name, value, source in self.lines()}}
+
     def lines(self) -> list[tuple[str, str, str]]:
         """(setting, value, source) for every knob a profile can set, in a stable order."""
         out = []

@@ -14,6 +14,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from node.selection import informative
 from trainer.groups import RolloutGroup
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class Collapsed(RuntimeError):
 @dataclass
 class Tally:
     groups: int = 0
-    informative: int = 0  # groups with a right and a wrong completion
+    informative: int = 0  # groups GRPO gets a gradient from (node.selection.informative)
     all_wrong: int = 0
     all_right: int = 0
     completions: int = 0
@@ -43,7 +44,7 @@ class Tally:
     def add(self, g: RolloutGroup) -> None:
         right = sum(g.correct)
         self.groups += 1
-        self.informative += 0 < right < len(g.correct)
+        self.informative += informative(g)
         self.all_wrong += right == 0
         self.all_right += right == len(g.correct)
         self.completions += len(g.correct)

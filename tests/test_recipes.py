@@ -89,6 +89,7 @@ def test_a_derived_completion_length_is_halved_until_the_plan_fits_and_a_users_i
     fitted = fit(cfg, card)
     assert fitted.cfg.generation.max_new_tokens < PRETRAINED["generation"]["max_new_tokens"]
     assert any("generation.max_new_tokens" in why for why in fitted.plan.why)
+    assert fitted.settled.sources["generation.max_new_tokens"] == "pretrained, halved until the plan fits"
     asked = load_config(overrides={"model": {"name": str(model)}, "generation": {"batch_size": 64, "max_new_tokens": 256},
                                    "run": {"local_groups": 16}})
     with pytest.raises(MemoryPlanError):
