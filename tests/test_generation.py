@@ -18,6 +18,10 @@ from trainer.generation import BackendError, SamplingParams, make_generator, res
 from trainer.policy import load_policy, encode_prompts
 from tests.conftest import untrained_policy
 
+# prompts that open alike, as a chat template, system prompt and worked example make them: the transformers
+# backend runs such a head once for all of them
+HEAD = "Answer the question below. Reply with <answer>final answer</answer>.\n"
+HEADED = [HEAD + "7+5=?\n", HEAD + "reverse abcd\n", HEAD + "9-3=?\n"]
 PROMPTS = ["7+5=?\nReply with <answer>final answer</answer>.\n", "reverse abcd\nReply with <answer>final answer</answer>.\n"]
 # fp32 on a CPU: a KV-cached decode and one full forward pass sum in different orders; measured
 # differences: at most 1.5e-6 for both backends, before and after a push (32 samples x 16 tokens).
@@ -149,6 +153,20 @@ def test_a_batch_larger_than_one_engine_step_completes(backend):
     out = gen.generate(encode_prompts(policy, prompts), SamplingParams(n=2, max_new_tokens=4, seed=1))
     assert [len(g) for g in out] == [2] * len(prompts)
     assert_logprobs_match(policy.model, policy, out, prompts)
+
+
+def test_prompts_that_open_alike_sample_what_each_prompt_alone_samples(backend):
+    """Greedy completions of prompts sharing a long head, sampled together, are each prompt's own (the
+    transformers backend runs the head once and each prompt's tail after it); log-probs match a forward pass."""
+    policy, gen = backend
+    prompts = encode_prompts(policy, HEADED)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=12)
+    together = gen.generate(prompts, params)
+    alone = [gen.generate([p], params)[0] for p in prompts]
+    assert [[c.token_ids for c in g] for g in together] == [[c.token_ids for c in g] for g in alone]
+    assert_logprobs_match(policy.model, policy, together, HEADED)
+    sampled = gen.generate(prompts, SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=5))
+    assert_logprobs_match(policy.model, policy, sampled, HEADED)
 
 
 def test_greedy_is_deterministic_without_a_seed(backend):
@@ -365,3 +383,62 @@ def test_the_transformers_nucleus_draws_from_exactly_the_top_p_tokens_in_proport
     seen = torch.bincount(draws, minlength=vocab).float() / len(draws)
     assert set(draws.unique().tolist()) <= set(keep.tolist())
     assert (seen - expected).abs().max() < 0.01
+
+
+def test_the_transformers_backend_runs_a_shared_head_once_and_a_lone_prompt_whole(model_dir):
+    """What the test above relies on: its prompts share a head long enough to run once, prompts that differ
+    from their first tokens share none, and one prompt alone shares none."""
+    from trainer.generation.hf import SHARED_HEAD_MIN, _shared_head
+
+    policy = load_policy(ModelConfig(name=str(model_dir), device="cpu", dtype="float32"))
+    headed, plain = encode_prompts(policy, HEADED), encode_prompts(policy, PROMPTS)
+    assert SHARED_HEAD_MIN <= _shared_head(headed) < min(map(len, headed))
+    assert headed[0][: _shared_head(headed)] == headed[1][: _shared_head(headed)]
+    assert _shared_head(plain) == 0 and _shared_head(headed[:1]) == 0
+    assert _shared_head([[1] * 20, [1] * 20]) == 19  # each prompt keeps a token of its own to start from
+
+
+def test_the_grown_cache_writes_in_place_keeps_selected_rows_and_refuses_to_overflow():
+    from transformers.cache_utils import DynamicLayer
+
+    from trainer.generation.hf import GrowingLayer
+
+    layer = DynamicLayer()
+    first = torch.randn(3, 2, 4, 5)
+    layer.update(first, -first)
+    grown = GrowingLayer(layer, room=2)
+    step = torch.randn(3, 2, 1, 5)
+    keys, values = grown.update(step, -step)
+    assert torch.equal(keys, torch.cat([first, step], dim=2)) and torch.equal(values, -keys)
+    assert grown.get_seq_length() == 5
+    grown.batch_select_indices(torch.tensor([2, 0]))
+    keys, _ = grown.update(step[:2], -step[:2])
+    assert torch.equal(keys, torch.cat([first[[2, 0]], step[[2, 0]], step[:2]], dim=2))
+    with pytest.raises(RuntimeError, match="do not fit"):
+        grown.update(step[:2], -step[:2])
+
+
+def test_a_model_with_sliding_window_layers_samples_what_a_forward_pass_gives():
+    """Gemma 3 alternates sliding-window and full layers: only the full ones take the grown cache, its prompts
+    run whole (a window counts padding, so a shared head before padded tails would shift it), and completions
+    longer than the window still have the log-probs of a forward pass."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from trainer.generation.hf import GrowingLayer, TransformersGenerator
+    from trainer.policy import Policy
+
+    tokenizer = untrained_policy().tokenizer
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=6,
+                              layer_types=["sliding_attention", "full_attention"], pad_token_id=tokenizer.pad_token_id,
+                              eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    policy = Policy(model=Gemma3ForCausalLM(config).eval(), tokenizer=tokenizer, device=torch.device("cpu"),
+                    use_chat_template=False)
+    gen = TransformersGenerator(policy)
+    assert not gen.shares_heads and TransformersGenerator(untrained_policy()).shares_heads
+    cache, _, _ = gen._prefill(encode_prompts(policy, HEADED), SamplingParams(max_new_tokens=4))
+    assert [type(layer) is GrowingLayer for layer in cache.layers] == [False, True]
+    out = gen.generate(encode_prompts(policy, HEADED), SamplingParams(n=3, max_new_tokens=16, seed=2))
+    assert max(len(c.token_ids) for g in out for c in g) > config.sliding_window
+    assert_logprobs_match(policy.model, policy, out, HEADED)

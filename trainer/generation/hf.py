@@ -1,8 +1,13 @@
 """The transformers backend: the CPU default, and the reference the other backends must match.
 
-Its own decode loop rather than `generate`, for two savings a GRPO round lives on: each prompt runs
-once and its n completions decode on copies of its KV cache, and rows leave the batch as they
-finish (`generate` keeps every row until the longest one stops, and a round's lengths vary widely).
+Its own decode loop rather than `generate` (or transformers' continuous batching, `generate_batch`, which
+on 2 CPU cores samples a round 3-5x slower: docs/bench/README.md, "Sampling on the CPU"), for what a GRPO
+round lives on:
+- the prompts' shared head (chat template, system prompt, worked example) runs once for all of them, each
+  prompt's own tail once, and its n completions decode on copies of that KV cache;
+- rows leave the batch as they finish (`generate` keeps every row until the longest one stops);
+- the cache is allocated once for the whole completion and written in place (`GrowingLayer`), which is
+  also what the memory planner counts (trainer/memory.py `kv_cache_bytes`).
 """
 
 from __future__ import annotations
@@ -11,11 +16,14 @@ from typing import Sequence
 
 import torch
 
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
 from trainer.batch import kv_cache_name
 from trainer.generation.base import Completion, SamplingParams, isolated_rng, to_completion
 from trainer.policy import Policy
 
 COMPACT_SHARE = 0.25  # drop finished rows from the batch once they are this share of it (a copy of the cache)
+SHARED_HEAD_MIN = 8  # prompts that begin with this many equal tokens run them once, for all of them
 NUCLEUS_K = 64  # top-p looks at this many most likely tokens first; a row whose nucleus is wider sorts the vocabulary
 
 
@@ -31,6 +39,9 @@ class TransformersGenerator:
         self.batch_size = batch_size
         self.terminators = set(policy.stop_token_ids) | {self.tokenizer.pad_token_id}
         self.weight_version = 0
+        # a sliding window counts cache slots, padding included: a head shared before left-padded tails would
+        # put padding inside the window (Gemma 3, Mistral): such models run each prompt whole
+        self.shares_heads = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
 
     def set_weights(self, model: torch.nn.Module) -> None:
         """Nothing to copy: the model is sampled in place from now on."""
@@ -52,13 +63,10 @@ class TransformersGenerator:
 
     def _sample(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """`params.n` completions of each prompt, in prompt order."""
-        enc = self.tokenizer.pad({"input_ids": prompts}, return_tensors="pt").to(self.device)
-        attn = enc["attention_mask"]
-        out = self.model(input_ids=enc["input_ids"], attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
-                         use_cache=True, logits_to_keep=1)
-        copies = torch.arange(len(prompts), device=self.device).repeat_interleave(params.n)
+        cache, logits, attn = self._prefill(prompts, params)
         name = kv_cache_name(self.model)
-        cache, logits, attn = getattr(out, name), out.logits[copies, -1], attn[copies]
+        copies = torch.arange(len(prompts), device=self.device).repeat_interleave(params.n)
+        logits, attn = logits[copies], attn[copies]
         cache.batch_select_indices(copies)
         rows = list(range(len(copies)))  # the output row of each batch row
         finished = [False] * len(rows)
@@ -89,6 +97,27 @@ class TransformersGenerator:
         return [to_completion(self.tokenizer, self.terminators, t, lp, params.stop, self.weight_version)
                 for t, lp in zip(tokens, logprobs)]
 
+    def _prefill(self, prompts: list[list[int]], params: SamplingParams):
+        """Runs the prompts: their shared head once, then each one's tail (left-padded, so that every row's
+        next token lands in the same column). Returns the KV cache, sized for the completions to come, the
+        logits of each prompt's next token and the attention mask over the cache."""
+        name = kv_cache_name(self.model)
+        head = _shared_head(prompts) if self.shares_heads else 0
+        extra = {}
+        if head:
+            out = self.model(input_ids=torch.tensor([prompts[0][:head]], device=self.device), use_cache=True, logits_to_keep=1)
+            extra[name] = getattr(out, name)
+            extra[name].batch_repeat_interleave(len(prompts))
+        enc = self.tokenizer.pad({"input_ids": [p[head:] for p in prompts]}, return_tensors="pt").to(self.device)
+        attn = torch.cat([enc["attention_mask"].new_ones(len(prompts), head), enc["attention_mask"]], dim=1)
+        out = self.model(input_ids=enc["input_ids"], attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)[:, head:],
+                         use_cache=True, logits_to_keep=1, **extra)
+        cache = getattr(out, name)
+        for i, layer in enumerate(cache.layers):
+            if type(layer) is DynamicLayer:  # sliding-window layers keep their own bounded storage
+                cache.layers[i] = GrowingLayer(layer, params.max_new_tokens)
+        return cache, out.logits[:, -1], attn
+
     def _stopped(self, tail: list[int], stop: Sequence[str]) -> bool:
         text = self.tokenizer.decode(tail, skip_special_tokens=True)
         return any(s in text for s in stop)
@@ -112,6 +141,49 @@ class TransformersGenerator:
             full, full_order = scaled[wide].softmax(-1).sort(-1, descending=True)
             chosen[wide] = full_order.gather(-1, _nucleus_draw(full, params.top_p))[:, 0]
         return chosen
+
+
+class GrowingLayer(DynamicLayer):
+    """A full-attention layer's keys and values in buffers with room for the whole completion: a decode step
+    writes its position in place, where `DynamicLayer` copies the layer's cache into a new one (torch.cat, a
+    fifth of a 64-row decode step on SmolLM2-135M)."""
+
+    def __init__(self, layer: DynamicLayer, room: int):
+        super().__init__()
+        batch, heads, length, width = layer.keys.shape
+        self.device, self.is_initialized, self.length = layer.keys.device, True, length
+        self.key_buffer = layer.keys.new_empty(batch, heads, length + room, width)
+        self.value_buffer = layer.values.new_empty(batch, heads, length + room, width)
+        self.key_buffer[:, :, :length], self.value_buffer[:, :, :length] = layer.keys, layer.values
+        self._view()
+
+    def _view(self) -> None:
+        self.keys, self.values = self.key_buffer[:, :, : self.length], self.value_buffer[:, :, : self.length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + key_states.shape[-2]
+        if end > self.key_buffer.shape[-2]:
+            raise RuntimeError(f"GrowingLayer: {end} positions do not fit the {self.key_buffer.shape[-2]} it was sized for")
+        self.key_buffer[:, :, self.length : end], self.value_buffer[:, :, self.length : end] = key_states, value_states
+        self.length = end
+        self._view()
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
+        self._view()
+
+
+def _shared_head(prompts: list[list[int]]) -> int:
+    """How many leading tokens every prompt shares (0 below `SHARED_HEAD_MIN`, or for a single prompt), leaving
+    each prompt at least one token of its own: the one whose logits start its completions."""
+    if len(prompts) < 2:
+        return 0
+    head = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    for p in prompts[1:]:
+        head = next((i for i in range(head) if p[i] != first[i]), head)
+    return head if head >= SHARED_HEAD_MIN else 0
 
 
 def _nucleus_draw(ranked: torch.Tensor, top_p: float) -> torch.Tensor:
