@@ -30,6 +30,7 @@ def test_doctor_reports_the_machine_and_the_plan_for_this_cpu(tiny_a, cache_dir,
         assert row in rows, row
     # piped, the table keeps its own width: each row one line, not wrapped to 80 columns
     assert rows["host memory"].endswith("(what is available now, less a margin for the rest of the machine)")
+    assert "its speed on a GPU is unmeasured" in rows["vllm"]  # whether or not it is installed here
     assert "plan for tiny-a: cpu (" in r.stdout and "full fine-tuning, micro-batch 8;" in r.stdout  # the fastest on a CPU
     assert "a node with no run.memory_gb plans in " in r.stdout
     assert not (tmp_path / "node.key").exists()  # it inspects; it creates nothing

@@ -16,7 +16,17 @@ the most positions, what the step's activation peak is made of (the step cuts it
 least, so parts may hold fewer rows than the micro-batch size), and `estimate_gb` the memory planner's
 estimated peak for that micro-batch: run one variant per process to compare it with `peak_rss_gb`.
 
+Samplers side by side: `--baseline REV` also samples the round with the transformers generator as it was at
+git revision REV, and `--continuous` with transformers' own continuous batching (`generate_batch`, a paged
+cache; it has no stop strings, so its completions run to EOS or the cap); the samplers take turns for
+`--repeats` rounds on the same tasks and seed, so that the machine's noise falls on all of them. Each one's
+median seconds, the rows its decode steps ran (against the tokens generated: what finished rows cost),
+generated tokens per second and rounds per minute (its sampling plus the first variant's
+step) are saved beside the sampling FLOPs (2 x parameters per prompt and generated token) and their share
+of the matmul peak.
+
     .venv/bin/python scripts/bench/bench_round.py --variants full:8 full:16 lora:16 --out docs/bench/round-smollm2-135m-2cpu.json
+    .venv/bin/python scripts/bench/bench_round.py --baseline 1e47067 --continuous --repeats 5 --out docs/bench/sampling-smollm2-135m-2cpu.json
 """
 
 from __future__ import annotations
@@ -28,8 +38,11 @@ import os
 import platform
 import random
 import resource
+import statistics
+import subprocess
 import sys
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,13 +58,15 @@ from rewards import TaskSource
 from trainer.groups import RolloutGroup
 from trainer import plan
 from trainer.config import GRPOConfig, LoraConfig, ModelConfig
-from trainer.generation import SamplingParams
+from trainer.generation import Completion, SamplingParams, to_completion
 from trainer.generation.hf import TransformersGenerator
 from trainer.grpo import GRPOTrainer
 from trainer.memory import GB, shape_from_config
 from trainer.policy import encode_prompts
 from trainer.presets import load
 from trainer.rollout import rollout
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def matmul_gflops(seconds: float = 2.0, n: int = 2048) -> float:
@@ -88,13 +103,53 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--own-prompts", action="store_true", help="every row runs its own prompt in training (no shared "
                         "prompt KV cache): the worst case the memory planner assumes (trainer/memory.py)")
     parser.add_argument("--seed", type=bounded(int, ge=0), default=0)
+    parser.add_argument("--baseline", metavar="REV", help="also sample with trainer/generation/hf.py as it was at this git revision")
+    parser.add_argument("--continuous", action="store_true", help="also sample with transformers' continuous batching")
+    parser.add_argument("--repeats", type=count, default=1, help="rounds each sampler samples, taking turns")
     parser.add_argument("--out", type=Path, help="save the JSON here")
     args = parser.parse_args()
     for v in args.variants:
         kind, _, micro = v.partition(":")
         if kind not in ("full", "lora", "nf4") or not (micro == "" or micro.isdigit()):
             parser.error(f"--variants: {v!r} is not full:MICRO, lora:MICRO or nf4:MICRO")
+    if args.baseline and subprocess.run(["git", "cat-file", "-e", f"{args.baseline}:trainer/generation/hf.py"], cwd=ROOT,
+                                         capture_output=True).returncode:
+        parser.error(f"--baseline: this checkout has no trainer/generation/hf.py at revision {args.baseline!r}")
     return args
+
+
+def generator_at(rev: str) -> type:
+    """The transformers generator class as it was at git revision `rev` (its imports resolve to today's modules)."""
+    source = subprocess.run(["git", "show", f"{rev}:trainer/generation/hf.py"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout
+    module = types.ModuleType(f"hf_at_{rev}")
+    exec(compile(source, f"{rev}:trainer/generation/hf.py", "exec"), module.__dict__)
+    return module.TransformersGenerator
+
+
+class ContinuousBatching:
+    """transformers' own continuous batching behind the generator interface: `generate_batch` with a paged
+    cache of one 256-token page per row, at most 256 tokens a step (the fastest of the library's default,
+    256 and 1024 on 2 cores)."""
+
+    def __init__(self, policy):
+        self.policy, self.weight_version = policy, 0
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        config = GenerationConfig(do_sample=params.temperature > 0, temperature=params.temperature or None, top_p=params.top_p,
+                                  top_k=0, max_new_tokens=params.max_new_tokens, num_return_sequences=params.n,
+                                  eos_token_id=self.policy.stop_token_ids, pad_token_id=self.policy.tokenizer.pad_token_id)
+        pages = len(prompt_ids) * params.n * -(-(max(map(len, prompt_ids)) + params.max_new_tokens) // 256)
+        torch.manual_seed(params.seed or 0)
+        out = self.policy.model.generate_batch(list(prompt_ids), generation_config=config, progress_bar=False,
+                                               continuous_batching_config=ContinuousBatchingConfig(num_blocks=pages, max_batch_tokens=256))
+        ordered = sorted(out.values(), key=lambda o: o.request_id)  # req_<prompt>__child#<k>: prompt order, then child
+        terminators = set(self.policy.stop_token_ids)
+        done = [to_completion(self.policy.tokenizer, terminators, o.generated_tokens, [0.0] * len(o.generated_tokens),
+                              params.stop, self.weight_version) for o in ordered]
+        return [done[i * params.n : (i + 1) * params.n] for i in range(len(prompt_ids))]
 
 
 @dataclass
@@ -106,10 +161,10 @@ class Round:
     completion_tokens: int
 
 
-def sample_round(policy, node, sampling: SamplingParams, args: argparse.Namespace) -> Round:
+def sample_round(generator, policy, node, sampling: SamplingParams, args: argparse.Namespace) -> Round:
     tasks = TaskSource(node.tasks.mix(), seed=args.seed).draw(args.tasks)
     started = time.perf_counter()
-    groups = rollout(TransformersGenerator(policy), policy, tasks, sampling)
+    groups = rollout(generator, policy, tasks, sampling)
     generate_s = time.perf_counter() - started
     prompt_tokens = sum(len(ids) for ids in encode_prompts(policy, [t.prompt for t in tasks]))
     coin = random.Random(args.seed)
@@ -149,6 +204,43 @@ def measure_variant(variant: str, policy, node, config: dict, params: int, sampl
             "share_of_matmul_peak": round(flops / 1e9 / gflops / round_s, 3)}
 
 
+def _decode_rows(kwargs: dict) -> int:
+    """Rows in a forward of one new position each: a decode step's batch (0 for a prefill)."""
+    ids = kwargs.get("input_ids")
+    return ids.shape[0] if ids is not None and ids.dim() == 2 and ids.shape[1] == 1 else 0
+
+
+def compare_samplers(policy, node, sampling: SamplingParams, params: int, gflops: float,
+                     args: argparse.Namespace) -> tuple[Round, list[dict]]:
+    """Each sampler samples the same round `args.repeats` times, taking turns. Returns the current sampler's
+    last round, timed at its median (the round the training variants step on), and each sampler's figures."""
+    samplers = {"current": TransformersGenerator(policy)}
+    if args.baseline:
+        samplers[f"at {args.baseline}"] = generator_at(args.baseline)(policy)
+    if args.continuous:
+        samplers["continuous batching"] = ContinuousBatching(policy)
+    rounds: dict[str, list[Round]] = {name: [] for name in samplers}
+    decoded = dict.fromkeys(samplers, 0)  # rows the model ran in one-position (decode) forwards
+    for _ in range(args.repeats):
+        for name, generator in samplers.items():
+            hook = policy.model.register_forward_pre_hook(
+                lambda _, a, kw, name=name: decoded.__setitem__(name, decoded[name] + _decode_rows(kw)), with_kwargs=True)
+            rounds[name].append(sample_round(generator, policy, node, sampling, args))
+            hook.remove()
+    rows = []
+    for name, sampled in rounds.items():
+        seconds = statistics.median(r.generate_s for r in sampled)
+        last = sampled[-1]
+        flops = 2 * params * (last.prompt_tokens + last.completion_tokens)
+        rows.append({"sampler": name, "generate_s": round(seconds, 2), "each_s": [round(r.generate_s, 2) for r in sampled],
+                     "completion_tokens": last.completion_tokens,
+                     "decoded_rows": decoded[name] // args.repeats if name != "continuous batching" else None,
+                     "generated_tokens_per_s": round(last.completion_tokens / seconds, 1),
+                     "sampling_gflop": round(flops / 1e9, 1), "share_of_matmul_peak": round(flops / 1e9 / gflops / seconds, 3)})
+    current = rounds["current"]
+    return Round(current[-1].groups, rows[0]["generate_s"], current[-1].prompt_tokens, current[-1].completion_tokens), rows
+
+
 def gate_seconds(policy, node, groups: list[RolloutGroup], args: argparse.Namespace) -> tuple[float, int]:
     """The guarded rule's support gate: this node's log-probs of the rows it would push up in J = 4 external
     groups (text, re-tokenized)."""
@@ -175,11 +267,13 @@ def main() -> None:
     params = shape_from_config(config).parameters  # an NF4 model's tensors hold two weights a byte
     sampling = SamplingParams(n=args.completions, temperature=temperature, top_p=top_p,
                               max_new_tokens=args.max_new_tokens, stop=tuple(node.generation.stop), seed=args.seed)
-    sampled = sample_round(policy, node, sampling, args)
     gflops = matmul_gflops()
+    sampled, samplers = compare_samplers(policy, node, sampling, params, gflops, args)
     rows = [measure_variant(variant, policy if kind == kinds[0] else load(variant_model(node.model, kind)), node,
                             config, params, sampled, gflops, args)
             for variant, kind in zip(args.variants, kinds)]
+    for sampler in samplers:  # a round is its sampling and the first variant's step
+        sampler["rounds_per_minute"] = round(60 / (sampler["generate_s"] + rows[0]["train_s"]), 2)
     gate_s, gated = gate_seconds(policy, node, sampled.groups, args)
 
     table = Table(title=f"one round on {args.model}: {args.tasks} tasks x {args.completions} completions x "
@@ -189,6 +283,13 @@ def main() -> None:
     for r in rows:
         table.add_row(*map(str, r.values()))
     console.print(table)
+    sampling_table = Table(title=f"sampling the round, median of {args.repeats} (rounds per minute with the {rows[0]['variant']}:"
+                                 f"{rows[0]['micro_batch']} step)")
+    for key in samplers[0]:
+        sampling_table.add_column(key.replace("_", " "), justify="right")
+    for r in samplers:
+        sampling_table.add_row(*map(str, r.values()))
+    console.print(sampling_table)
     console.print(f"{params / 1e6:.1f}M parameters; float32 matrix product: {gflops:.0f} GFLOP/s on "
                   f"{torch.get_num_threads()} threads (peak RSS is the process's, cumulative over the rows); "
                   f"the support gate over {gated} external groups: {gate_s:.2f} s")
@@ -200,7 +301,8 @@ def main() -> None:
             "max_new_tokens": args.max_new_tokens, "temperature": temperature, "top_p": top_p,
             "prompt_tokens": sampled.prompt_tokens, "completion_tokens": sampled.completion_tokens,
             "matmul_gflops": round(gflops, 1), "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-            "machine": platform.machine(), "rows": rows, "support_gate_s": round(gate_s, 2), "support_gate_groups": gated,
+            "machine": platform.machine(), "rows": rows, "samplers": samplers, "repeats": args.repeats,
+            "command": " ".join(sys.argv[1:]), "support_gate_s": round(gate_s, 2), "support_gate_groups": gated,
         }, indent=2))
         console.print(f"saved {args.out}")
 

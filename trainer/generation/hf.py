@@ -1,7 +1,7 @@
 """The transformers backend: the CPU default, and the reference the other backends must match.
 
 Its own decode loop rather than `generate` (or transformers' continuous batching, `generate_batch`, which
-on 2 CPU cores samples a round 3-5x slower: docs/bench/README.md, "Sampling on the CPU"), for what a GRPO
+on 2 CPU cores samples a round 3.4-4x slower: docs/bench/README.md, "Sampling on the CPU"), for what a GRPO
 round lives on:
 - the prompts' shared head (chat template, system prompt, worked example) runs once for all of them, each
   prompt's own tail once, and its n completions decode on copies of that KV cache;
