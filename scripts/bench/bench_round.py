@@ -251,6 +251,15 @@ def gate_seconds(policy, node, groups: list[RolloutGroup], args: argparse.Namesp
     return time.perf_counter() - started, len(external)
 
 
+def table_of(rows: list[dict], title: str) -> Table:
+    table = Table(title=title)
+    for key in rows[0]:
+        table.add_column(key.replace("_", " "), justify="right")
+    for r in rows:
+        table.add_row(*map(str, r.values()))
+    return table
+
+
 def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -276,20 +285,10 @@ def main() -> None:
         sampler["rounds_per_minute"] = round(60 / (sampler["generate_s"] + rows[0]["train_s"]), 2)
     gate_s, gated = gate_seconds(policy, node, sampled.groups, args)
 
-    table = Table(title=f"one round on {args.model}: {args.tasks} tasks x {args.completions} completions x "
-                        f"<= {args.max_new_tokens} new tokens ({sampled.completion_tokens} generated)")
-    for key in rows[0]:
-        table.add_column(key.replace("_", " "), justify="right")
-    for r in rows:
-        table.add_row(*map(str, r.values()))
-    console.print(table)
-    sampling_table = Table(title=f"sampling the round, median of {args.repeats} (rounds per minute with the {rows[0]['variant']}:"
-                                 f"{rows[0]['micro_batch']} step)")
-    for key in samplers[0]:
-        sampling_table.add_column(key.replace("_", " "), justify="right")
-    for r in samplers:
-        sampling_table.add_row(*map(str, r.values()))
-    console.print(sampling_table)
+    console.print(table_of(rows, f"one round on {args.model}: {args.tasks} tasks x {args.completions} completions x "
+                                 f"<= {args.max_new_tokens} new tokens ({sampled.completion_tokens} generated)"))
+    console.print(table_of(samplers, f"sampling the round, median of {args.repeats} (rounds per minute with the "
+                                     f"{rows[0]['variant']}:{rows[0]['micro_batch']} step)"))
     console.print(f"{params / 1e6:.1f}M parameters; float32 matrix product: {gflops:.0f} GFLOP/s on "
                   f"{torch.get_num_threads()} threads (peak RSS is the process's, cumulative over the rows); "
                   f"the support gate over {gated} external groups: {gate_s:.2f} s")
