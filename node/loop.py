@@ -9,14 +9,14 @@ import random
 import socket
 import time
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
 from node.config import NodeConfig
 from node.lifecycle import StopSignal
 from node import planner
-from node.metrics import MetricsLog, RoundMetrics
+from node.metrics import Evaluation, MetricsLog, RoundMetrics
 from node.pressure import MemoryWatch, round_peak_reader
 from node.progress import Progress
 from node.selection import Selector, informative
@@ -34,7 +34,7 @@ from trainer.groups import RolloutGroup
 from trainer.grpo import GRPOTrainer, StepStats
 from trainer.memory import GB
 from trainer.policy import ModelLoadError, finite_weights, load_policy
-from trainer.rollout import accuracy, accuracy_by_dataset, evaluate, rollout
+from trainer.rollout import accuracy, accuracy_by_dataset, evaluate, mean_reward, rollout
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Node:
                                              "from an older one") from None
         self.generator = make_generator(cfg.generation, self.policy)
         self.tasks = TaskSource(cfg.tasks.mix(), seed=cfg.run.seed)
-        self.eval_tasks = TaskSource(cfg.tasks.mix(), seed=cfg.tasks.eval_seed).draw(cfg.tasks.eval_size)
+        self.eval_tasks = TaskSource(cfg.tasks.eval_mix(), seed=cfg.tasks.eval_seed).draw(cfg.tasks.eval_size)
         self.trainer = GRPOTrainer(self.policy, cfg.grpo, cfg.generation.max_new_tokens, cfg.run.rounds, cfg.generation.stop)
         self.watch = LearningWatch(cfg.generation.max_new_tokens, cfg.grpo.lr, cfg.tasks.eval_size)
         self.round = 0
@@ -139,11 +139,17 @@ class Node:
         checkpoint.save(self.checkpoints, self.round, self.policy.model, self.policy.tokenizer, trainer_state, state,
                         keep=self.cfg.run.keep_checkpoints)
 
-    def evaluate(self) -> tuple[float, dict[str, float]]:
-        """Greedy accuracy on the held-out set, overall and per dataset."""
-        gen = self.cfg.generation
-        groups = evaluate(self.generator, self.policy, self.eval_tasks, gen.max_new_tokens, gen.stop)
-        return accuracy(groups), accuracy_by_dataset(groups)
+    def evaluate(self) -> Evaluation:
+        """Greedy accuracy on the held-out set, overall and per dataset; with `tasks.eval_samples` k, the expected
+        accuracy too, from k completions a task sampled as the rounds sample (seeded alike at every evaluation, so
+        that two evaluations differ by the model, not by the draw)."""
+        gen, k = self.cfg.generation, self.cfg.tasks.eval_samples
+        greedy = evaluate(self.generator, self.policy, self.eval_tasks, gen.max_new_tokens, gen.stop)
+        if not k:
+            return Evaluation(accuracy(greedy), accuracy_by_dataset(greedy))
+        params = replace(SamplingParams.from_config(gen, seed=self.cfg.tasks.eval_seed), n=k)
+        sampled = rollout(self.generator, self.policy, self.eval_tasks, params)
+        return Evaluation(accuracy(greedy), accuracy_by_dataset(greedy), accuracy(sampled), accuracy_by_dataset(sampled))
 
     def run(self, stop: StopSignal) -> None:
         """Serve status, join the swarm (unless p2p is off) and run rounds until done or asked to stop.
@@ -190,12 +196,13 @@ class Node:
     def _run_rounds(self, stop: StopSignal) -> None:
         cfg = self.cfg
         if self.round == 0:
-            eval_acc, eval_by_dataset = self._evaluate(stop)
+            evaluation = self._evaluate(stop)
             self._record(RoundMetrics(round=0, time=time.time(), reward_mean=None, accuracy_train=None,
-                                      eval_accuracy=eval_acc, eval_by_dataset=eval_by_dataset, n_local=0,
-                                      n_external=0, tokens_generated=0, seconds_generate=0.0, seconds_train=0.0,
+                                      eval_accuracy=evaluation.accuracy, eval_by_dataset=evaluation.by_dataset,
+                                      eval_expected=evaluation.expected, eval_expected_by_dataset=evaluation.expected_by_dataset,
+                                      n_local=0, n_external=0, tokens_generated=0, seconds_generate=0.0, seconds_train=0.0,
                                       seconds_other=0.0))
-            self.watch.evaluated(0, eval_acc)
+            self.watch.evaluated(0, evaluation.accuracy)
         self.memory.start()  # its first window is a round's: not the loading, nor the first evaluation
         saved_round = self.round
         while self.round < cfg.run.rounds and not stop.requested:
@@ -225,17 +232,18 @@ class Node:
         groups, published = self._share(r, sampled, feed)
         # 4. one GRPO step on local + external groups, then the new weights into the generator
         t0 = time.perf_counter()
-        stats, seconds["push"] = self._train(r, self.selector.local(groups, slots) + pick.groups)
+        batch = self.selector.local(groups, slots) + pick.groups
+        stats, seconds["push"] = self._train(r, batch)
         seconds["train"] = time.perf_counter() - t0
         self.selector.observe_own(stats.local_logprobs)
         self.round = r
         # 5. the next round's micro-batch from this one's memory peak, evaluation when due, the metrics row
         micro_batch, memory_peak = self._fit_micro_batch(stats)
-        evaluation = self._evaluate(stop) if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else (None, None)
+        evaluation = self._evaluate(stop) if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else Evaluation()
         seconds["other"] = time.perf_counter() - started - seconds["generate"] - seconds["train"]
-        self._record(self._round_metrics(r, sampled, groups, pick, stats, seconds, evaluation, published,
+        self._record(self._round_metrics(r, sampled, groups, batch, pick, stats, seconds, evaluation, published,
                                          micro_batch, memory_peak))
-        self._watch(r, groups, evaluation[0])
+        self._watch(r, groups, evaluation.accuracy)
         return True
 
     def _watch(self, r: int, groups: list[RolloutGroup], eval_accuracy: float | None) -> None:
@@ -284,13 +292,16 @@ class Node:
         self.trainer.cfg = self.trainer.cfg.model_copy(update={"micro_batch": lower})
         return used, peak
 
-    def _round_metrics(self, r: int, sampled: list[RolloutGroup], groups: list[RolloutGroup], pick, stats: StepStats,
-                       seconds: dict[str, float], evaluation: tuple, published: int, micro_batch: int,
-                       memory_peak: float | None) -> RoundMetrics:
-        rewards = [x for g in groups for x in g.rewards]
+    def _round_metrics(self, r: int, sampled: list[RolloutGroup], groups: list[RolloutGroup], batch: list[RolloutGroup],
+                       pick, stats: StepStats, seconds: dict[str, float], evaluation: Evaluation, published: int,
+                       micro_batch: int, memory_peak: float | None) -> RoundMetrics:
+        """The round's row. `groups`: the round's own (the primary reward counts only these); `batch`: what the step
+        was given, local and external (the paper's reward counts these)."""
         return RoundMetrics(
-            round=r, time=time.time(), reward_mean=sum(rewards) / len(rewards), accuracy_train=accuracy(groups),
-            eval_accuracy=evaluation[0], eval_by_dataset=evaluation[1], n_local=len(groups), n_external=len(pick.groups),
+            round=r, time=time.time(), reward_mean=mean_reward(groups), accuracy_train=accuracy(groups),
+            batch_reward_mean=mean_reward(batch), eval_accuracy=evaluation.accuracy, eval_by_dataset=evaluation.by_dataset,
+            eval_expected=evaluation.expected, eval_expected_by_dataset=evaluation.expected_by_dataset,
+            n_local=len(groups), n_external=len(pick.groups),
             tokens_generated=sum(len(ids) for g in sampled for ids in g.completion_ids or []),
             seconds_generate=seconds["generate"], seconds_train=seconds["train"], seconds_other=seconds["other"],
             seconds_push=seconds["push"], groups_trained=stats.groups_used, groups_dropped_uniform=stats.groups_dropped_uniform,
@@ -352,13 +363,13 @@ class Node:
     def _retrying(self, what: str, fn, stop: StopSignal):
         return retrying(what, fn, self.cfg.run.retries, self.cfg.run.retry_backoff_s, stop)
 
-    def _evaluate(self, stop: StopSignal) -> tuple[float | None, dict[str, float] | None]:
+    def _evaluate(self, stop: StopSignal) -> Evaluation:
         """Evaluation is a measurement, not progress: when it keeps failing the round goes on without it."""
         try:
-            return self._retrying("evaluation", self.evaluate, stop) or (None, None)
+            return self._retrying("evaluation", self.evaluate, stop) or Evaluation()
         except ComponentFailed as e:
             log.error("%s; this evaluation is skipped", e)
-            return None, None
+            return Evaluation()
 
     def _live_p2p(self) -> dict:
         """Current gossip and pool counters, for the status endpoint."""

@@ -11,6 +11,16 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """The held-out measurement: greedy accuracy and, with `tasks.eval_samples` k, the expected accuracy (the mean
+    over k completions per task at the sampling temperature), each overall and per dataset. All None: not evaluated."""
+    accuracy: float | None = None
+    by_dataset: dict[str, float] | None = None
+    expected: float | None = None
+    expected_by_dataset: dict[str, float] | None = None
+
+
 @dataclass
 class RoundMetrics:
     round: int
@@ -26,6 +36,9 @@ class RoundMetrics:
     seconds_other: float
     seconds_push: float = 0.0  # of seconds_train, pushing the new weights into the generator
     eval_by_dataset: dict[str, float] | None = None
+    eval_expected: float | None = None  # expected held-out accuracy: the mean over tasks.eval_samples completions a task
+    eval_expected_by_dataset: dict[str, float] | None = None
+    batch_reward_mean: float | None = None  # the paper's metric: mean reward of the round's training batch, local + external groups
     groups_trained: int = 0
     groups_dropped_uniform: int = 0
     local_informative: int = 0  # local groups whose rewards differ (the others carry no gradient)

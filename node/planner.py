@@ -59,7 +59,8 @@ def round_shape(cfg: NodeConfig, prompt_tokens: int) -> memory.RoundShape:
     g = cfg.generation.completions_per_group
     return memory.RoundShape(
         rows=-(-(cfg.run.local_groups + cfg.selection.external_groups) * g // cfg.grpo.minibatches),
-        generation_rows=min(cfg.generation.batch_size, max(generated_groups(cfg) * g, cfg.tasks.eval_size)),
+        generation_rows=min(cfg.generation.batch_size, max(generated_groups(cfg) * g,
+                                                              cfg.tasks.eval_size * max(1, cfg.tasks.eval_samples))),
         prompt_tokens=prompt_tokens, completion_tokens=cfg.generation.max_new_tokens)
 
 
@@ -95,8 +96,9 @@ def inputs(cfg: NodeConfig) -> Inputs:
     settled = settle(cfg, source, parameters)
     cfg = settled.cfg
     template = uses_chat_template(cfg.model, tokenizer)
-    prompts = [format_prompt(tokenizer, t.prompt, template, cfg.model.chat_example)
-               for t in TaskSource(cfg.tasks.mix(), seed=cfg.tasks.eval_seed).draw(min(cfg.tasks.eval_size, PROMPTS_MEASURED))]
+    mixes = [cfg.tasks.mix()] + ([cfg.tasks.eval_mix()] if cfg.tasks.eval_datasets else [])  # trained on, evaluated on
+    prompts = [format_prompt(tokenizer, t.prompt, template, cfg.model.chat_example) for mix in mixes
+               for t in TaskSource(mix, seed=cfg.tasks.eval_seed).draw(min(cfg.tasks.eval_size, PROMPTS_MEASURED))]
     longest = max(len(ids) for ids in tokenizer(prompts, add_special_tokens=not template)["input_ids"])
     return Inputs(model_config, tokenizer, source, round_shape(cfg, longest + longest // 4), wants_of(cfg), settled)
 

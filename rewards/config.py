@@ -42,11 +42,18 @@ class TasksConfig(BaseModel):
         description="weighted task mix; on the command line also 'arith,reverse:2,rg/leg_counting', where a mix's "
         f"name ({', '.join(MIXES)}) stands for its datasets",
     )
+    eval_datasets: Annotated[list[DatasetSpec] | None, NoDecode] = Field(
+        None, min_length=1,
+        description="the evaluation's task mix, in the same forms as datasets (default: the training mix): families a node "
+        "does not train on, to see what it learns from peers, or the training mix less families that saturate")
     eval_size: int = Field(200, ge=1, description="held-out tasks in the fixed evaluation set")
+    eval_samples: int = Field(0, ge=0, le=64, description="completions per held-out task at the sampling temperature for "
+                              "the expected accuracy (their mean), reported beside the greedy accuracy; 0: greedy only. "
+                              "k samples tell apart smaller changes than one greedy answer, at k times the evaluation's cost")
     eval_seed: int = Field(7, description="seed of the evaluation set (keep it apart from run.seed)")
     format_weight: float = Field(0.0, ge=0, description="extra reward for a well-formed <answer> block")
 
-    @field_validator("datasets", mode="before")
+    @field_validator("datasets", "eval_datasets", mode="before")
     @classmethod
     def _shorthand(cls, value: Any) -> Any:
         """'arith,reverse:2' -> [{'name': 'arith'}, {'name': 'reverse', 'weight': 2}]; a JSON list is read as one."""
@@ -69,6 +76,10 @@ class TasksConfig(BaseModel):
 
     def mix(self) -> list[DatasetMix]:
         return [d.mix() for d in self.datasets]
+
+    def eval_mix(self) -> list[DatasetMix]:
+        """What the held-out set is drawn from: `eval_datasets`, else the training mix."""
+        return [d.mix() for d in self.eval_datasets or self.datasets]
 
     def has(self, dataset: str, config: dict[str, Any]) -> bool:
         """Whether this node draws tasks of this dataset with this config (defaults written out or not)."""

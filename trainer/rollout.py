@@ -30,6 +30,12 @@ def rollout(generator: Generator, policy: Policy, tasks: Sequence[Task], params:
             for task, completions in zip(tasks, outputs)]
 
 
+def mean_reward(groups: Sequence[RolloutGroup]) -> float | None:
+    """The mean reward over every completion of `groups` (None for none)."""
+    rewards = [x for g in groups for x in g.rewards]
+    return sum(rewards) / len(rewards) if rewards else None
+
+
 def accuracy(groups: Sequence[RolloutGroup]) -> float:
     flags = [c for g in groups for c in g.correct]
     return sum(flags) / max(1, len(flags))

@@ -59,7 +59,7 @@ def main() -> None:
     finally:
         timer.cancel()
     wall = time.perf_counter() - started
-    final_eval, final_by_dataset = node.evaluate()
+    final = node.evaluate()
 
     rows = [json.loads(line) for line in node.metrics.path.read_text().splitlines()]
     rounds = [r for r in rows if r["round"] > 0]
@@ -72,10 +72,10 @@ def main() -> None:
         "rounds": len(rounds),
         "rounds_per_minute": round(len(rounds) / (wall / 60), 1),
         "eval_accuracy_before": rows[0]["eval_accuracy"],
-        "eval_accuracy_after": final_eval,
-        "eval_gain_points": round(100 * (final_eval - rows[0]["eval_accuracy"]), 1),
+        "eval_accuracy_after": final.accuracy,
+        "eval_gain_points": round(100 * (final.accuracy - rows[0]["eval_accuracy"]), 1),
         "eval_by_dataset_before": rows[0]["eval_by_dataset"],
-        "eval_by_dataset_after": final_by_dataset,
+        "eval_by_dataset_after": final.by_dataset,
         "eval_curve": [[r["round"], r["eval_accuracy"]] for r in rows if r["eval_accuracy"] is not None],
         "share_generate": round(phase["generate"] / total, 3),
         "share_train": round(phase["train"] / total, 3),
