@@ -64,7 +64,8 @@ def test_the_report_merges_per_run_files_and_draws_the_figure_from_the_json(tmp_
     merged = json.loads((tmp_path / "results.json").read_text())
     assert len(merged["runs"]) == 6 and [r["config"] for r in merged["configs"]][1] == "homogeneous control 4+4 own"
     md = (tmp_path / "results.md").read_text().splitlines()
-    assert len(md) == 2 + 3 and md[3].startswith("| homogeneous control 4+4 own | 10.75 ± ")
+    assert len(md) == 2 + 3 + 1 + 2 + 3 and md[3].startswith("| homogeneous control 4+4 own | 10.75 ± ")
+    assert md[6].startswith("| configuration | informative groups trained /round |") and md[9].startswith("| homogeneous control")
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "homogeneous 4/4 signal" in (tmp_path / "table.txt").read_text()
 
@@ -80,7 +81,9 @@ def test_the_testbeds_task_mixes_are_valid_node_configs_and_the_heterogeneous_on
     from node.recipes import RECIPES
     from rewards.config import TasksConfig
 
-    for bed in experiment.TESTBEDS.values():
+    for name, bed in experiment.TESTBEDS.items():
+        if name == "specialists":  # the recipe's mix split between two owners: test_the_specialists_split_...
+            continue
         for preset, mix in zip(bed["presets"] * 2, bed["task_mixes"]):
             names = [d.name for d in TasksConfig(datasets=json.loads(mix)).datasets]
             assert names == (["arith", "reverse"] if preset.startswith("tiny") else
@@ -302,3 +305,93 @@ def test_a_node_beside_a_companion_is_paired_with_the_silo_node_of_its_own_seed(
     row = {r["config"]: r for r in experiment.summarize(runs)}["smollm2+tiny 2/2 guarded"]
     assert row["vs_silo_per_seed"] == pytest.approx([0.1])  # against node0 alone (10), not the silo's mean (15)
     assert row["eval_vs_silo"] == [[0, 0.0], [5, 0.0]] and row["eval_vs_silo_worst"] == 0.0
+
+
+def test_the_specialists_split_the_recipes_mix_between_two_owners_and_are_evaluated_on_all_of_it():
+    from node.flags import config_from_flags
+    from node.recipes import RECIPES
+
+    bed = experiment.TESTBEDS["specialists"]
+    a, b = ({d["name"] for d in json.loads(mix)} for mix in bed["task_mixes"])
+    assert a == {"arith", "rg/basic_arithmetic"} and b == {"rg/products"}
+    assert a | b == {d["name"] for d in RECIPES["smollm2-135m"]["tasks"]["datasets"]}
+    names = [c.name for c in experiment.grid([], "specialists")]
+    assert names == ["specialists 4/0", "specialists 2/2 guarded", "specialists-union 4/0", "specialists 4/0 overdraw 2"]
+    swarm = experiment.grid([], "specialists")[1]
+    assert swarm.silo.name == "specialists 4/0" and experiment.Config("specialists-union", 4, 0).silo.name == "specialists 4/0"
+    cfg = config_from_flags(swarm.node_args(30, 30) + bed["extra"] + ["--tasks", bed["task_mixes"][0]])
+    assert cfg.selection.accept == "any" and (cfg.tasks.eval_size, cfg.tasks.eval_samples) == (400, 4)
+    weights = {d.name: d.weight for d in cfg.tasks.eval_datasets}
+    assert weights == {"arith": 1, "rg/basic_arithmetic": 1, "rg/products": 2}  # about 200 of the 400 are products
+
+
+def test_the_learning_rate_sweep_pairs_each_rate_with_the_recipes_and_sets_it_on_the_node():
+    from node.flags import config_from_flags
+
+    configs = experiment.grid([], "lr")
+    assert [c.name for c in configs] == ["smollm2-sweep 4/0 lr 1e-05", "smollm2-sweep 4/0 lr 3e-05", "smollm2-sweep 4/0 lr 0.0001",
+                                         "smollm2-sweep-lora 4/0 lr 0.0001", "smollm2-sweep-lora 4/0 lr 0.0003"]
+    assert {c.silo.name for c in configs} == {"smollm2-sweep 4/0 lr 1e-05"}
+    lora = configs[-1]
+    cfg = config_from_flags(lora.node_args(30, 10) + experiment.TESTBEDS[lora.testbed]["extra"])
+    assert cfg.grpo.lr == 3e-4 and cfg.model.lora.enabled and cfg.tasks.eval_samples == 4
+    runs = [fake_run(c, 0, [10.0 + k], models=("smollm2-135m",)) for k, c in enumerate(configs)]
+    rows = {r["config"]: r for r in experiment.summarize(runs)}
+    assert rows["smollm2-sweep 4/0 lr 0.0001"]["vs_silo"] == pytest.approx(0.2)  # 12 against the recipe rate's 10
+
+
+def test_the_expected_held_out_gap_is_paired_per_node_and_dataset_with_its_smallest_detectable_effect():
+    alone, swarm = Config("specialists", 4, 0), Config("specialists", 2, 2, "guarded")
+    runs = []
+    for seed, products in enumerate((0.10, 0.12, 0.08)):  # specialist A gains on products; B does not move
+        for cfg, gain in ((alone, 0.0), (swarm, products)):
+            run = fake_run(cfg, seed, [10.0, 10.0], models=("smollm2-135m",))
+            for node, own in zip(run["nodes"], ("arith", "rg/products")):
+                last = {"arith": 0.4, "rg/products": 0.6 + (gain if node["name"] == "node0" else 0.0)}
+                node.update(expected_first=0.5, expected_last=statistics.mean(last.values()),
+                            expected_by_dataset_first={}, expected_by_dataset_last=last)
+            runs.append(run)
+    rows = {r["config"]: r for r in experiment.summarize(runs)}
+    gaps = rows["specialists 2/2 guarded"]["expected_vs_silo"]
+    assert gaps["node0 rg/products"]["gap"] == pytest.approx(0.10) and gaps["node1 rg/products"]["gap"] == pytest.approx(0.0)
+    assert gaps["node0 rg/products"]["ci95"] == pytest.approx(4.30 * 0.02 / math.sqrt(3))
+    assert gaps["node0 rg/products"]["mde"] == pytest.approx((4.30 + 1.061) * 0.02 / math.sqrt(3))
+    assert gaps["all"]["gap"] == pytest.approx(0.025)  # A's +0.10 on one of two datasets, over two nodes
+    assert experiment.held_out_gap(gaps["node0 rg/products"]).startswith("+0.100 ± 0.050")
+    wobble = {"gap": 0.01, "ci95": 0.05, "mde": 0.07, "seeds": 3}
+    assert experiment.held_out_gap(wobble) == "+0.010 ± 0.050: no effect seen (detectable: 0.070)"
+
+
+def test_a_node_records_the_papers_cumulative_reward_and_its_dose_from_its_metrics(tmp_path):
+    summary = {"name": "node0", "model": "smollm2-135m", "companion": False, "exit_code": 0, "cumulative_reward": 1.0,
+               "tokens_generated": 960, "seconds": 9.0, "external_used": 2, "external_inspected": 4,
+               "external_informative": 2, "local_groups": 6, "local_informative": 3}
+    folder = node_folder(tmp_path / "node0", [4.0, 4.0, 4.0], [2.0, 2.0, 2.0], "cpu")
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    for row, batch, trained in zip(rows[1:], (0.5, 0.75, 1.0), (1, 3, 2)):
+        row.update(batch_reward_mean=batch, groups_trained=trained)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record = experiment.node_record(folder, summary)
+    assert record["paper_cumulative_reward"] == pytest.approx(2.25) and record["dose_per_round"] == pytest.approx(2.0)
+    del rows[2]["batch_reward_mean"]  # a run from before the nodes recorded it
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert experiment.node_record(folder, summary)["paper_cumulative_reward"] is None
+
+
+@pytest.mark.parametrize("failed", [[], [KILLED]])
+def test_a_finished_runs_checkpoints_are_deleted_once_its_result_is_saved_and_a_failed_ones_kept(tmp_path, monkeypatch, failed):
+    from argparse import Namespace
+
+    from rich.console import Console
+
+    cfg = Config("homogeneous", 8, 0)
+    seed_dir = tmp_path / experiment.slug(cfg.name) / "seed0"
+    per_node = [{"name": "node0", "companion": False, "exit_code": 0}]
+    checkpoints = seed_dir / "node0" / "checkpoints" / "round-000002"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "model.safetensors").write_bytes(b"weights")
+    monkeypatch.setattr(experiment, "run", lambda *a, **k: {"per_node": per_node, "stopped": False, "failed": failed})
+    monkeypatch.setattr(experiment, "node_record", lambda folder, summary: {"name": summary["name"]})
+    experiment.run_one(cfg, 0, Namespace(out=tmp_path, nodes=1, rounds=2, eval_every=1), Console(file=open(tmp_path / "log", "w")))
+    assert (seed_dir / "result.json").exists()
+    assert checkpoints.exists() == bool(failed)  # a failed run resumes from them

@@ -14,7 +14,8 @@ Cumulative reward = the sum over rounds of a node's mean reward on its own (loca
 averaged over the swarm's nodes. Each configuration is paired with the silo of its testbed and
 seed. Every finished run writes `<out>/<config>/seed<k>/result.json` as it ends, so a long grid runs in
 pieces: stopped (Ctrl-C, or the machine's session ending) and continued with `--resume`, which skips
-finished runs and continues an unfinished one from its nodes' last checkpoints (every eval point);
+finished runs and continues an unfinished one from its nodes' last checkpoints (every eval point; a finished run's
+checkpoints are deleted once its result is saved);
 without `--resume` an `--out` that holds runs is refused rather than mixed. `--only` splits the grid
 by configuration; `--report` merges whatever has finished into `results.json`, the table and the
 figure, which is drawn from that JSON alone.
@@ -39,6 +40,16 @@ The quantized check (`--quantized --nodes 1`) runs that silo with full fine-tuni
 frozen NF4 base; the NF4 row's "vs silo" columns compare it with full fine-tuning at the same seed:
 
     .venv/bin/python scripts/bench/sapo_experiment.py --quantized --nodes 1 --rounds 30 --eval-every 10 --seeds 3 --out docs/bench/nf4-check-2cpu --resume
+
+Issue 55's measurements. Every node records its own reward (the primary measure: its completions on fresh tasks),
+the paper's batch reward (its training batch, the external groups it kept included), the informative groups it
+trained (the dose) and, with `--tasks.eval_samples`, an expected held-out accuracy over k samples a task; the report
+gives each with paired intervals against the same nodes alone, and the smallest effect its seeds could have
+detected beside any "no effect". The learning-rate sweep (`--lr-sweep`, one node a run) and the swarm of specialists
+(`--specialists`: node A on arith and basic_arithmetic, node B on products; A's products accuracy is the endpoint):
+
+    .venv/bin/python scripts/bench/sapo_experiment.py --lr-sweep --nodes 1 --rounds 30 --eval-every 30 --seeds 3 --out runs/lr-sweep --resume
+    .venv/bin/python scripts/bench/sapo_experiment.py --specialists --nodes 2 --rounds 30 --eval-every 30 --seeds 5 --out runs/specialists --resume
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -97,8 +109,29 @@ TESTBEDS = {
 # recipe's 1e-5: the comparison is each arm as a user would run it, not one learning rate for both
 TESTBEDS["smollm2-nf4"] = {**TESTBEDS["smollm2"], "extra": ["--model.quantize", "nf4", "--model.lora.enabled", "true",
                                                             "--grpo.lr", "1e-4"], "silo": "smollm2"}
+# issue 55's powered evaluation: k = 4 completions a task at the sampling temperature beside the greedy one
+POWERED = ["--tasks.eval_samples", "4"]
+# its learning-rate sweep: SmolLM2 silos at several rates, paired with the recipe's (1e-5); the LoRA rows train adapters
+# on the full-precision base
+TESTBEDS["smollm2-sweep"] = {**TESTBEDS["smollm2"], "extra": POWERED, "silo": "smollm2-sweep", "silo_lr": 1e-5}
+TESTBEDS["smollm2-sweep-lora"] = {**TESTBEDS["smollm2-sweep"], "extra": POWERED + ["--model.lora.enabled", "true"]}
+SWEEP = [("smollm2-sweep", lr) for lr in (1e-5, 3e-5, 1e-4)] + [("smollm2-sweep-lora", lr) for lr in (1e-4, 3e-4)]
+# its swarm of specialists: the recipe's arithmetic mix split between two owners, A (arith and basic_arithmetic) and B
+# (products); both accept any task they can regenerate, and both are evaluated on the whole mix, products twice as
+# often (about 200 of 400 tasks: the endpoint is A's products accuracy). Alone, each trains on its own mix (node k of
+# the 4/0 arm is node k of the swarm without peers); the union silo trains both nodes on all three families
+ARITHMETIC = RECIPES["smollm2-135m"]["tasks"]["datasets"]
+SPECIALISTS_EVAL = ["--tasks.eval_datasets", json.dumps([{**d, "weight": 2 if d["name"] == "rg/products" else 1} for d in ARITHMETIC]),
+                    "--tasks.eval_size", "400", *POWERED]
+TESTBEDS["specialists"] = {"presets": ["smollm2-135m"],
+                           "task_mixes": [json.dumps([d for d in ARITHMETIC if d["name"] != "rg/products"]),
+                                          json.dumps([d for d in ARITHMETIC if d["name"] == "rg/products"])],
+                           "extra": ["--selection.accept", "any", *SPECIALISTS_EVAL]}
+TESTBEDS["specialists-union"] = {"presets": ["smollm2-135m"], "task_mixes": [json.dumps(ARITHMETIC)], "extra": SPECIALISTS_EVAL,
+                                 "silo": "specialists"}
 REAL = ("smollm2", "smollm2+tiny")  # testbeds of the short real-model grid (--real)
-GRIDS = ("paper", "quick", "real", "quantized")
+GRIDS = ("paper", "quick", "real", "quantized", "lr", "specialists")
+T80 = {1: 1.376, 2: 1.061, 3: 0.978, 4: 0.941, 5: 0.920, 6: 0.906, 7: 0.896, 8: 0.889, 9: 0.883}  # one-sided t at 80%
 
 
 @dataclass(frozen=True)
@@ -110,23 +143,27 @@ class Config:
     control: bool = False
     negatives: bool = False  # grpo.external_negatives: the ablation of learning only from peers' successes
     overdraw: float = 1.0  # selection.local_overdraw: local tasks sampled per local slot
+    lr: float | None = None  # grpo.lr (None: the model's own)
 
     @property
     def name(self) -> str:
         suffix = (" +negatives" if self.negatives else "") + (f" overdraw {self.overdraw:g}" if self.overdraw != 1 else "")
+        suffix += f" lr {self.lr:g}" if self.lr is not None else ""
         if self.control:
             return f"{self.testbed} control {self.local}+{self.external} own" + suffix
         return f"{self.testbed} {self.local}/{self.external}" + (f" {self.rule}" if self.external else "") + suffix
 
     @property
     def silo(self) -> Config:
-        return Config(TESTBEDS[self.testbed].get("silo", self.testbed), self.local + self.external, 0)
+        bed = TESTBEDS[self.testbed]
+        return Config(bed.get("silo", self.testbed), self.local + self.external, 0, lr=bed.get("silo_lr"))
 
     def node_args(self, rounds: int, eval_every: int) -> list[str]:
         args = ["--tasks.eval_size", "200", "--run.eval_every", str(eval_every), "--run.checkpoint_every", str(eval_every),
                 "--run.keep_checkpoints", "1",
                 "--selection.rule", self.rule, "--grpo.external_negatives", str(self.negatives).lower(),
                 "--selection.local_overdraw", str(self.overdraw)]
+        args += ["--grpo.lr", f"{self.lr:g}"] if self.lr is not None else []
         return args + (["--selection.self_external", "true"] if self.control else [])
 
     @property
@@ -141,6 +178,11 @@ def grid(rules: list[str], kind: str = "paper", groups: int = 4) -> list[Config]
     'silo' is the full fine-tuning one)."""
     if kind == "quantized":
         return [Config("smollm2", 4, 0), Config("smollm2-nf4", 4, 0)]
+    if kind == "lr":
+        return [Config(bed, 4, 0, lr=lr) for bed, lr in SWEEP]
+    if kind == "specialists":  # alone, the swarm, the union of their data, and alone drawing twice the tasks
+        return [Config("specialists", 4, 0), Config("specialists", 2, 2, "guarded"), Config("specialists-union", 4, 0),
+                Config("specialists", 4, 0, overdraw=2)]
     if kind == "real":  # 4 groups by default: half the paper's round, which is what 2 cores carry for a real model
         configs = [Config(bed, i, groups - i, rule) for bed in REAL for i in (groups, groups // 2)
                    for rule in (rules if i < groups else ["uniform"])]
@@ -182,6 +224,7 @@ def node_record(node_dir: Path, summary: dict) -> dict:
                                    "external_used", "external_inspected", "external_informative", "local_groups",
                                    "local_informative")},
         "total_reward": sum(r["reward_mean"] * r["n_local"] * G for r in trained),
+        **dose_record(trained), **expected_record(evals),
         "eval_first": evals[0]["eval_accuracy"], "eval_last": evals[-1]["eval_accuracy"],
         "eval_by_dataset_first": evals[0]["eval_by_dataset"], "eval_by_dataset_last": evals[-1]["eval_by_dataset"],
         "curves": {"reward": [r["reward_mean"] for r in trained],
@@ -189,6 +232,25 @@ def node_record(node_dir: Path, summary: dict) -> dict:
                    "external_informative_share": share("external_informative", "external_inspected"),
                    "eval": [[r["round"], r["eval_accuracy"]] for r in evals]},
     }
+
+
+def dose_record(trained: list[dict]) -> dict:
+    """The paper's cumulative reward: each round's training batch, the external groups it kept included; the dose:
+    groups that carried signal into the step, a round. None for runs made before the nodes recorded them."""
+    return {"paper_cumulative_reward": None if any(r.get("batch_reward_mean") is None for r in trained)
+            else sum(r["batch_reward_mean"] for r in trained),
+            "dose_per_round": None if any("groups_trained" not in r for r in trained)
+            else mean([r["groups_trained"] for r in trained])}
+
+
+def expected_record(evals: list[dict]) -> dict:
+    """The expected held-out accuracy (tasks.eval_samples) at the first and last evaluation, overall and per dataset, and
+    its curve; None where the run evaluated greedily only."""
+    if evals[0].get("eval_expected") is None:
+        return {"expected_first": None, "expected_last": None, "expected_by_dataset_first": None, "expected_by_dataset_last": None}
+    return {"expected_first": evals[0]["eval_expected"], "expected_last": evals[-1]["eval_expected"],
+            "expected_by_dataset_first": evals[0]["eval_expected_by_dataset"],
+            "expected_by_dataset_last": evals[-1]["eval_expected_by_dataset"]}
 
 
 def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) -> dict:
@@ -220,6 +282,9 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
         result["nodes"] = [node_record(out / n["name"], n) for n in summary["per_node"]]
     out.mkdir(parents=True, exist_ok=True)
     done.write_text(json.dumps(result))
+    if not result["failed"]:  # its record is saved: a real model's checkpoints (1 GB each) would fill the disk
+        for node in summary["per_node"]:
+            shutil.rmtree(out / node["name"] / "checkpoints", ignore_errors=True)
     return result
 
 
@@ -236,7 +301,7 @@ def summarize(results: list[dict]) -> list[dict]:
     rows = []
     for name, runs in by_config.items():
         cfg = Config(**{k: runs[0][k] for k in ("testbed", "local", "external", "rule", "control", "negatives")},
-                     overdraw=runs[0].get("overdraw", 1.0))
+                     overdraw=runs[0].get("overdraw", 1.0), lr=runs[0].get("lr"))
         silo = {r["seed"]: r for r in by_config.get(cfg.silo.name, [])}
         runs = sorted(runs, key=lambda r: r["seed"])
         models = list(dict.fromkeys(n["model"] for r in runs for n in picked(r, None)))
@@ -272,7 +337,60 @@ def config_row(name: str, cfg: Config, runs: list[dict], silo: dict[int, dict], 
         "tokens_per_node": node("tokens_generated"), "seconds_per_node": node("seconds"),
         **informative_row(every, node), "external_used_per_round": node("external_used") / runs[0]["rounds"],
         **timing_row([n["timing"] for n in every if n.get("timing")]),
+        **measurement_row(runs, silo, model),
     }
+
+
+def mde(gaps: list[float]) -> float:
+    """The smallest mean paired gap these seeds would find at 5% (two-sided) with 80% power, given their spread."""
+    if len(gaps) < 2:
+        return float("nan")
+    df = len(gaps) - 1
+    return (T95.get(df, 1.96) + T80.get(df, 0.842)) * statistics.stdev(gaps) / math.sqrt(len(gaps))
+
+
+def measurement_row(runs: list[dict], silo: dict[int, dict], model: str | None) -> dict:
+    """Issue 55's measures: the dose (informative groups trained a round), the paper's cumulative reward and its paired
+    ratio to the silo, and the expected held-out accuracy's gaps to the same nodes alone (`expected_gaps`)."""
+    every = [n for r in runs for n in picked(r, model)]
+    complete = [r for r in runs if all(n.get("paper_cumulative_reward") is not None for n in picked(r, model))]
+    ratios = paper_ratios(complete, silo, model)
+    expected = [n for n in every if n.get("expected_last") is not None]
+    return {"dose_per_round": mean([n["dose_per_round"] for n in every if n.get("dose_per_round") is not None]),
+            "paper_cumulative_reward": mean([paper_reward(picked(r, model)) for r in complete]) if complete else None,
+            "paper_vs_silo": mean(ratios) if ratios else None, "paper_vs_silo_ci95": ci95(ratios),
+            "expected_first": mean([n["expected_first"] for n in expected]) if expected else None,
+            "expected_last": mean([n["expected_last"] for n in expected]) if expected else None,
+            "expected_vs_silo": expected_gaps(runs, silo, model)}
+
+
+def paper_reward(nodes: list[dict]) -> float:
+    return mean([n["paper_cumulative_reward"] for n in nodes])
+
+
+def paper_ratios(runs: list[dict], silo: dict[int, dict], model: str | None) -> list[float]:
+    """The paper's cumulative reward of each run against the same nodes alone at its seed, where both recorded it."""
+    pairs = [(picked(r, model), twins(silo[r["seed"]], r, model)) for r in runs if r["seed"] in silo]
+    return [paper_reward(ours) / paper_reward(theirs) - 1 for ours, theirs in pairs
+            if all(n.get("paper_cumulative_reward") for n in theirs)]
+
+
+def expected_gaps(runs: list[dict], silo: dict[int, dict], model: str | None) -> dict[str, dict]:
+    """The last expected held-out accuracy minus that of the same nodes alone at the same seed: over the row's nodes
+    ("all"), and per node and dataset ("node0 rg/products": specialist A's endpoint), each with its 95% interval and
+    minimum detectable effect over the seeds."""
+    gaps: dict[str, list[float]] = {}
+    for r in runs:
+        ours, theirs = picked(r, model), twins(silo[r["seed"]], r, model) if r["seed"] in silo else []
+        if not theirs or any(n.get("expected_last") is None for n in ours + theirs):
+            continue
+        gaps.setdefault("all", []).append(mean([n["expected_last"] for n in ours]) - mean([n["expected_last"] for n in theirs]))
+        alone = {n["name"]: n["expected_by_dataset_last"] for n in theirs}
+        for n in ours:
+            for dataset, acc in n["expected_by_dataset_last"].items():
+                if dataset in alone.get(n["name"], {}):
+                    gaps.setdefault(f"{n['name']} {dataset}", []).append(acc - alone[n["name"]][dataset])
+    return {k: {"gap": mean(g), "ci95": ci95(g), "mde": mde(g), "seeds": len(g)} for k, g in gaps.items()}
 
 
 def held_out_vs_silo(runs: list[dict], silo: dict[int, dict], model: str | None) -> tuple[list[list], list[float]]:
@@ -368,9 +486,10 @@ def report(out: Path, console: Console) -> None:
                       f"{r['local_informative_share']:.2f} / {ext}", f"{r['external_used_per_round']:.2f}",
                       f"{r['tokens_per_node']:,.0f}", f"{r['reward_per_1k_tokens']:.2f}", per_round(r), str(len(r["seeds"])))
     console.print(table)
+    console.print(measurement_table(rows))
     (out / "results.json").write_text(json.dumps({"subtitle": subtitle, "configs": rows, "runs": results,
                                                   "failed_runs_left_out": len(left_out)}))
-    (out / "results.md").write_text(markdown(rows))
+    (out / "results.md").write_text(markdown(rows) + "\n" + measurement_markdown(rows))
     figure(out / "results.json", out / "results.png")
     console.print(f"saved {out / 'results.json'}, {out / 'results.md'} (the table for docs/bench/README.md) and {out / 'results.png'}")
 
@@ -395,6 +514,49 @@ def markdown(rows: list[dict]) -> str:
                      f"{100 * r['vs_silo']:+.1f}% ± {ci(100 * r['vs_silo_ci95'])} | {r['eval_first']:.3f} -> {r['eval_last']:.3f} | "
                      f"{versus_silo(r)} | {r['local_informative_share']:.2f} / {ext} | {r['tokens_per_node']:,.0f} | "
                      f"{r['reward_per_1k_tokens']:.2f} | {per_round(r)} | {len(r['seeds'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def held_out_gap(stats: dict | None) -> str:
+    """A gap with its 95% interval; where the interval holds zero, 'no effect' and the smallest effect the design could
+    have detected beside it."""
+    if not stats or math.isnan(stats["ci95"]):
+        return "-" if not stats else f"{stats['gap']:+.3f} (1 seed)"
+    said = f"{stats['gap']:+.3f} ± {stats['ci95']:.3f}"
+    return said if abs(stats["gap"]) > stats["ci95"] else f"{said}: no effect seen (detectable: {stats['mde']:.3f})"
+
+
+def measurement_lines(rows: list[dict]) -> list[list[str]]:
+    """Per row: dose, the paper's batch reward against the silo, the expected held-out accuracy and its gap to the same
+    nodes alone, and each node's gap on each dataset."""
+    lines = []
+    for r in rows:
+        paper = "-" if r["paper_vs_silo"] is None else f"{100 * r['paper_vs_silo']:+.1f}% ± {100 * r['paper_vs_silo_ci95']:.1f}"
+        expected = "-" if r["expected_last"] is None else f"{r['expected_first']:.3f} -> {r['expected_last']:.3f}"
+        gaps = r["expected_vs_silo"]
+        per = "; ".join(f"{k}: {held_out_gap(v)}" for k, v in gaps.items() if k != "all")
+        dose = "-" if math.isnan(r["dose_per_round"]) else f"{r['dose_per_round']:.2f}"
+        lines.append([r["config"], dose, paper, expected, held_out_gap(gaps.get("all")), per or "-"])
+    return lines
+
+
+MEASURES = ("configuration", "informative groups trained /round", "paper's batch reward vs silo",
+            "expected held-out before -> after", "expected held-out vs alone", "per node and dataset vs alone")
+
+
+def measurement_table(rows: list[dict]) -> Table:
+    table = Table(title="the dose each arm received, the paper's metric (its training batch, peers' kept groups included) "
+                        "and the expected held-out accuracy (k samples a task) against the same nodes alone")
+    for col in MEASURES:
+        table.add_column(col, justify="right", no_wrap=col == "configuration")
+    for line in measurement_lines(rows):
+        table.add_row(*line)
+    return table
+
+
+def measurement_markdown(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(MEASURES) + " |", "|" + " --- |" * len(MEASURES)]
+    lines += ["| " + " | ".join(line) + " |" for line in measurement_lines(rows)]
     return "\n".join(lines) + "\n"
 
 
@@ -511,6 +673,10 @@ def parse_args() -> argparse.Namespace:
                    "paper's round is 8)")
     p.add_argument("--quantized", action="store_true", help="issue 36's learning check: a SmolLM2 silo (4 groups a "
                    "round) with full fine-tuning against LoRA on an NF4 base; pair it with --nodes 1")
+    p.add_argument("--lr-sweep", action="store_true", help="issue 55's learning-rate sweep: SmolLM2 silos at 1e-5, 3e-5 "
+                   "and 1e-4 (full fine-tuning) and 1e-4, 3e-4 (LoRA), paired with 1e-5, on the powered evaluation")
+    p.add_argument("--specialists", action="store_true", help="issue 55's swarm of specialists: two SmolLM2 owners "
+                   "splitting the arithmetic mix, alone, paired, on the union, and alone drawing twice the tasks")
     p.add_argument("--out", type=Path, default=Path("runs/experiment"))
     args = p.parse_args()
     if args.quick:
@@ -524,7 +690,8 @@ def parse_args() -> argparse.Namespace:
 
 def chosen_configs(args: argparse.Namespace) -> list[Config]:
     """The grid asked for (--only narrows it); refused when --out already holds runs of it and --resume is not given."""
-    kind = "quantized" if args.quantized else "real" if args.real else "quick" if args.quick else "paper"
+    kind = ("quantized" if args.quantized else "real" if args.real else "quick" if args.quick else "lr" if args.lr_sweep
+            else "specialists" if args.specialists else "paper")
     configs = grid(args.rules, kind, args.groups or 4)
     if args.only:
         unknown = set(args.only) - {c.name for c in configs}
