@@ -528,12 +528,14 @@ def held_out_gap(stats: dict | None) -> str:
 
 def measurement_lines(rows: list[dict]) -> list[list[str]]:
     """Per row: dose, the paper's batch reward against the silo, the expected held-out accuracy and its gap to the same
-    nodes alone, and each node's gap on each dataset."""
+    nodes alone, and each node's gap on each dataset (gaps left out of the reference row itself)."""
     lines = []
     for r in rows:
-        paper = "-" if r["paper_vs_silo"] is None else f"{100 * r['paper_vs_silo']:+.1f}% ± {100 * r['paper_vs_silo_ci95']:.1f}"
+        reference = r["reference"] == r["run_config"]
+        paper = ("-" if r["paper_vs_silo"] is None or reference else f"{100 * r['paper_vs_silo']:+.1f}%"
+                 + ("" if math.isnan(r["paper_vs_silo_ci95"]) else f" ± {100 * r['paper_vs_silo_ci95']:.1f}"))
         expected = "-" if r["expected_last"] is None else f"{r['expected_first']:.3f} -> {r['expected_last']:.3f}"
-        gaps = r["expected_vs_silo"]
+        gaps = {} if reference else r["expected_vs_silo"]
         per = "; ".join(f"{k}: {held_out_gap(v)}" for k, v in gaps.items() if k != "all")
         dose = "-" if math.isnan(r["dose_per_round"]) else f"{r['dose_per_round']:.2f}"
         lines.append([r["config"], dose, paper, expected, held_out_gap(gaps.get("all")), per or "-"])
