@@ -45,10 +45,6 @@ TRAINER_KEYS = ("optimizer", "scheduler", "torch_rng")
 PEER_WAIT_S = 120.0
 
 
-def _mean(xs: list[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None
-
-
 def round_seed(seed: int, round_: int) -> int:
     """Sampling seed of a round: a resumed run samples exactly what an uninterrupted one would."""
     return (seed * 1_000_003 + round_) % (2**63)
@@ -311,7 +307,7 @@ class Node:
             n_external_used=stats.external_groups_used, external_masked=stats.external_masked,
             external_gated=pick.gated, external_held_back=pick.held_back, seconds_gate=pick.gate_s,
             support_cutoff=self.selector.support.cutoff(),
-            external_reward_mean=_mean([x for g in pick.groups for x in g.rewards]),
+            external_reward_mean=mean_reward(pick.groups),
             external_peers=len({g.source for g in pick.groups}), external_dropped=dict(pick.dropped),
             external_sources=dict(Counter(g.source for g in pick.groups)),
             groups_published=published, micro_batch=micro_batch,
