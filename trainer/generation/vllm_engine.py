@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -136,10 +137,13 @@ class VLLMGenerator:
             self.llm.wake_up()
             self._asleep = False
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
+        # vLLM refuses n > 1 at temperature 0; greedy copies are one completion repeated, as the other backend gives
+        copies = params.n if params.temperature == 0 else 1
+        asked = replace(params, n=params.n // copies)
         with isolated_rng(self.device):
-            outputs = self.llm.generate(prompts, [self._sampling(params, i) for i in range(len(prompts))], use_tqdm=False,
+            outputs = self.llm.generate(prompts, [self._sampling(asked, i) for i in range(len(prompts))], use_tqdm=False,
                                         lora_request=self._lora)
-        return [[self._completion(o, params) for o in out.outputs] for out in outputs]
+        return [[self._completion(o, params) for o in out.outputs for _ in range(copies)] for out in outputs]
 
     def _sampling(self, params: SamplingParams, index: int):
         return self._vllm.SamplingParams(
