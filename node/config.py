@@ -43,6 +43,10 @@ class RunConfig(BaseModel):
                                     "a host a container's limit, else the memory available less 15% of the machine, at "
                                     "least 1 GB, for the rest of it)")
     eval_every: int = Field(25, ge=1, description="greedy evaluation on the held-out set every K rounds")
+    eval_cache_dir: Path | None = Field(None, description="a folder where the starting model's evaluation is kept, keyed "
+                                        "by its weights, evaluation prompts, answers, sampling and backend (not by the "
+                                        "code): a run that starts from the same model reuses it, so an experiment's arms "
+                                        "evaluate their shared base model once (null: every run evaluates it)")
     stop_on_collapse: bool = Field(False, description="stop, without a checkpoint of the weights, when held-out accuracy "
                                    "falls below half its start beyond the evaluation's noise (node/watch.py); off, the node "
                                    "warns at each such evaluation and trains on (a tiny model's dip can recover)")
@@ -55,12 +59,12 @@ class RunConfig(BaseModel):
                                   "current step has not finished within this many seconds")
     retry_backoff_s: float = Field(2.0, ge=0, description="wait before the first retry; doubles with each retry (at most 60 s)")
 
-    @field_validator("out_dir", mode="before")
+    @field_validator("out_dir", "eval_cache_dir", mode="before")
     @classmethod
     def _named(cls, value):
         """An empty value (an unset variable in `SAPO_RUN__OUT_DIR=$DIR`) would be the current folder."""
         if isinstance(value, str) and not value.strip():
-            raise ValueError("empty: name the run folder ('.' for the current one)")
+            raise ValueError("empty: name the folder ('.' for the current one)")
         return value
 
 

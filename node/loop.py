@@ -16,6 +16,7 @@ import torch
 from node.config import NodeConfig
 from node.lifecycle import StopSignal
 from node import planner
+from node.eval_cache import EvalCache, evaluation_key
 from node.metrics import Evaluation, MetricsLog, RoundMetrics
 from node.pressure import MemoryWatch, round_peak_reader
 from node.progress import Progress
@@ -192,7 +193,7 @@ class Node:
     def _run_rounds(self, stop: StopSignal) -> None:
         cfg = self.cfg
         if self.round == 0:
-            evaluation = self._evaluate(stop)
+            evaluation = self._starting_evaluation(stop)
             self._record(RoundMetrics(round=0, time=time.time(), reward_mean=None, accuracy_train=None,
                                       eval_accuracy=evaluation.accuracy, eval_by_dataset=evaluation.by_dataset,
                                       eval_expected=evaluation.expected, eval_expected_by_dataset=evaluation.expected_by_dataset,
@@ -366,6 +367,20 @@ class Node:
         except ComponentFailed as e:
             log.error("%s; this evaluation is skipped", e)
             return Evaluation()
+
+    def _starting_evaluation(self, stop: StopSignal) -> Evaluation:
+        """Round 0's evaluation, from `run.eval_cache_dir` when a run of the same model already measured it."""
+        if self.cfg.run.eval_cache_dir is None:
+            return self._evaluate(stop)
+        cache = EvalCache(self.cfg.run.eval_cache_dir)
+        key = evaluation_key(self.policy, self.generator, self.eval_tasks,
+                             {"generation": self.cfg.generation.model_dump(mode="json"), "k": self.cfg.tasks.eval_samples})
+        evaluation = cache.get(key)
+        if evaluation is None:
+            evaluation = self._evaluate(stop)
+            if evaluation.accuracy is not None:  # a skipped evaluation is not a measurement
+                cache.put(key, evaluation)
+        return evaluation
 
     def _live_p2p(self) -> dict:
         """Current gossip and pool counters, for the status endpoint."""

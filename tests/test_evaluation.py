@@ -88,3 +88,38 @@ def test_the_papers_batch_reward_counts_the_groups_the_step_was_given(tiny_a, ca
         assert len(batch) == 4 and sum(g.source != "local" for g in batch) == row["n_external"]  # empty slots go local
     assert any(r["n_external"] for r in trained)
     assert any(r["batch_reward_mean"] != pytest.approx(r["reward_mean"]) for r in trained if r["n_external"])
+
+
+def test_a_run_from_the_same_model_reuses_its_starting_evaluation_and_trains_the_same(tiny_a, cache_dir, tmp_path, monkeypatch):
+    """An experiment's arms share a base model: with run.eval_cache_dir the second run skips round 0's evaluation
+    and its metrics are the first run's; a different evaluation set is measured anew."""
+    cache = tmp_path / "evals"
+    common = ("--tasks.eval_samples", "2", "--run.eval_cache_dir", str(cache))
+    assert main(run_args(cache_dir, tmp_path / "first", 2, *common)) == 0
+    assert len(list(cache.glob("*.json"))) == 1
+    measured = []
+    monkeypatch.setattr(Node, "evaluate", lambda self, original=Node.evaluate: measured.append(self.round) or original(self))
+    assert main(run_args(cache_dir, tmp_path / "second", 2, *common)) == 0
+    assert measured == [2]  # the last round's model is new: it is measured
+    assert main(run_args(cache_dir, tmp_path / "uncached", 2, "--tasks.eval_samples", "2")) == 0  # measures 0 and 2
+
+    def trajectory(out):  # what the model did, to float noise; not the clock or the memory it took
+        return [{k: float(f"{v:.5g}") if isinstance(v, float) else v for k, v in r.items()
+                 if k not in ("time", "memory_peak_gb") and not k.startswith("seconds")} for r in rows(out)]
+    assert trajectory(tmp_path / "second") == trajectory(tmp_path / "first") == trajectory(tmp_path / "uncached")
+    assert main(run_args(cache_dir, tmp_path / "other-set", 1, *common, "--tasks.eval_seed", "8")) == 0
+    assert measured == [2, 0, 2, 0, 1] and len(list(cache.glob("*.json"))) == 2
+
+
+def test_a_damaged_or_unwritable_evaluation_cache_costs_time_not_the_run(tmp_path, caplog):
+    from node.eval_cache import EvalCache
+    from node.metrics import Evaluation
+    cache = EvalCache(tmp_path / "evals")
+    assert cache.get("k") is None
+    cache.put("k", Evaluation(0.5, {"arith": 0.5}, 0.25, {"arith": 0.25}))
+    assert cache.get("k") == Evaluation(0.5, {"arith": 0.5}, 0.25, {"arith": 0.25})
+    (tmp_path / "evals" / "k.json").write_text('{"accuracy": 0.5, "by_')
+    assert cache.get("k") is None and "unreadable" in caplog.text
+    (tmp_path / "file").write_text("")
+    EvalCache(tmp_path / "file").put("k", Evaluation(0.5))  # a file where the folder should be: warned, not raised
+    assert "cannot write" in caplog.text

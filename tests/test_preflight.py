@@ -205,7 +205,7 @@ def test_an_empty_run_folder_is_refused_not_taken_as_the_current_one(value, tmp_
     monkeypatch.setenv("SAPO_RUN__OUT_DIR", value)
     with pytest.raises(ConfigError) as e:
         load_config()
-    assert str(e.value).startswith("run.out_dir: empty: name the run folder ('.' for the current one)")
+    assert str(e.value).startswith("run.out_dir: empty: name the folder ('.' for the current one)")
     assert list(tmp_path.iterdir()) == []
 
 

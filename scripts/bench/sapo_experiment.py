@@ -45,7 +45,8 @@ Issue 55's measurements. Every node records its own reward (the primary measure:
 the paper's batch reward (its training batch, the external groups it kept included), the informative groups it
 trained (the dose) and, with `--tasks.eval_samples`, an expected held-out accuracy over k samples a task; the report
 gives each with paired intervals against the same nodes alone, and the smallest effect its seeds could have
-detected beside any "no effect". The learning-rate sweep (`--lr-sweep`, one node a run) and the swarm of specialists
+detected beside any "no effect". Runs that start from the same model share its round-0 evaluation
+(`run.eval_cache_dir`, kept in OUT/eval-cache). The learning-rate sweep (`--lr-sweep`, one node a run) and the swarm of specialists
 (`--specialists`: node A on arith and basic_arithmetic, node B on products; A's products accuracy is the endpoint):
 
     .venv/bin/python scripts/bench/sapo_experiment.py --lr-sweep --nodes 1 --rounds 30 --eval-every 30 --seeds 3 --out runs/lr-sweep --resume
@@ -264,7 +265,8 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
         return saved
     bed = TESTBEDS[cfg.testbed]
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=cfg.local, external=cfg.external, presets=bed["presets"],
-                     out=out, seed=100 * seed, extra=cfg.node_args(args.rounds, args.eval_every) + bed.get("extra", []),
+                     out=out, seed=100 * seed, extra=[*cfg.node_args(args.rounds, args.eval_every), *bed.get("extra", []),
+                                                      "--run.eval_cache_dir", str((args.out / "eval-cache").resolve())],
                      task_mixes=bed["task_mixes"], companions=bed.get("companions", []), network=cfg.network)
     t0 = time.time()
     try:
