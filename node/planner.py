@@ -15,7 +15,7 @@ from rewards import TaskSource
 from trainer import memory
 from trainer.memory import GB, MemoryPlanError
 from trainer.plan import Device, Plan, Wants, plan, probe
-from trainer.policy import ModelLoadError, format_prompt, load_tokenizer, require_packages, uses_chat_template
+from trainer.policy import ModelLoadError, format_prompt, load_tokenizer, prompt_example, require_packages, uses_chat_template
 from trainer.presets import resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def inputs(cfg: NodeConfig) -> Inputs:
     cfg = settled.cfg
     template = uses_chat_template(cfg.model, tokenizer)
     mixes = [cfg.tasks.mix()] + ([cfg.tasks.eval_mix()] if cfg.tasks.eval_datasets else [])  # trained on, evaluated on
-    prompts = [format_prompt(tokenizer, t.prompt, template, cfg.model.chat_example) for mix in mixes
+    prompts = [format_prompt(tokenizer, t.prompt, template, prompt_example(cfg.model, template)) for mix in mixes
                for t in TaskSource(mix, seed=cfg.tasks.eval_seed).draw(min(cfg.tasks.eval_size, PROMPTS_MEASURED))]
     longest = max(len(ids) for ids in tokenizer(prompts, add_special_tokens=not template)["input_ids"])
     return Inputs(model_config, tokenizer, source, round_shape(cfg, longest + longest // 4), wants_of(cfg), settled)

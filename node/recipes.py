@@ -5,7 +5,7 @@ written for the 0.3M-parameter tiny presets; a real model given by path or hub i
 
 - a tiny preset, a folder built from one, or any model under `TOY_PARAMETERS`: the config's defaults;
 - a preset with a recipe (smollm2-135m, also as a folder `sapo init-model --out` made): the recipe measured on it;
-- any other model: the pretrained profile below, and a learning rate by its size and by full fine-tuning or
+- any other model (gemma3-270m, whose recipe is not measured yet, included): the pretrained profile below, and a learning rate by its size and by full fine-tuning or
   LoRA (`learning_rate`, anchored in docs/models.md).
 
 Every value the user set (file, environment or flag) stands.
@@ -26,6 +26,7 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
         "tasks": {"datasets": MIXES["arithmetic"]},  # pass rates 0.39, 0.52, 0.25 (docs/bench/pass-rates-smollm2-135m-2cpu.json)
         "generation": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 64},
         "grpo": {"lr": 1e-5},
+        "model": {"plain_example": True},  # it has a chat template: no effect
     },
 }
 # A model given by path or hub id that is no preset: tasks a small pretrained model passes often enough to learn
@@ -35,6 +36,7 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
 PRETRAINED: dict[str, dict[str, Any]] = {
     "tasks": {"datasets": MIXES["arithmetic"]},
     "generation": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 256},
+    "model": {"plain_example": True},  # a base model with no chat template sees the answer format once (one-shot)
 }
 TOY_PARAMETERS = 10e6  # below this a model cannot follow a prompt's format: it gets the tiny presets' settings
 MIN_FITTED_TOKENS = 64  # the planner lowers a derived max_new_tokens no further (the recipe's length)
@@ -44,7 +46,8 @@ MIN_FITTED_TOKENS = 64  # the planner lowers a derived max_new_tokens no further
 # al., "LoRA Without Regret", 2025; SmolLM2 under LoRA on an NF4 base learned at 1e-4, docs/bench/nf4-check-2cpu).
 LR_ANCHORS = ((0.33e6, 2e-4), (135e6, 1e-5), (7e9, 1e-6))
 LORA_LR_FACTOR = 10
-KNOBS = {"tasks": ("datasets",), "generation": ("max_new_tokens", "temperature", "top_p"), "grpo": ("lr",)}  # what a profile sets
+KNOBS = {"tasks": ("datasets",), "generation": ("max_new_tokens", "temperature", "top_p"), "grpo": ("lr",),
+         "model": ("plain_example",)}  # what a profile sets
 
 
 def learning_rate(parameters: float, lora: bool) -> float:
@@ -103,9 +106,11 @@ def settle(cfg: Any, source: str, parameters: float) -> Settled:
     """`cfg` (a NodeConfig as its sources gave it) with its model's settings where the user set none.
     The learning rate waits for the plan (`settle_lr`): it depends on full fine-tuning or LoRA."""
     preset = preset_of(cfg.model.name, source, parameters)
+    from trainer.pretrained import PRETRAINED as PRETRAINED_PRESETS
+
     if preset in RECIPES:
         profile, values = f"recipe {preset}", RECIPES[preset]
-    elif preset is not None or parameters < TOY_PARAMETERS:
+    elif preset not in PRETRAINED_PRESETS and (preset is not None or parameters < TOY_PARAMETERS):
         profile, values = "tiny", {}
     else:
         profile, values = "pretrained", PRETRAINED

@@ -27,9 +27,10 @@ def cache_dir() -> Path:
     return CACHE
 
 
-def cached_preset(request: pytest.FixtureRequest, name: str) -> Path:
-    """The preset's cached folder. A build (a minute or more) is announced on the terminal with its
-    progress, past pytest's output capture: a suite that sits silent for minutes looks hung."""
+def cached_preset(request: pytest.FixtureRequest, name: str, accept: tuple[str, ...] = ()) -> Path:
+    """The preset's cached folder (`accept`: the terms the calling test accepts for it). A build (a minute or more)
+    is announced on the terminal with its progress, past pytest's output capture: a suite that sits silent for
+    minutes looks hung."""
     from trainer import presets
 
     if presets.is_cached(name, CACHE):
@@ -44,7 +45,7 @@ def cached_preset(request: pytest.FixtureRequest, name: str) -> Path:
         trainer_log.addHandler(handler)
         trainer_log.setLevel(logging.INFO)
         try:
-            path = presets.ensure(name, CACHE)
+            path = presets.ensure(name, CACHE, accepted=accept, how=f"the test {request.node.name}")
         finally:
             trainer_log.removeHandler(handler)
             trainer_log.setLevel(level)

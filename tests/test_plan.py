@@ -363,3 +363,25 @@ def test_a_described_card_reads_as_english():
     assert [Device.card(gb).name for gb in (8, 11, 12, 18, 24, 80, 0.5)] == [
         "an 8 GB CUDA card", "an 11 GB CUDA card", "a 12 GB CUDA card", "an 18 GB CUDA card", "a 24 GB CUDA card",
         "an 80 GB CUDA card", "a 0.5 GB CUDA card"]
+
+
+# Gemma 3 270M's config.json as transformers writes it from the registry's GGUF (gemma3-270m), the fields read
+GEMMA3_270M = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 640,
+               "intermediate_size": 2048, "num_hidden_layers": 18, "num_attention_heads": 4, "num_key_value_heads": 1,
+               "head_dim": 256, "vocab_size": 262144, "tie_word_embeddings": True, "max_position_embeddings": 32768,
+               "sliding_window": 512, "dtype": "float32"}
+
+
+def test_a_262k_vocabulary_is_counted_in_the_weights_and_its_logits_in_chunks():
+    """Gemma 3's vocabulary is 63% of its 268M weights; its full logits for one 8-row micro-batch of 200 tokens
+    would be 1.7 GB, which the chunked head never holds."""
+    from trainer.memory import LOGIT_COPIES, LOGITS_CHUNK_BYTES, activation_bytes, kv_cache_bytes
+
+    m = shape_from_config(GEMMA3_270M)
+    assert m.vocab == 262144 and m.kv_width == 256
+    assert m.parameters == pytest.approx(268_098_176, rel=1e-3)  # what the converted model counts
+    r = RoundShape(rows=32, generation_rows=64, prompt_tokens=136, completion_tokens=64)
+    logits = activation_bytes(m, r, 8) - activation_bytes(replace(m, vocab=1), r, 8)
+    assert 0.5 * LOGIT_COPIES * LOGITS_CHUNK_BYTES < logits <= LOGIT_COPIES * LOGITS_CHUNK_BYTES * 1.01
+    sampling_logits = kv_cache_bytes(m, r) - kv_cache_bytes(replace(m, vocab=0), r)
+    assert sampling_logits == 64 * 2 * 262144 * 4  # last-position logits of every decoding row

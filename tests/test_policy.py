@@ -5,7 +5,7 @@ import torch
 from trainer import policy as policy_module
 from rewards.tasks import task_prompt
 from trainer.config import ModelConfig
-from trainer.policy import encode_prompts, pick_device, pick_dtype
+from trainer.policy import encode_prompts, format_prompt, pick_device, pick_dtype, prompt_example
 
 
 def test_auto_device_prefers_cuda_then_mps_then_cpu(monkeypatch):
@@ -81,3 +81,14 @@ def test_loading_lora_adapters_prints_no_warning(tiny_a):
         warnings.simplefilter("error", FutureWarning)
         loaded = policy_module.load_policy(ModelConfig(name=str(tiny_a), lora={"enabled": True}))
     assert hasattr(loaded.model, "disable_adapter")
+
+
+def test_a_model_with_no_chat_template_gets_the_worked_example_as_plain_text_only_when_asked():
+    """A base model (Gemma 3 270M) sees the answer format once, one-shot; a tiny model's prompts stay bare."""
+    task = task_prompt("What is 3 + 4?")
+    assert prompt_example(ModelConfig(), use_chat_template=False) is None
+    example = prompt_example(ModelConfig(plain_example=True), use_chat_template=False)
+    text = format_prompt(None, task, False, example)
+    assert text == f"{task_prompt('What is 12 + 9?')}12 + 9 = 21.\n<answer>21</answer>\n\n{task}"
+    assert prompt_example(ModelConfig(), use_chat_template=True) == ModelConfig().chat_example
+    assert prompt_example(ModelConfig(chat_example=None, plain_example=True), use_chat_template=False) is None

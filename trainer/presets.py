@@ -12,7 +12,7 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from trainer.config import ModelConfig
 from trainer.pretrained import PresetError
@@ -32,7 +32,7 @@ def resolve_model_path(cfg: ModelConfig) -> str:
     if cfg.name not in names():
         return cfg.name
     try:
-        return str(ensure(cfg.name, cfg.cache_dir))
+        return str(ensure(cfg.name, cfg.cache_dir, accepted=cfg.accept_license))
     except PresetError as e:
         from trainer.policy import ModelLoadError
 
@@ -53,8 +53,10 @@ def names() -> list[str]:
     return [*PRESETS, *PRETRAINED]
 
 
-def _recipe(name: str, cache_dir: Path, seed: int) -> tuple[Path, Callable[[Path], dict]]:
-    """Where preset `name` is cached, and how to build it there."""
+def _recipe(name: str, cache_dir: Path, seed: int, accepted: Sequence[str] = (),
+            how: str = "model.accept_license") -> tuple[Path, Callable[[Path], dict]]:
+    """Where preset `name` is cached, and how to build it there: a preset under terms is built only when `accepted`
+    names them (`how` the user accepted them is recorded beside the model)."""
     from trainer import pretrained, tiny
 
     if name in tiny.PRESETS:
@@ -63,13 +65,21 @@ def _recipe(name: str, cache_dir: Path, seed: int) -> tuple[Path, Callable[[Path
     if name in pretrained.PRETRAINED:
         if seed:
             raise PresetError(f"{name}: pretrained weights have no initialisation seed (got seed {seed})")
-        return pretrained.preset_dir(name, cache_dir), lambda out: pretrained.build(name, out)
+        terms = pretrained.PRETRAINED[name].terms
+        accepted_by = how if terms is None or terms.name in accepted else None
+        return pretrained.preset_dir(name, cache_dir), lambda out: pretrained.build(name, out, accepted_by=accepted_by)
     raise PresetError(f"unknown preset {name!r} (choose from {', '.join(names())})")
 
 
-def ensure(name: str, cache_dir: Path, seed: int = 0) -> Path:
-    """The cached folder of preset `name`, built first if needed. `seed` varies a tiny model's initialisation."""
-    path, build = _recipe(name, cache_dir, seed)
+def ensure(name: str, cache_dir: Path, seed: int = 0, accepted: Sequence[str] = (),
+           how: str = "model.accept_license") -> Path:
+    """The cached folder of preset `name`, built first if needed. `seed` varies a tiny model's initialisation;
+    `accepted` names the terms the user accepted (a preset under terms that its cache holds was accepted when built)."""
+    path, build = _recipe(name, cache_dir, seed, accepted, how)
+    if not (path / META_FILE).exists():
+        from trainer.pretrained import require_acceptance
+
+        require_acceptance(name, accepted)
     return cached_build(path, build, name)
 
 
