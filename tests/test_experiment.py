@@ -316,7 +316,7 @@ def test_the_specialists_split_the_recipes_mix_between_two_owners_and_are_evalua
     assert a == {"arith", "rg/basic_arithmetic"} and b == {"rg/products"}
     assert a | b == {d["name"] for d in RECIPES["smollm2-135m"]["tasks"]["datasets"]}
     names = [c.name for c in experiment.grid([], "specialists")]
-    assert names == ["specialists 4/0", "specialists 2/2 guarded", "specialists-union 4/0", "specialists 4/0 overdraw 2"]
+    assert names == ["specialists 4/0", "specialists 2/2 guarded", "specialists-union 4/0"]
     swarm = experiment.grid([], "specialists")[1]
     assert swarm.silo.name == "specialists 4/0" and experiment.Config("specialists-union", 4, 0).silo.name == "specialists 4/0"
     cfg = config_from_flags(swarm.node_args(30, 30) + bed["extra"] + ["--tasks", bed["task_mixes"][0]])

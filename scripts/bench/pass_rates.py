@@ -7,6 +7,7 @@ the node's own prompt and generator and records the share of completions that cl
 the pass rate, the share of informative groups (rewards not all equal), completion length and time.
 
     .venv/bin/python scripts/bench/pass_rates.py --model smollm2-135m --out docs/bench/pass-rates-smollm2-135m-2cpu.json
+    .venv/bin/python scripts/bench/pass_rates.py --model gemma3-270m --out docs/bench/pass-rates-gemma3-270m-2cpu.json
     .venv/bin/python scripts/bench/pass_rates.py --mix paper --tasks 12 --max-new-tokens 256 --sampling 0.7:0.9 \
         --out docs/bench/pass-rates-paper-smollm2-135m-2cpu.json
 """
@@ -88,7 +89,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     console = Console(width=None if sys.stdout.isatty() else 200)  # piped: the full table, unsqueezed
 
-    cfg = ModelConfig(name=args.model, **({"chat_example": None} if args.no_example else {}))
+    # the worked example as a node's profile gives it: in the chat template, or as plain text for a base model
+    cfg = ModelConfig(name=args.model, plain_example=True, **({"chat_example": None} if args.no_example else {}))
     policy = load(cfg)
     generator = TransformersGenerator(policy)
     rows = []
