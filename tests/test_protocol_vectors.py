@@ -16,6 +16,7 @@ from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX, signature_validator
 from p2p.config import Limits, P2PConfig
 from p2p.host import GossipHost
 from p2p.policy import MessagePolicy
+from p2p.shards import topic_level
 from p2p.wire import Rejected
 from rewards import TaskRef, regenerate, score_completion
 from rewards.scoring import group_carries_signal
@@ -33,6 +34,23 @@ def test_each_message_vector_gets_its_verdict(case):
     except Rejected as r:
         verdict = r.reason
     assert verdict == case["verdict"]
+
+
+def test_each_message_vector_says_what_a_node_does_with_it():
+    """A node subscribed to every topic of this network that the vectors name still never validates a message
+    that names none of them: py-libp2p drops it first (`dropped_unsubscribed`); every other gets its verdict."""
+    cfg = P2PConfig(network="local")
+    assert cfg.rollout_topic_base() == VECTORS["topic_base"]
+    policy = MessagePolicy(cfg.limits, cfg.rollout_topic_base(), signal=group_carries_signal)
+    host = GossipHost(cfg, create_new_key_pair(), policy, on_message=lambda m: None)
+    for topic in {t for case in VECTORS["messages"] for t in case["topics"] if topic_level(VECTORS["topic_base"], t) is not None}:
+        host.pubsub.subscribed_topics_receive[topic] = None
+    dropped = []
+    for case in VECTORS["messages"]:
+        read = host.pubsub._is_subscribed_to_msg(rpc_pb2.Message(data=bytes.fromhex(case["hex"]), topicIDs=case["topics"]))
+        assert case["node"] == (case["verdict"] if read else "dropped_unsubscribed"), case["name"]
+        dropped += [] if read else [case["name"]]
+    assert host.counts["dropped_unsubscribed"] == len(dropped) == 5  # no topic, level 25, another network, protocols 1, 2
 
 
 @pytest.mark.parametrize("case", VECTORS["envelopes"], ids=lambda c: c["name"])

@@ -27,7 +27,7 @@ from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
 
 from p2p.config import Limits, P2PConfig
 from p2p.policy import MessagePolicy
-from p2p.shards import EPOCH_S, epoch_of, prefix, shard_key, shard_topic, shared_bits
+from p2p.shards import EPOCH_S, epoch_of, prefix, shard_key, shard_topic, shared_bits, topic_level
 from p2p.wire import VERSION, Rejected
 from rewards import TaskRef, regenerate, score_completion
 from rewards.scoring import group_carries_signal
@@ -150,6 +150,14 @@ def verdict(data: bytes, topics: list[str]) -> str:
     return "accepted"
 
 
+def at_a_node(data: bytes, topics: list[str]) -> str:
+    """What a running node does: a message on no topic a node of this network can read is dropped before any
+    validator sees it (PROTOCOL.md section 4, `dropped_unsubscribed`); any other gets the verdict."""
+    if not any(topic_level(BASE, t) is not None for t in topics):
+        return "dropped_unsubscribed"
+    return verdict(data, topics)
+
+
 def main() -> int:
     tasks = []
     for dataset, config, seed, index in TASKS:
@@ -166,17 +174,19 @@ def main() -> int:
         "about": f"Conformance vectors for docs/PROTOCOL.md (wire protocol {VERSION}), written by "
                  "scripts/tools/gen_protocol_vectors.py. messages: hex msgpack bytes, signed by `signer`, published under "
                  "`topics` and received at unix time `now` on the network whose rollout topics start with "
-                 "`topic_base` (shard epoch `shard_epoch_s`), with the default limits, and the verdict (accepted, or the rejection reason). "
+                 "`topic_base` (shard epoch `shard_epoch_s`), with the default limits, and the verdict (accepted, or the rejection reason); "
+                 "`node`: what a running node does with it, the verdict, or `dropped_unsubscribed` for a message on no "
+                 "topic a node of this network reads (GossipSub drops it before validation, and does not forward it). "
                  "envelopes: the valid message as GossipSub messages (StrictSign) by the signer whose Ed25519 "
                  "private key seed is `signer_seed`: the bytes signed, the signature and the protobuf. "
                  "tasks: built-in task references and the question and answer they generate. scores: completions "
                  "and their reward (format weight 0).",
         "signer": SIGNER, "signer_seed": SEED.hex(), "signer_public_key": KEYS.public_key.serialize().hex(),
         "now": NOW, "topic_base": BASE, "shard_epoch_s": EPOCH_S,
-        "messages": [{"name": name, "hex": data.hex(), "topics": TOPICS, "verdict": verdict(data, TOPICS)}
-                     for name, data in MESSAGES.items()]
-        + [{"name": name, "hex": MESSAGES["valid"].hex(), "topics": topics, "verdict": verdict(MESSAGES["valid"], topics)}
-           for name, topics in TOPIC_CASES.items()],
+        "messages": [{"name": name, "hex": data.hex(), "topics": TOPICS, "verdict": verdict(data, TOPICS),
+                      "node": at_a_node(data, TOPICS)} for name, data in MESSAGES.items()]
+        + [{"name": name, "hex": MESSAGES["valid"].hex(), "topics": topics, "verdict": verdict(MESSAGES["valid"], topics),
+            "node": at_a_node(MESSAGES["valid"], topics)} for name, topics in TOPIC_CASES.items()],
         "envelopes": ENVELOPES, "tasks": tasks, "scores": scores,
     }
     OUT.write_text(json.dumps(vectors, indent=1, ensure_ascii=False) + "\n")
