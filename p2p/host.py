@@ -19,6 +19,7 @@ from collections.abc import Callable
 import msgpack
 import trio
 from libp2p import NOISE_PROTOCOL_ID, YAMUX_PROTOCOL_ID, ConnectionConfig, NoiseTransport, Yamux, new_host
+from libp2p.network.config import RetryConfig
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.custom_types import TProtocol
@@ -98,6 +99,9 @@ class GossipHost:
             connection_config=ConnectionConfig(max_connections_per_peer=1),  # also skips a 250 ms dial delay
             announce_addrs=announce, addrs_factory=None if announce else self._advertised,
         )
+        # one connection attempt per address dialed: the bootstrap loop keeps its own backoff, a hint is not
+        # retried, and py-libp2p's 3 retries made each failed hint 4 connections to a host it may not know
+        self.host.get_network().retry_config = RetryConfig(max_retries=0)
         self.reach = Reach(cfg, self.host, self.counts)
         self.me = self.host.get_id()
         self.base = cfg.rollout_topic_base()
@@ -355,14 +359,15 @@ class GossipHost:
     async def _dial_hints(self, responder: ID, infos: list[PeerInfo], connected: set[ID], budget: HintBudget) -> None:
         """Dial the new peers of one answer, nearest our shard first, within the answer's and the addresses'
         budgets; a failed dial counts against its addresses and the responder."""
-        dials = 0
+        dials, proven = 0, responder in self.bootstrap_ids
         own = advertised(self.host.get_transport_addrs())
         random.shuffle(infos)  # then our own shard first: the peers whose rollouts we hear
         infos.sort(key=lambda i: -shared_bits(self.shard.key, self.shard.key_of(i.peer_id.to_bytes())))
         for info in infos:
             if dials == HINT_DIALS_PER_ANSWER or not budget.may_ask(responder, trio.current_time()):
                 return
-            addrs = [a for a in self.reach.dialable(info, own) if budget.may_dial(_addr_key(a), trio.current_time())]
+            now = trio.current_time()
+            addrs = [a for a in self.reach.dialable(info, own) if budget.may_dial(_addr_key(a), now)][:budget.allowance(now, proven)]
             if info.peer_id == self.me or info.peer_id in connected or not addrs:
                 continue
             if not await self._make_room(shared_bits(self.shard.key, self.shard.key_of(info.peer_id.to_bytes()))):
@@ -372,7 +377,7 @@ class GossipHost:
                 log.info("discovered peer %s", info.peer_id)
                 continue
             keys = [_addr_key(a) for a in addrs]
-            budget.failed(keys, responder, trio.current_time())
+            budget.failed(keys, responder, trio.current_time(), proven)
             self.counts["hints_failed"] += 1
             for key in (k for k in keys if k not in self._logged_hints):
                 self._logged_hints.add(key, 0.0)
