@@ -232,6 +232,7 @@ class GossipHost:
     def _deliver(self, msg) -> None:
         now = time.time()
         self.shard.hear(msg.from_id, now, topic_level(self.base, msg.topicIDs[0]))  # one shard topic: `_validate`
+        self.reach.slots.participants.add(ID(msg.from_id), trio.current_time())  # it may hold a relay slot
         digest = hashlib.sha256(msg.data).digest()
         if digest in self._delivered:  # the same payload under a second topic we read (a probe, a move)
             return

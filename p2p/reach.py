@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import random
-from collections import Counter
+from collections import Counter, OrderedDict
 from enum import Enum
 
 import msgpack
@@ -44,26 +44,32 @@ RELAY_RETRY_S = 4.0  # a refusal is mostly a peer that has not yet learned it is
 RECHECK_S = 600.0  # addresses change (a new lease, a new router): check again this often
 UNREACHABLE_S = 2 * RECHECK_S  # a peer our dial-back could not reach may reserve a relay slot this long after
 CIRCUIT = "p2p-circuit"
+RELAY_PEER_SHARE = 0.25  # of the relay's paced budget, for the bytes one peer sends through it
+METERED_PEERS = 1024  # peers whose send rate the relay remembers (the least recent go first)
 
 
 class ParticipantSlots(RelayResourceManager):
-    """Relay slots for participants only. A peer may reserve when this node dialed it back over a direct
-    connection within `UNREACHABLE_S` and reached none of its ports: it speaks the sapo protocols and
-    needs a relay. A slot is freed when its holder disconnects. Before, any peer id got a slot that it
-    kept for the reservation's hour after leaving (32 of 34 strangers got one; the next real asks were
-    refused). Refusals are counted (relayed bytes by `RelayMeter`)."""
+    """Relay slots for participants only. A peer may reserve when, within `UNREACHABLE_S`, this node dialed
+    it back over a direct connection and reached none of its ports (it needs a relay) and accepted a signed
+    message of useful groups it wrote (it takes part in the swarm). A slot is freed when its holder
+    disconnects. Before, any peer id got a slot that it kept for the reservation's hour after leaving, and
+    then any peer that first asked for a dial-back on a closed port (32 of 34 strangers got one). Every
+    refusal is counted, a full relay's included (relayed bytes by `RelayMeter`)."""
 
     def __init__(self, limits: RelayLimits, host: IHost, counts: Counter[str]):
         super().__init__(limits, host)
         self.counts = counts
         self.unreachable = SeenKeys(UNREACHABLE_S, 4096)  # peers our dial-back could not reach
+        self.participants = SeenKeys(UNREACHABLE_S, 4096)  # authors of messages our validator accepted
 
     def can_accept_reservation(self, peer_id: ID) -> bool:
-        self.unreachable.forget_expired(trio.current_time())
-        if peer_id not in self.unreachable:
+        now = trio.current_time()
+        self.unreachable.forget_expired(now)
+        self.participants.forget_expired(now)
+        if peer_id not in self.unreachable or peer_id not in self.participants or not super().can_accept_reservation(peer_id):
             self.counts["relay_refused"] += 1
             return False
-        return super().can_accept_reservation(peer_id)
+        return True
 
     def _clean_expired(self) -> None:
         super()._clean_expired()
@@ -71,36 +77,55 @@ class ParticipantSlots(RelayResourceManager):
             del self._reservations[peer]
 
 
-class RelayMeter:
-    """Every byte this node relays, counted, and paced to `bytes_per_s` over all circuits together (a
-    token bucket holding one second's worth): relaying costs a pure-Python node CPU it needs for its
-    rounds. One meter serves the trio thread's circuits, which never run at once."""
+class Bucket:
+    """A token bucket holding one second's worth of `rate` bytes."""
 
-    def __init__(self, bytes_per_s: int, counts: Counter[str]):
-        self.rate, self.counts = bytes_per_s, counts
-        self.tokens, self.at = float(bytes_per_s), None
+    def __init__(self, rate: float):
+        self.rate, self.tokens, self.at = rate, rate, None
 
-    async def take(self, n: int) -> None:
-        now = trio.current_time()
+    def take(self, n: int, now: float) -> float:
+        """Spend `n` bytes; the seconds to wait before sending them."""
         if self.at is not None:
             self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate)
         self.at = now
         self.tokens -= n
+        return max(0.0, -self.tokens / self.rate)
+
+
+class RelayMeter:
+    """Every byte this node relays, counted, and paced to `bytes_per_s` over all circuits together and to
+    `RELAY_PEER_SHARE` of it for the bytes any one peer sends: relaying costs a pure-Python node CPU it needs
+    for its rounds, and one pair of peers took the whole budget that NAT'd peers share. One meter serves the
+    trio thread's circuits, which never run at once."""
+
+    def __init__(self, bytes_per_s: int, counts: Counter[str]):
+        self.rate, self.counts = bytes_per_s, counts
+        self.all = Bucket(bytes_per_s)
+        self.peers: OrderedDict[object, Bucket] = OrderedDict()  # the most recent sender last
+
+    async def take(self, n: int, sender: object) -> None:
+        now = trio.current_time()
+        bucket = self.peers.pop(sender, None) or Bucket(self.rate * RELAY_PEER_SHARE)
+        self.peers[sender] = bucket
+        while len(self.peers) > METERED_PEERS:
+            self.peers.popitem(last=False)
+        wait = max(self.all.take(n, now), bucket.take(n, now))
         self.counts["relayed_bytes"] += n
-        if self.tokens < 0:
-            self.counts["relay_paced_s"] += -self.tokens / self.rate
-            await trio.sleep(-self.tokens / self.rate)
+        if wait:
+            self.counts["relay_paced_s"] += wait
+            await trio.sleep(wait)
 
 
 class MeteredStream:
-    """A relayed stream whose reads pass through the meter; all else is the stream's own."""
+    """A relayed stream whose reads pass through the meter, charged to the peer that sent them; all else is
+    the stream's own."""
 
-    def __init__(self, stream, meter: RelayMeter):
-        self._stream, self._meter = stream, meter
+    def __init__(self, stream, meter: RelayMeter, sender: object):
+        self._stream, self._meter, self._sender = stream, meter, sender
 
     async def read(self, n: int | None = None) -> bytes:
         data = await self._stream.read(n)
-        await self._meter.take(len(data))
+        await self._meter.take(len(data), self._sender)
         return data
 
     def __getattr__(self, name: str):
@@ -116,7 +141,9 @@ class MeteredRelay(CircuitV2Protocol):
         self.meter = meter
 
     async def _relay_data(self, src_stream, dst_stream, peer_id, deadline=None, circuit_data_limit=None) -> None:
-        await super()._relay_data(MeteredStream(src_stream, self.meter), dst_stream, peer_id, deadline, circuit_data_limit)
+        """py-libp2p runs this once per direction with `peer_id` the peer whose stream `src_stream` is."""
+        await super()._relay_data(MeteredStream(src_stream, self.meter, peer_id), dst_stream, peer_id, deadline,
+                                  circuit_data_limit)
 
 
 class Reachability(Enum):

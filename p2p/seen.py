@@ -27,6 +27,8 @@ class SeenKeys:
             self._expiry.popitem(last=False)
 
     def add(self, key: Hashable, now: float) -> None:
+        """Remember `key` for `ttl` from `now`; a key seen again is kept from its latest sighting."""
+        self._expiry.pop(key, None)  # to the end: a re-added key left in place would break the expiry order
         while len(self._expiry) >= self.max_keys:  # past the cap, the oldest go first
             self._expiry.popitem(last=False)
         self._expiry[key] = now + self.ttl

@@ -103,7 +103,8 @@ def test_two_nodes_behind_nat_find_that_out_and_connect_through_a_bootstrap_only
 
 def test_a_stranger_gets_no_relay_slot_and_no_dial_back_through_the_relay_while_a_home_gets_its_slot(lab, tmp_path):
     """Over the wire, what tests/test_reach.py checks of the rules: a stranger that asks a public node for a
-    relay slot at once (no dial-back first) is refused, a node behind NAT is not, and a dial-back asked
+    relay slot at once (no dial-back first), or after a dial-back on a closed port (it passes for a peer behind
+    NAT, but has taken no part), is refused; a node behind NAT that publishes is not; and a dial-back asked
     through the relay is answered `relayed` instead of scanning the relay's host."""
     public, home_host, stranger_host = lab.add_host(), lab.add_host(nat=True), lab.add_host()
     key = tmp_path / "relay.key"
@@ -117,8 +118,11 @@ def test_a_stranger_gets_no_relay_slot_and_no_dial_back_through_the_relay_while_
         probes.append(squatter := ProbeProcess(tmp_path, "squatter", "--listen", f"/ip4/{stranger_host.ip}/tcp/4001",
                                                "--bootstrap", addr, "--squat", prefix=stranger_host.cmd()))
         assert squatter.wait_for(lambda: squatter.events("squat"), 60, "an answer")[0]["granted"] is False
-        probes.append(home := ProbeProcess(tmp_path, "home", "--listen", f"/ip4/{home_host.ip}/tcp/4001",
-                                           "--bootstrap", addr, prefix=home_host.cmd()))
+        probes.append(posing := ProbeProcess(tmp_path, "posing", "--listen", f"/ip4/{stranger_host.ip}/tcp/4003",
+                                             "--bootstrap", addr, "--squat", "--closed-port", "9", prefix=stranger_host.cmd()))
+        assert posing.wait_for(lambda: posing.events("squat"), 60, "an answer")[0]["granted"] is False
+        probes.append(home := ProbeProcess(tmp_path, "home", "--listen", f"/ip4/{home_host.ip}/tcp/4001", "--rate", "1",
+                                           "--groups", "1", "--bootstrap", addr, prefix=home_host.cmd()))
         home.wait_for(lambda: home.stats().get("relays", 0) > 0, 60, "a relay slot")
         probes.append(asker := ProbeProcess(tmp_path, "asker", "--listen", f"/ip4/{stranger_host.ip}/tcp/4002",
                                             "--bootstrap", addr, "--ask-dialback",

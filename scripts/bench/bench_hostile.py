@@ -437,16 +437,18 @@ def relay_node(procs: Procs, lab, out: Path, *extra: str, train: tuple[int, Path
     return addr
 
 
-def run_relay_squat(hostile: int, slots: int, window: float, code: Path, work: Path) -> dict:
-    """H strangers ask a relay with `slots` slots for one each, straight away, and stay; then they leave and
-    two honest nodes behind NAT start: which of them gets a slot within `window`."""
+def run_relay_squat(hostile: int, slots: int, window: float, code: Path, work: Path, pose_nat: bool = False) -> dict:
+    """H strangers ask a relay with `slots` slots for one each, straight away (with `pose_nat`, each after a
+    dial-back on a closed port, passing for a peer behind NAT), and stay; then they leave and two honest nodes
+    behind NAT start, publishing a group a second: which of them gets a slot within `window`."""
     procs = Procs(work, code)
     with netlab.Lab(work / "lab") as lab:
         try:
             addr = relay_node(procs, lab, work / "relay", "--p2p.relay_slots", str(slots))
             host = lab.add_host()
             strangers = [procs.probe(f"stranger{h}", "--listen", f"/ip4/{host.ip}/tcp/{RELAY_PORT + 1 + h}",
-                                     "--bootstrap", addr, "--squat", cwd=ROOT, prefix=host.cmd()) for h in range(hostile)]
+                                     "--bootstrap", addr, "--squat", *(["--closed-port", "9"] if pose_nat else []),
+                                     cwd=ROOT, prefix=host.cmd()) for h in range(hostile)]
             granted = [s.wait_for(lambda s=s: s.events("squat"), 120, "an answer to its ask")[0]["granted"]
                        for s in strangers]
             procs.stop([s.name for s in strangers])
@@ -454,7 +456,7 @@ def run_relay_squat(hostile: int, slots: int, window: float, code: Path, work: P
             for name in ("home0", "home1"):
                 home = lab.add_host(nat=True)
                 homes.append(procs.probe(name, "--listen", f"/ip4/{home.ip}/tcp/{RELAY_PORT}", "--bootstrap", addr,
-                                         prefix=home.cmd()))
+                                         "--rate", "1", "--groups", "1", prefix=home.cmd()))
             started, got = time.monotonic(), {}
             while time.monotonic() - started < window and len(got) < len(homes):
                 got.update({h.name: time.monotonic() - started for h in homes
@@ -462,7 +464,7 @@ def run_relay_squat(hostile: int, slots: int, window: float, code: Path, work: P
                 time.sleep(0.5)
         finally:
             procs.stop()
-    return {"attack": "relay-squat", "hostile": hostile, "relay_slots": slots, "window_s": window,
+    return {"attack": "relay-squat", "hostile": hostile, "relay_slots": slots, "window_s": window, "pose_nat": pose_nat,
             "strangers_granted": sum(granted), "homes_with_slot": len(got), "seconds_to_slot": got,
             **procs.outcome(["relay", "home0", "home1"])}
 
@@ -535,7 +537,8 @@ def relay_report(runs: list[dict], commit: str, window: float) -> None:
         table.add_column(col)
     for r in runs:
         if r["attack"] == "relay-squat":
-            outcome = (f"{r['strangers_granted']} of {r['hostile']} strangers got a slot of {r['relay_slots']}; "
+            outcome = (f"{r['strangers_granted']} of {r['hostile']} strangers"
+                       f"{' (after a dial-back on a closed port)' if r.get('pose_nat') else ''} got a slot of {r['relay_slots']}; "
                        f"{r['homes_with_slot']} of 2 homes behind NAT got one after they left")
         elif r["attack"] == "relay-abuse":
             ph = r["phases"]
@@ -589,6 +592,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "slots; relay-abuse: strangers pushing bytes through a training node's relay; dialback-relayed: "
                    "a dial-back asked through a relay (the last three in a network lab of namespaces: root)")
     p.add_argument("--slots", type=count, default=4, help="relay-squat: the relay's p2p.relay_slots")
+    p.add_argument("--pose-nat", action="store_true", help="relay-squat: each stranger first asks for a dial-back on "
+                   "a closed port, passing for a peer behind NAT")
     p.add_argument("--sizes", type=bounded(int, ge=3), nargs="+", default=[3, 9], help="level-hijack, px-aim: honest nodes")
     p.add_argument("--hostile", type=bounded(int, ge=0), nargs="+", default=[0, 1, 6], help="hostile identities per arm (0: baseline)")
     p.add_argument("--window", type=positive, default=60.0, help="seconds measured per run, after the warm-up")
@@ -633,7 +638,7 @@ def each_run(args: argparse.Namespace, one, *axes: list) -> list[dict]:
 def relay_attacks(args: argparse.Namespace, commit: str) -> dict:
     def one(work: Path, seed: int, h: int) -> dict:
         if args.attack == "relay-squat":
-            return run_relay_squat(h, args.slots, args.window, args.code, work)
+            return run_relay_squat(h, args.slots, args.window, args.code, work, args.pose_nat)
         if args.attack == "relay-abuse":
             return run_relay_abuse(h, args.window, seed, args.code, args.cache, work, args.rule)
         return run_dialback_relayed(args.window, args.code, work, [RELAY_PORT, 22, 80, 443])

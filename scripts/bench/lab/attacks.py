@@ -39,11 +39,22 @@ async def _connected(gh: GossipHost, peer: ID) -> bool:
     return False
 
 
-async def reserve_slot(gh: GossipHost, relay: ID) -> bool:
+async def reserve_slot(gh: GossipHost, relay: ID, closed_port: int | None = None) -> bool:
     """Ask `relay` for a circuit-relay slot at once, without first asking it to dial us back (which is
-    what a participant does): a stranger squatting. The slot is held while we stay connected."""
+    what a participant does): a stranger squatting. With `closed_port`, first ask it to dial us back on that
+    port alone, which it cannot reach: a stranger passing for a peer behind NAT. The slot is held while we
+    stay connected."""
     if not await _connected(gh, relay):
         return False
+    if closed_port is not None:
+        with trio.move_on_after(CONNECT_TIMEOUT_S):
+            try:
+                stream = await gh.host.new_stream(relay, [gh.reach.dialback_protocol])
+                await stream.write(msgpack.packb({"ports": [closed_port]}))
+                log.info("dial-back on closed port %d: %s", closed_port, msgpack.unpackb(await stream.read(1024)))
+                await stream.close()
+            except Exception as e:
+                log.info("relay %s refused a dial-back: %s", relay, e)
     granted = False
     with trio.move_on_after(CONNECT_TIMEOUT_S):
         try:

@@ -78,6 +78,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "port of this IP: a peer aiming the swarm's dials at a host")
     p.add_argument("--squat", action="store_true", help="ask the first bootstrap peer for a relay slot at once, "
                    "without the dial-back a participant asks first, and hold it: a stranger squatting a relay")
+    p.add_argument("--closed-port", type=int, help="--squat: first ask for a dial-back on this port, which nothing "
+                   "answers: a stranger passing for a peer behind NAT")
     p.add_argument("--sink", action="store_true", help="count the bytes peers send to the lab's sink protocol")
     p.add_argument("--flood-through", metavar="CIRCUIT", help="send random bytes as fast as they go to the sink of "
                    "the peer at this relayed address (<relay addr>/p2p-circuit/p2p/<peer>): a relay abused as a pipe")
@@ -178,7 +180,8 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
         await asyncio.to_thread(gossip.call, attacks.serve_sink)
     if args.squat:
         relay = attacks.peer_of(args.bootstrap[0])
-        emit("squat", relay=str(relay), granted=await asyncio.to_thread(gossip.call, attacks.reserve_slot, relay))
+        emit("squat", relay=str(relay), granted=await asyncio.to_thread(gossip.call, attacks.reserve_slot, relay,
+                                                                        args.closed_port))
     if args.ask_dialback:
         emit("dialback", reply=await asyncio.to_thread(gossip.call, attacks.ask_dialback, args.ask_dialback, args.ports))
     if args.flood_through:
