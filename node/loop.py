@@ -232,7 +232,7 @@ class Node:
         batch = self.selector.local(groups, slots) + pick.groups
         stats, seconds["push"] = self._train(r, batch)
         seconds["train"] = time.perf_counter() - t0
-        self.selector.observe_own(stats.local_logprobs)
+        self.selector.observe_own(stats.local_logprobs, groups)
         self.round = r
         # 5. the next round's micro-batch from this one's memory peak, evaluation when due, the metrics row
         micro_batch, memory_peak = self._fit_micro_batch(stats)

@@ -47,7 +47,9 @@ spent ~27 regenerations a round on them and slowed down as much as its honest ne
 itself gets that share even while no peer is proven, behind the groups of peers not yet tried: beside a prolific
 weak peer and no other, a SmolLM2 node under `guarded` inspected ~30 of its groups a round and dropped every one,
 the gate alone 2.7 s of a 5.3 s round on an H100 (docs/bench/README.md, "On a GPU"). The pool applies the same split to what it keeps (`p2p.pool`), from the
-same statistic (`proven`).
+same statistic (`proven`). A peer whose completions run `VERBOSE_RATIO` times as long as this node's own on the
+same families is never proven, however useful its groups (`Lengths`: right but padded answers cost every receiver
+training time and teach verbosity); the trainer reads at most `max_new_tokens` of any external completion.
 
 Local groups get the same treatment when `local_overdraw` > 1: more tasks are drawn and sampled
 than there are local slots, and informative groups fill the slots first (DAPO's dynamic sampling,
@@ -79,6 +81,9 @@ log = logging.getLogger(__name__)
 
 
 MIN_OWN_ROWS = 16  # own completions the support gate needs before it lets external text in
+VERBOSE_RATIO = 3.0  # a peer whose completions run this many times as long as ours, family by family, is kept to explore
+VERBOSE_GROUPS = 4.0  # groups of a peer (decayed) measured before its length is judged
+OWN_LENGTH_EMA = 0.1  # weight of a round's own mean completion length per family
 PROVEN_HITS = 0.25  # one informative group, decayed by 0.98 a round, keeps a peer proven for ~68 rounds
 TRIED = 8.0  # inspections (decayed) after which an unproven peer has had its chance: Beta(1, 1) -> mean 0.1
 
@@ -174,6 +179,38 @@ class DecayedRates:
             entry[1] *= factor
 
 
+def mean_chars(group: RolloutGroup) -> float:
+    return sum(map(len, group.completions)) / max(1, len(group.completions))
+
+
+class Lengths:
+    """How long this node's own completions run per task family, and how long each peer's run against them:
+    Gensyn's study of attacks on decentralised GRPO found one that its defences let through, completions right
+    but needlessly long, which cost every receiver training time and teach verbosity. A peer whose groups run
+    `VERBOSE_RATIO` times as long as ours is never proven (it keeps to the `explore` share)."""
+
+    def __init__(self, max_keys: int):
+        self.own: dict[str, float] = {}  # dataset -> mean characters of our completions (an EMA over rounds)
+        self.peers = DecayedRates(max_keys)  # peer -> [sum of its groups' length over ours, groups measured]
+
+    def observe_own(self, groups: list[RolloutGroup]) -> None:
+        by_family: dict[str, list[float]] = {}
+        for g in groups:
+            by_family.setdefault(g.task.ref.dataset, []).append(mean_chars(g))
+        for family, lengths in by_family.items():
+            mean = sum(lengths) / len(lengths)
+            self.own[family] = mean if family not in self.own else (1 - OWN_LENGTH_EMA) * self.own[family] + OWN_LENGTH_EMA * mean
+
+    def observe(self, peer: str, group: RolloutGroup, round_: int) -> None:
+        own = self.own.get(group.task.ref.dataset)
+        if own:  # a family we do not write ourselves has no measure
+            self.peers.add(peer, mean_chars(group) / own, 1.0, round_)
+
+    def verbose(self, peer: str) -> bool:
+        entry = self.peers.counts.get(peer)
+        return entry is not None and entry[1] >= VERBOSE_GROUPS and entry[0] > VERBOSE_RATIO * entry[1]
+
+
 class Selector:
     """Chooses the round's external groups from the pool and orders its local groups; owns what the
     adaptive rule has learned (`state_dict` goes into checkpoints)."""
@@ -186,6 +223,7 @@ class Selector:
             raise ValueError("the guarded rule needs the node's log-probs")
         self.cfg, self.tasks, self.logprobs = cfg, tasks, logprobs
         self.peers = DecayedRates(cfg.max_tracked)  # share of inspected groups that carried signal
+        self.lengths = Lengths(cfg.max_tracked)
         self.support = SupportGate(cfg.support_quantile, cfg.support_window)
         uses_gym = cfg.accept == "any" or any(d.name.startswith(RG_PREFIX) for d in tasks.datasets)
         self.untrusted = UntrustedTasks(cfg.regen_timeout_s, cfg.regen_memory_mb,
@@ -195,10 +233,10 @@ class Selector:
         self.untrusted.close()
 
     def proven(self, peer: str) -> bool:
-        """Whether groups of `peer` have carried learning signal here recently. Read by the pool on the
-        gossip thread: one dict lookup, no lock needed."""
+        """Whether groups of `peer` have carried learning signal here recently, at a length like ours. Read by
+        the pool on the gossip thread: dict lookups, no lock needed."""
         entry = self.peers.counts.get(peer)
-        return entry is not None and entry[0] >= PROVEN_HITS
+        return entry is not None and entry[0] >= PROVEN_HITS and not self.lengths.verbose(peer)
 
     def tried(self, peer: str) -> bool:
         """Whether `peer` has had its chance here: inspected `TRIED` times (decayed) without proving itself
@@ -217,6 +255,7 @@ class Selector:
         if cfg.external_groups == 0 or (cfg.rule == "guarded" and cutoff is None):
             return pick
         self.peers.decay(cfg.decay)
+        self.lengths.peers.decay(cfg.decay)
         filtering = cfg.rule != "uniform"
         deadline = time.monotonic() + cfg.budget_s
         gating: list[tuple[str, RolloutGroup]] = []  # informative by reward, waiting for the support gate
@@ -236,6 +275,7 @@ class Selector:
                 pick.dropped[reason] += 1
                 continue
             pick.inspected += 1
+            self.lengths.observe(pooled.peer, group, round_)
             signal = informative(group)
             pick.informative += signal
             if signal and cutoff is not None:
@@ -267,9 +307,11 @@ class Selector:
                 pick.dropped["off_support"] += 1
         gating.clear()
 
-    def observe_own(self, logprobs: list[float]) -> None:
-        """The round's own trained completions' mean token log-probs: the support gate's reference."""
+    def observe_own(self, logprobs: list[float], groups: list[RolloutGroup] = ()) -> None:
+        """The round's own trained completions' mean token log-probs (the support gate's reference) and its
+        own groups (the lengths a peer's are measured against)."""
         self.support.observe(logprobs)
+        self.lengths.observe_own(list(groups))
 
     def local(self, groups: list[RolloutGroup], slots: int) -> list[RolloutGroup]:
         """The `slots` local groups to train on, informative ones first."""
@@ -330,10 +372,13 @@ class Selector:
         return scored_group(task, g.completions, self.tasks.format_weight, source=pooled.peer, scores=scores), ""
 
     def state_dict(self) -> dict[str, Any]:
-        return {"peers": self.peers.counts, "own_logprobs": list(self.support.own)}
+        return {"peers": self.peers.counts, "own_logprobs": list(self.support.own),
+                "own_lengths": self.lengths.own, "peer_lengths": self.lengths.peers.counts}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.peers.counts = {k: list(v) for k, v in state["peers"].items()}
+        self.lengths.own = dict(state.get("own_lengths", {}))  # absent in checkpoints before the length bound
+        self.lengths.peers.counts = {k: list(v) for k, v in state.get("peer_lengths", {}).items()}
         self.support.own.clear()
         self.support.observe(state.get("own_logprobs", []))  # absent in checkpoints before the guarded rule
 

@@ -331,3 +331,33 @@ def test_the_support_gates_reference_survives_a_checkpoint():
     assert list(resumed.support.own) == list(sel.support.own) and resumed.support.cutoff() == sel.support.cutoff()
     resumed.load_state_dict({"peers": {}})  # a checkpoint from before the guarded rule
     assert resumed.support.cutoff() is None
+
+
+def test_a_peer_whose_right_answers_are_padded_far_past_ours_keeps_to_the_explore_share():
+    """The length attack: groups that carry signal, padded with plausible text up to the wire's limits, would
+    prove their sender and take the honest slots; measured family by family against this node's own writing."""
+    sel = selector(rule="signal", external_groups=2, explore=0.1, max_inspect=64, budget_s=60)
+    own = scored_group(regenerate(TaskRef("arith", {}, seed=3, index=0)), ["<answer>1</answer>"] * 4, 0.0)
+    sel.observe_own([], [own])
+    pool = RolloutPool(PoolConfig(size=1000, max_peer_share=1.0, unproven_share=1.0, max_age_s=1e9), proven=sel.proven)
+    pad = "Let me check that once more, step by step. " * 40
+
+    def padded(index: int) -> WireGroup:
+        g = group(index, signal=True)
+        return WireGroup(dataset=g.dataset, config=g.config, seed=g.seed, index=g.index,
+                         completions=[pad + c for c in g.completions])
+
+    for r in range(1, 6):
+        offer(pool, "honest", [group(100 * r, signal=True)], created=NOW + r)
+        offer(pool, "verbose", [padded(100 * r + i) for i in range(1, 4)], created=NOW + r)
+        pick(sel, pool, r, seed=r)
+    assert sel.proven("honest") and not sel.proven("verbose")
+    assert sel.peers.counts["verbose"][0] >= sel.peers.counts["honest"][0]  # its groups did carry signal
+    assert sel.lengths.verbose("verbose") and not sel.lengths.verbose("honest")
+    offer(pool, "honest", [group(900, signal=True)], created=NOW + 9)
+    offer(pool, "verbose", [padded(900 + i) for i in range(1, 30)], created=NOW + 9)
+    p = pick(sel, pool, 9, seed=9)
+    assert [g.source for g in p.groups][:1] == ["honest"] and p.inspected <= 1 + 7  # ceil(0.1 x 64) of the padded
+    restored = selector(rule="signal")
+    restored.load_state_dict(json.loads(json.dumps(sel.state_dict())))  # a checkpoint keeps the measure
+    assert restored.lengths.verbose("verbose") and restored.proven("honest") and not restored.proven("verbose")
