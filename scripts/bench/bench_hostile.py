@@ -24,6 +24,9 @@ adding no gradient), and `--flood wrapped`, the same with `--wrap TEXT` (default
 prefix) before each right answer, text the node could learn to write. For these the table splits the
 external groups a node trains on by sender (honest: the other node), and after the window every node's
 final weights write 50 samples per task family with the node's own sampling: how many open with the wrap.
+`--flood length` sends right answers padded with plausible working to 2,000 characters (the one attack Gensyn's
+study of decentralised GRPO found its defences let through): the table adds the target's training seconds a
+round and the longest mean length of any node's 50 samples per family after the window.
 
 `--attack level-hijack` is an attack on the network layer instead of the pool: a swarm of `--sizes` N
 honest nodes (3 tiny-a training nodes, the rest gossip probes publishing 4 groups every 2 s from the same
@@ -83,6 +86,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 WARMUP_ROUNDS = 5
 WRAPS = {"masked": "zzzzzz"}  # the wrap of each flood that carries signal; `wrapped` takes --wrap
+PAD = "12 + 9 = 21. 21 - 9 = 12. "  # the length flood's filler before each answer: working, right but needless
 SAMPLES = 50  # per task family, from each node's final weights
 
 
@@ -111,9 +115,8 @@ def rows(out: Path) -> list[dict]:
     return json_lines(out / "metrics.jsonl")[1:]
 
 
-def writes_wrap(out: Path, cache: Path, wrap: str, seed: int) -> dict[str, int]:
-    """Of SAMPLES completions per task family from the node's last checkpoint, with its own prompt and
-    sampling, how many open with `wrap`."""
+def samples_after(out: Path, cache: Path, seed: int) -> dict[str, list[str]]:
+    """SAMPLES completions per task family from the node's last checkpoint, with its own prompt and sampling."""
     from node.config import load_config
     from rewards import TaskSource
     from trainer import checkpoint
@@ -127,12 +130,9 @@ def writes_wrap(out: Path, cache: Path, wrap: str, seed: int) -> dict[str, int]:
     g = cfg.generation
     params = SamplingParams(n=SAMPLES, temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens,
                             stop=tuple(g.stop), seed=seed)
-    counts, generator = {}, TransformersGenerator(policy)
-    for family in cfg.tasks.datasets:
-        task = TaskSource([family.mix()], seed=seed).draw(1)
-        texts = rollout(generator, policy, task, params)[0].completions
-        counts[family.name] = sum(t.startswith(wrap) for t in texts)
-    return counts
+    generator = TransformersGenerator(policy)
+    return {family.name: rollout(generator, policy, TaskSource([family.mix()], seed=seed).draw(1), params)[0].completions
+            for family in cfg.tasks.datasets}
 
 
 def peer_id(code: Path, out: Path, env: dict, listen: str) -> tuple[str, str]:
@@ -260,7 +260,7 @@ def lost(run: dict) -> int:
 def sybil_args(flood: str, topology: str, wrap: str | None) -> list[str]:
     """A flooding probe's flags: what it sends, and (one-hop) that it keeps to the target."""
     return [*(["--max-peers", "1"] if topology == "one-hop" else []),
-            *({"junk": ["--junk"], "answers": ["--wrong"]}.get(flood, [])),
+            *({"junk": ["--junk"], "answers": ["--wrong"], "length": ["--pad", PAD, "--chars", "2000"]}.get(flood, [])),
             *(["--wrap", wrap] if wrap is not None else [])]
 
 
@@ -287,11 +287,15 @@ def run_flood(hostile: int, window: float, seed: int, code: Path, cache: Path, w
     target = [r for r in rows(target_out) if t0 <= r["time"] <= t1]
     neighbour = [r for r in rows(neighbour_out) if t0 <= r["time"] <= t1]
     cpu_per_round = [(c1 - c0) / max(1, len(rs)) for c0, c1, rs in zip(cpu0, cpu1, (target, neighbour))]
-    wrapped = ({name: writes_wrap(out, cache, wrap, seed) for name, out in (("target", target_out),
-                                                                           ("neighbour", neighbour_out))}
-               if wrap is not None else None)
+    samples = ({name: samples_after(out, cache, seed) for name, out in (("target", target_out), ("neighbour", neighbour_out))}
+               if wrap is not None or flood == "length" else {})
+    wrapped = {name: {family: sum(t.startswith(wrap) for t in texts) for family, texts in by_family.items()}
+               for name, by_family in samples.items()} if wrap is not None else None
+    chars = {name: {family: statistics.mean(map(len, texts)) for family, texts in by_family.items()}
+             for name, by_family in samples.items()} if flood == "length" else None
     return {"hostile": hostile, "flood": flood, "rule": rule, "wrap": wrap, "topology": topology, "seed": seed,
-            "window_s": t1 - t0, "writes_wrap_of_50": wrapped,
+            "window_s": t1 - t0, "writes_wrap_of_50": wrapped, "sample_chars_after": chars,
+            "target_train_s_per_round": mean_or((r["seconds_train"] for r in target), None),
             "target_cpu_s_per_round": cpu_per_round[0], "neighbour_cpu_s_per_round": cpu_per_round[1],
             "target_rounds_per_s": len(target) / (t1 - t0), "neighbour_rounds_per_s": len(neighbour) / (t1 - t0),
             **flood_rounds(target, neighbour, neighbour_id),
@@ -598,9 +602,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hostile", type=bounded(int, ge=0), nargs="+", default=[0, 1, 6], help="hostile identities per arm (0: baseline)")
     p.add_argument("--window", type=positive, default=60.0, help="seconds measured per run, after the warm-up")
     p.add_argument("--seeds", type=count, default=2)
-    p.add_argument("--flood", choices=("junk", "answers", "masked", "wrapped"), default="junk",
+    p.add_argument("--flood", choices=("junk", "answers", "masked", "wrapped", "length"), default="junk",
                    help="what the hostile probes send: text without answers, different wrong answers, right answers "
-                        "behind text no node writes (masked), or behind --wrap (wrapped)")
+                        "behind text no node writes (masked), or behind --wrap (wrapped), or padded to 2,000 characters "
+                        "with plausible working (length)")
     p.add_argument("--wrap", default="z", help="--flood wrapped: the text before each right answer")
     p.add_argument("--rule", choices=RULES, default="guarded", help="the nodes' selection.rule")
     p.add_argument("--topology", choices=("one-hop", "direct"), default="one-hop",
@@ -677,6 +682,9 @@ def flood_row(h: int, arm: list[dict], base: list[dict]) -> dict:
            "error_lines": sum(error_lines(r) for r in arm), "lost": sum(lost(r) for r in arm)}
     if arm[0]["writes_wrap_of_50"] is not None:  # the most of any node and family, in any seed
         row["writes_wrap_max"] = max(n for r in arm for node in r["writes_wrap_of_50"].values() for n in node.values())
+    if arm[0].get("sample_chars_after") is not None:  # the longest of any node's families, in any seed
+        row["sample_chars_max"] = max(c for r in arm for node in r["sample_chars_after"].values() for c in node.values())
+        row["target_train_s_per_round"] = statistics.mean(r["target_train_s_per_round"] or 0 for r in arm)
     if base:
         row["share_of_no_flood"] = row["honest_used_per_round"] / statistics.mean(r["honest_used_per_round"] for r in base)
         row["neighbour_cpu_ratio"] = row["neighbour_cpu_s_per_round"] / statistics.mean(
@@ -698,6 +706,9 @@ def flood_report(summary: list[dict], args: argparse.Namespace, commit: str) -> 
                       f"{row['target_cpu_s_per_round']:.2f}", f"{row['neighbour_cpu_s_per_round']:.2f}",
                       f"{row['neighbour_rounds_per_s']:.2f}", f"{row['neighbour_accepted']:.0f}",
                       str(row.get("writes_wrap_max", "-")), f"{row['error_lines']} / {row['lost']}")
+        if "sample_chars_max" in row:
+            table.add_row("", f"length: train s / round {row['target_train_s_per_round']:.2f}, longest sample mean after "
+                          f"{row['sample_chars_max']:.0f} chars", *[""] * 10)
     print_table(Console(), table)
 
 

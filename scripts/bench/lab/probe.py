@@ -71,6 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "scoring shows it); by default half the completions hold the task's right answer")
     p.add_argument("--wrap", help="publish groups whose first half is this text before the task's right answer and "
                    "second half wrong answers (the answer is regenerated from the task reference)")
+    p.add_argument("--pad", help="fill each completion to --chars with this text repeated before its answer "
+                   "(right but needlessly long answers: the length attack)")
     p.add_argument("--claim-shards-of", metavar="PEER_ID", type=_peer_id,
                    help="also subscribe (without reading) to every level of this peer's shard this epoch: a peer "
                    "claiming to listen where the target would hear it")
@@ -103,13 +105,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def synthetic_groups(rng: random.Random, round_: int, n: int, completions: int, chars: int,
                      task: dict | None = None, junk: bool = False, wrap: str | None = None,
-                     wrong: bool = False) -> list[WireGroup]:
+                     wrong: bool = False, pad: str | None = None) -> list[WireGroup]:
     """Groups for the task reference `task`: half their completions `chars` characters of random text
     ending in the task's right answer, half ending in random wrong ones (groups any receiver can learn
     from). With `wrong`, every completion ends in a different wrong answer (useless, and refused as
     `no_signal` by a receiver that scores built-in tasks); with `junk`, random text without any answer
     (refused by any receiver); with `wrap`, half `wrap` before the right answer and half bare wrong
-    answers: groups that carry signal, built to teach the wrap."""
+    answers: groups that carry signal, built to teach the wrap; with `pad`, that text repeated instead of random
+    text (plausible padding: the length attack)."""
     alphabet = string.ascii_letters + string.digits + " "
     task = task or {"dataset": "arith", "config": {}, "seed": 0}
 
@@ -121,7 +124,8 @@ def synthetic_groups(rng: random.Random, round_: int, n: int, completions: int, 
         if wrap is not None:
             return f"{wrap if right else ''}<answer>{answer}</answer>"
         tail = f"<answer>{answer}</answer>"
-        return "".join(rng.choices(alphabet, k=max(0, chars - len(tail)))) + tail
+        room = max(0, chars - len(tail))
+        return (pad * (room // len(pad) + 1))[:room] + tail if pad else "".join(rng.choices(alphabet, k=room)) + tail
 
     def group(index: int) -> WireGroup:
         answer = "" if junk or wrong else regenerate(TaskRef(task["dataset"], task["config"], task["seed"], index)).answer
@@ -199,7 +203,7 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
             created = time.time()
             payloads, _ = pack_groups(gossip.peer_id, "probe", k, created,
                                       synthetic_groups(rng, k, args.groups, args.completions, args.chars, args.task,
-                                                       args.junk, args.wrap, args.wrong),
+                                                       args.junk, args.wrap, args.wrong, args.pad),
                                       cfg.limits)
             for data in payloads:
                 gossip.publish(data)
