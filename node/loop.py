@@ -93,7 +93,8 @@ class Node:
         self.trainer = GRPOTrainer(self.policy, cfg.grpo, cfg.generation.max_new_tokens, cfg.run.rounds, cfg.generation.stop)
         self.watch = LearningWatch(cfg.generation.max_new_tokens, cfg.grpo.lr, cfg.tasks.eval_size)
         self.round = 0
-        self.selector = Selector(cfg.selection, cfg.tasks, logprobs=self.trainer.sequence_logprobs)
+        self.selector = Selector(cfg.selection, cfg.tasks, logprobs=self.trainer.sequence_logprobs,
+                                 fits=self.trainer.fits if cfg.grpo.mask_truncated else None)
         self.pool = RolloutPool(cfg.p2p.pool, proven=self.selector.proven)
         self.gossip: Gossip | None = None
         self._pool_accepted = 0

@@ -49,7 +49,8 @@ weak peer and no other, a SmolLM2 node under `guarded` inspected ~30 of its grou
 the gate alone 2.7 s of a 5.3 s round on an H100 (docs/bench/README.md, "On a GPU"). The pool applies the same split to what it keeps (`p2p.pool`), from the
 same statistic (`proven`). A peer whose completions run `VERBOSE_RATIO` times as long as this node's own on the
 same families is never proven, however useful its groups (`Lengths`: right but padded answers cost every receiver
-training time and teach verbosity); the trainer reads at most `max_new_tokens` of any external completion.
+training time and teach verbosity); the trainer reads at most `max_new_tokens` of any external completion, and a
+row past that is masked from the loss, so a group whose rows to push up all run past it takes no slot (`too_long`).
 
 Local groups get the same treatment when `local_overdraw` > 1: more tasks are drawn and sampled
 than there are local slots, and informative groups fill the slots first (DAPO's dynamic sampling,
@@ -118,11 +119,13 @@ class SupportGate:
     def apply(group: RolloutGroup, logprobs: list[float], cutoff: float) -> int:
         """Mark the rows to push up (`push_up(group)`) whose mean token log-prob (`logprobs`, one per such
         row) falls below the cut-off as unused; returns how many."""
-        kept = [True] * len(group.rewards)
+        kept = list(group.used) if group.used is not None else [True] * len(group.rewards)
+        gated = 0
         for row, lp in zip(push_up(group), logprobs, strict=True):
-            kept[row] = lp >= cutoff
+            gated += kept[row] and lp < cutoff
+            kept[row] = kept[row] and lp >= cutoff
         group.used = kept
-        return kept.count(False)
+        return gated
 
 
 def push_up(group: RolloutGroup) -> list[int]:
@@ -216,12 +219,14 @@ class Selector:
     adaptive rule has learned (`state_dict` goes into checkpoints)."""
 
     def __init__(self, cfg: SelectionConfig, tasks: TasksConfig,
-                 logprobs: Callable[[list[RolloutGroup]], list[list[float]]] | None = None):
+                 logprobs: Callable[[list[RolloutGroup]], list[list[float]]] | None = None,
+                 fits: Callable[[list[str]], list[bool]] | None = None):
         """`logprobs`: each group's completions' mean token log-probs under this node's policy (the
-        `guarded` rule's gate)."""
+        `guarded` rule's gate). `fits`: whether each external text fits the trainer's completion budget (a
+        row that does not is left out of the loss, so it cannot make a group worth a slot; None: all fit)."""
         if cfg.rule == "guarded" and logprobs is None:
             raise ValueError("the guarded rule needs the node's log-probs")
-        self.cfg, self.tasks, self.logprobs = cfg, tasks, logprobs
+        self.cfg, self.tasks, self.logprobs, self.fits = cfg, tasks, logprobs, fits
         self.peers = DecayedRates(cfg.max_tracked)  # share of inspected groups that carried signal
         self.lengths = Lengths(cfg.max_tracked)
         self.support = SupportGate(cfg.support_quantile, cfg.support_window)
@@ -276,14 +281,17 @@ class Selector:
                 continue
             pick.inspected += 1
             self.lengths.observe(pooled.peer, group, round_)
+            by_reward = informative(group)
+            pick.informative += by_reward
+            if by_reward and self.fits is not None:
+                group.used = self.fits(group.completions)  # a row past our budget is masked from the loss anyway
             signal = informative(group)
-            pick.informative += signal
             if signal and cutoff is not None:
                 gating.append((pooled.peer, group))
                 continue
             self.peers.add(pooled.peer, float(signal), 1.0, round_)
             if filtering and not signal:
-                pick.dropped["uniform_rewards"] += 1
+                pick.dropped["too_long" if by_reward else "uniform_rewards"] += 1
                 continue
             pick.groups.append(group)
         self._gate(gating, cutoff, pick, round_)

@@ -361,3 +361,20 @@ def test_a_peer_whose_right_answers_are_padded_far_past_ours_keeps_to_the_explor
     restored = selector(rule="signal")
     restored.load_state_dict(json.loads(json.dumps(sel.state_dict())))  # a checkpoint keeps the measure
     assert restored.lengths.verbose("verbose") and restored.proven("honest") and not restored.proven("verbose")
+
+
+@pytest.mark.parametrize("rule", ["signal", "guarded"])
+def test_a_group_whose_right_rows_run_past_the_completion_budget_takes_no_slot(rule):
+    """Rows past max_new_tokens are masked from the loss: a padded group would take a slot and give nothing."""
+    sel = Selector(SelectionConfig(rule=rule, external_groups=2, budget_s=60), TasksConfig(), logprobs=logprobs,
+                   fits=lambda texts: [len(t) <= 40 for t in texts])
+    sel.observe_own([OWN_LOGPROB + 0.01 * i for i in range(-32, 32)])
+    pool = RolloutPool(PoolConfig(size=1000, max_peer_share=1.0, unproven_share=1.0, max_age_s=1e9), proven=sel.proven)
+    long = group(2, signal=True)
+    long = WireGroup(dataset=long.dataset, config=long.config, seed=long.seed, index=long.index,
+                     completions=["x" * 60 + c if "wrong" not in c else c for c in long.completions])
+    offer(pool, "padder", [long])
+    offer(pool, "honest", [group(1, signal=True)])
+    p = pick(sel, pool)
+    assert [g.source for g in p.groups] == ["honest"] and p.informative == 2  # both differ in reward
+    assert p.dropped == Counter({"too_long": 1}) and not sel.proven("padder")

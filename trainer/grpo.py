@@ -156,6 +156,11 @@ class GRPOTrainer:
             return torch.zeros(len(sequence_logps), dtype=torch.bool, device=sequence_logps.device)
         return sequence_logps < self.cfg.external_min_logprob
 
+    def fits(self, texts: list[str]) -> list[bool]:
+        """Whether each text from elsewhere fits this node's completion budget, tokenized as a step would: one
+        that does not is cut and counts as truncated (masked from the loss under `mask_truncated`)."""
+        return [not cut for cut in self._external_ids(texts)[1]]
+
     @torch.no_grad()
     def sequence_logprobs(self, groups: list[RolloutGroup]) -> list[list[float]]:
         """Each group's completions' mean token log-probs under the current policy, tokenized as a step would."""
