@@ -356,7 +356,8 @@ class Node:
 
     def _new_gossip(self) -> Gossip:
         """The p2p layer, with this node's identity, feeding the pool."""
-        return Gossip(self.cfg.p2p, self.cfg.key_file(), self.pool.add, signal=group_carries_signal)
+        return Gossip(self.cfg.p2p, self.cfg.key_file(), self.pool.add, signal=group_carries_signal,
+                      useful=self.selector.proven)
 
     def _retrying(self, what: str, fn, stop: StopSignal):
         return retrying(what, fn, self.cfg.run.retries, self.cfg.run.retry_backoff_s, stop)

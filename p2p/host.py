@@ -75,7 +75,9 @@ def check_can_listen(addrs: list[str]) -> None:
 
 class GossipHost:
     def __init__(self, cfg: P2PConfig, key_pair: KeyPair, policy: MessagePolicy,
-                 on_message: Callable[[WireMessage], None]):
+                 on_message: Callable[[WireMessage], None], useful: Callable[[str], bool] | None = None):
+        """`useful`: whether an author (base58 peer id) has proven itself to this node's selection; only such
+        authors set its shard level (`ShardLevel.useful`). None: every author with valid rollouts."""
         self.cfg = cfg
         self.policy = policy
         self.on_message = on_message
@@ -106,6 +108,8 @@ class GossipHost:
         self.me = self.host.get_id()
         self.base = cfg.rollout_topic_base()
         self.shard = cfg.shards.level_of(self.me.to_bytes(), cfg.profile().shard_epoch_s, time.time())
+        if useful is not None:
+            self.shard.useful = lambda author: useful(ID(author).to_base58())
         self.topic = shard_topic(self.base, self.shard.key, self.shard.level)
         self.gossipsub = gossipsub_router(self.counts, cfg)
         self.pubsub = GuardedPubsub(self.host, self.gossipsub, strict_signing=True, counts=self.counts)

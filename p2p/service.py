@@ -36,8 +36,10 @@ class P2PError(RuntimeError):
 
 class Gossip:
     def __init__(self, cfg: P2PConfig, key_file: Path, on_message: Callable[[WireMessage], None],
-                 signal: Callable[[WireGroup], bool]):
-        self.cfg = cfg
+                 signal: Callable[[WireGroup], bool], useful: Callable[[str], bool] | None = None):
+        """`useful`: which authors (base58 peer ids) this node's selection has proven; they alone set its
+        shard level (None: a node that uses no groups, every author counts)."""
+        self.cfg, self._useful = cfg, useful
         self.key_pair = load_or_create(key_file)
         self.peer_id = peer_id(self.key_pair)
         self.policy = MessagePolicy(cfg.limits, cfg.rollout_topic_base(), cfg.profile().shard_epoch_s, signal=signal)
@@ -157,7 +159,7 @@ class Gossip:
     async def _trio_main(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()
-        self._host = GossipHost(self.cfg, self.key_pair, self.policy, self._on_message)
+        self._host = GossipHost(self.cfg, self.key_pair, self.policy, self._on_message, self._useful)
         async with trio.open_nursery() as nursery:
             self._tasks = nursery  # what `spawn` starts ends with the host
             await nursery.start(self._host.serve, self._stop)

@@ -209,3 +209,25 @@ def test_the_simulated_swarm_keeps_a_nodes_cost_flat_with_shards_and_not_with_on
     assert min(int(level) for level in rows[(100, "shards")]["levels"]) > 0  # the 100-node swarm split
     for row in rows.values():
         assert row["delivery_ratio"] == 1 and row["j_filled_ratio"] == 1
+
+
+def test_authors_a_training_node_never_used_do_not_set_its_level_and_its_useful_ones_do_at_once():
+    """Six ids ground into a node's level-8 shard, each publishing a valid message every few seconds, pulled a
+    3-node swarm's node there in 9 s and held it: its honest groups fell from 4 a round to 0.1 for 8 minutes."""
+    honest = peers_with_prefix("1", 2)  # a 3-node swarm at level 0, whose groups this node uses
+    shard = level(min_authors=3, split_authors=6)
+    shard.useful = lambda author: author in honest
+    shard.update(0.0, [8])
+    assert set(shard.probes) == {8}  # the strangers' subscriptions are hints: it listens there for a window
+    ground = peers_with_prefix(prefix(shard.key, 8), 6)
+    for t in range(1, 40):
+        hear_all(shard, ground, float(t), 8)
+        hear_all(shard, honest, float(t), 0)
+        shard.update(float(t), [8] * 6)
+        assert shard.level == 0  # at level 8 it would hear 7 authors, none it ever used
+    assert shard.authors(39.0, 8) == 1 and shard.authors(39.0, 0) == 3
+    shard.level, shard.since = 8, 40.0  # a node already pulled there (by authors it used to count)
+    shard.probes.pop(8, None)  # as a move there ends its probe
+    hear_all(shard, ground, 41.0, 8)
+    # its old neighbours' subscriptions start a probe of level 0, which hears its useful authors: back at once
+    assert shard.update(41.0, [0, 0]) and shard.level == 0 and shard.probed[0] == 41.0
