@@ -275,27 +275,35 @@ class Selector:
                 break
             if not pool.take(pooled):
                 continue  # evicted by the p2p thread since the snapshot
-            group, reason = self._rescore(pooled)
+            group = self._inspect(pooled, pick, round_)
             if group is None:
-                pick.dropped[reason] += 1
                 continue
-            pick.inspected += 1
-            self.lengths.observe(pooled.peer, group, round_)
-            by_reward = informative(group)
-            pick.informative += by_reward
-            if by_reward and self.fits is not None:
-                group.used = self.fits(group.completions)  # a row past our budget is masked from the loss anyway
             signal = informative(group)
             if signal and cutoff is not None:
                 gating.append((pooled.peer, group))
                 continue
             self.peers.add(pooled.peer, float(signal), 1.0, round_)
             if filtering and not signal:
-                pick.dropped["too_long" if by_reward else "uniform_rewards"] += 1
+                pick.dropped["too_long" if group.used is not None else "uniform_rewards"] += 1
                 continue
             pick.groups.append(group)
         self._gate(gating, cutoff, pick, round_)
         return pick
+
+    def _inspect(self, pooled: PooledGroup, pick: Pick, round_: int) -> RolloutGroup | None:
+        """The pooled group re-scored here, its length measured and its rows past our budget marked unused
+        (they are masked from the loss anyway); None, counted in `pick`, when it cannot be used at all."""
+        group, reason = self._rescore(pooled)
+        if group is None:
+            pick.dropped[reason] += 1
+            return None
+        pick.inspected += 1
+        self.lengths.observe(pooled.peer, group, round_)
+        if informative(group):
+            pick.informative += 1
+            if self.fits is not None and not all(fits := self.fits(group.completions)):
+                group.used = fits
+        return group
 
     def _gate(self, gating: list[tuple[str, RolloutGroup]], cutoff: float, pick: Pick, round_: int) -> None:
         """The support gate over groups informative by reward: a group that keeps a row to push up takes a

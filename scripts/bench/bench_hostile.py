@@ -37,6 +37,10 @@ level and the external groups each training node uses per round. In every mode e
 its honest processes left: ERROR lines and tracebacks (with the lines after each), exit codes after SIGTERM,
 and rounds missing from or repeated in the training nodes' metrics ("lost" in the tables).
 
+`--attack level-grind` is the same swarm and windows with strangers that cost more: their peer ids ground into the
+first node's level-8 shard this epoch (about 256 key generations each), each pinned at level 8, claiming every level
+of that node's shard (so that it probes level 8) and publishing one valid group with signal every 3 s there.
+
 `--attack px-aim`: `--sizes` N gossip probes, and for the middle window H strangers that answer every
 peer-exchange ask with 32 made-up peers at random ports of 127.0.0.1 (`lab/probe.py --lie-peers`). Per
 window: the dials each honest node made, failed hints, and ERROR lines.
@@ -287,19 +291,24 @@ def run_flood(hostile: int, window: float, seed: int, code: Path, cache: Path, w
     target = [r for r in rows(target_out) if t0 <= r["time"] <= t1]
     neighbour = [r for r in rows(neighbour_out) if t0 <= r["time"] <= t1]
     cpu_per_round = [(c1 - c0) / max(1, len(rs)) for c0, c1, rs in zip(cpu0, cpu1, (target, neighbour))]
-    samples = ({name: samples_after(out, cache, seed) for name, out in (("target", target_out), ("neighbour", neighbour_out))}
-               if wrap is not None or flood == "length" else {})
-    wrapped = {name: {family: sum(t.startswith(wrap) for t in texts) for family, texts in by_family.items()}
-               for name, by_family in samples.items()} if wrap is not None else None
-    chars = {name: {family: statistics.mean(map(len, texts)) for family, texts in by_family.items()}
-             for name, by_family in samples.items()} if flood == "length" else None
     return {"hostile": hostile, "flood": flood, "rule": rule, "wrap": wrap, "topology": topology, "seed": seed,
-            "window_s": t1 - t0, "writes_wrap_of_50": wrapped, "sample_chars_after": chars,
+            "window_s": t1 - t0, **what_they_write({"target": target_out, "neighbour": neighbour_out}, cache, seed,
+                                                   wrap, flood == "length"),
             "target_train_s_per_round": mean_or((r["seconds_train"] for r in target), None),
             "target_cpu_s_per_round": cpu_per_round[0], "neighbour_cpu_s_per_round": cpu_per_round[1],
             "target_rounds_per_s": len(target) / (t1 - t0), "neighbour_rounds_per_s": len(neighbour) / (t1 - t0),
             **flood_rounds(target, neighbour, neighbour_id),
             **procs.outcome(["target", "neighbour"], {"target": target_out, "neighbour": neighbour_out})}
+
+
+def what_they_write(outs: dict[str, Path], cache: Path, seed: int, wrap: str | None, length: bool) -> dict:
+    """After a flood built to be learned: per node and family, how many of SAMPLES samples open with `wrap`,
+    and (the length flood) their mean length in characters."""
+    samples = {name: samples_after(out, cache, seed) for name, out in outs.items()} if wrap is not None or length else {}
+    per = lambda f: {name: {family: f(texts) for family, texts in by_family.items()}  # noqa: E731
+                     for name, by_family in samples.items()}
+    return {"writes_wrap_of_50": per(lambda texts: sum(t.startswith(wrap) for t in texts)) if wrap is not None else None,
+            "sample_chars_after": per(lambda texts: statistics.mean(map(len, texts))) if length else None}
 
 
 def mean_or(values, default: float | None = 0.0) -> float | None:
@@ -379,8 +388,34 @@ def run_px_aim(size: int, hostile: int, window: float, code: Path, work: Path) -
             **procs.outcome(honest)}
 
 
+GRIND_LEVEL = 8  # level-grind: the strangers' ids are ground into the first node's shard this deep
+
+
+def grind_keys(work: Path, target: str, names: list[str], level: int = GRIND_LEVEL) -> None:
+    """Key files for `names` whose peer ids share the first `level` shard-key bits of `target`'s this epoch
+    (about 2^level key generations each): authors the target's own shard, down to `level`, would hold."""
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+
+    from p2p.network import load_network
+    from p2p.shards import epoch_of, prefix, shard_key
+
+    epoch = epoch_of(time.time(), load_network("local").shard_epoch_s)
+    want = prefix(shard_key(ID.from_base58(target).to_bytes(), epoch), level)
+    for name in names:
+        while True:
+            pair = create_new_key_pair()
+            if prefix(shard_key(ID.from_pubkey(pair.public_key).to_bytes(), epoch), level) == want:
+                break
+        (work / f"{name}.key").write_bytes(pair.private_key.serialize())
+        (work / f"{name}.key").chmod(0o600)
+
+
 def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path,
-                     rule: str) -> dict:
+                     rule: str, grind: bool = False) -> dict:
+    """Subscribe-only strangers (half at level 24 of their own shards, half claiming every level of the first
+    node's); with `grind`, strangers whose ids are ground into the first node's level-8 shard, pinned there,
+    each publishing one valid group every 3 s and claiming its shards (the target probes level 8 and hears them)."""
     procs = Procs(work, code)
     trainers = [f"node{i}" for i in range(min(3, size))]
     gossipers = [f"gossip{i}" for i in range(size - len(trainers))]
@@ -394,13 +429,18 @@ def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Pa
             procs.start(name, probe_module(procs.code), "--key", str(work / f"{name}.key"), "--bootstrap", addr, "--rate", "0.5",
                         "--groups", "4", "--events", str(work / f"{name}.jsonl"))
         procs.wait_started([work / n for n in trainers])
-        # half aim at the first node's own shards, half claim level 24 of theirs
-        phases = procs.three_windows(window, hostile, addr, lambda h: ["--claim-shards-of", target_id] if h % 2 == 0
-                                     else ["--shards", json.dumps({"level": 24})])
+        if grind:
+            grind_keys(work, target_id, [f"liar{h}" for h in range(hostile)])
+            liar_args = lambda h: ["--claim-shards-of", target_id, "--shards", json.dumps({"level": GRIND_LEVEL}),  # noqa: E731
+                                   "--rate", "0.33", "--groups", "1"]
+        else:  # half aim at the first node's own shards, half claim level 24 of theirs
+            liar_args = lambda h: (["--claim-shards-of", target_id] if h % 2 == 0  # noqa: E731
+                                   else ["--shards", json.dumps({"level": 24})])
+        phases = procs.three_windows(window, hostile, addr, liar_args)
     finally:
         procs.stop()
     out = {phase: hijack_window(work, trainers, gossipers, a, b) for phase, (a, b) in phases.items()}
-    return {"attack": "level-hijack", "size": size, "hostile": hostile, "seed": seed, "rule": rule,
+    return {"attack": "level-grind" if grind else "level-hijack", "size": size, "hostile": hostile, "seed": seed, "rule": rule,
             "window_s": window, "phases": out,
             **procs.outcome(trainers + gossipers, {n: work / n for n in trainers})}
 
@@ -532,7 +572,7 @@ def run_dialback_relayed(window: float, code: Path, work: Path, ports: list[int]
 
 
 RELAY_ATTACKS = ("relay-squat", "relay-abuse", "dialback-relayed")
-SWARM_ATTACKS = ("level-hijack", "px-aim")  # honest swarms of --sizes nodes
+SWARM_ATTACKS = ("level-hijack", "level-grind", "px-aim")  # honest swarms of --sizes nodes
 
 
 def relay_report(runs: list[dict], commit: str, window: float) -> None:
@@ -591,7 +631,8 @@ def px_aim_report(runs: list[dict], commit: str, window: float) -> list[dict]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--attack", choices=("flood", *SWARM_ATTACKS, *RELAY_ATTACKS), default="flood",
-                   help="flood: useless or hostile groups into the pool; level-hijack: subscribe-only strangers; "
+                   help="flood: useless or hostile groups into the pool; level-hijack: subscribe-only strangers; level-grind: "
+                   "strangers ground into a node's level-8 shard publishing there; "
                    "px-aim: peer-exchange answers aiming dials at one host; relay-squat: strangers taking relay "
                    "slots; relay-abuse: strangers pushing bytes through a training node's relay; dialback-relayed: "
                    "a dial-back asked through a relay (the last three in a network lab of namespaces: root)")
@@ -654,11 +695,12 @@ def relay_attacks(args: argparse.Namespace, commit: str) -> dict:
 
 def swarm_attacks(args: argparse.Namespace, commit: str) -> dict:
     def one(work: Path, seed: int, size: int, h: int) -> dict:
-        if args.attack == "level-hijack":
-            return run_level_hijack(size, h, args.window, seed, args.code, args.cache, work, args.rule)
+        if args.attack in ("level-hijack", "level-grind"):
+            return run_level_hijack(size, h, args.window, seed, args.code, args.cache, work, args.rule,
+                                    grind=args.attack == "level-grind")
         return run_px_aim(size, h, args.window, args.code, work)
     runs = each_run(args, one, range(args.seeds), args.sizes, args.hostile)
-    summary = (level_hijack_report if args.attack == "level-hijack" else px_aim_report)(runs, commit, args.window)
+    summary = (px_aim_report if args.attack == "px-aim" else level_hijack_report)(runs, commit, args.window)
     return {"rule": args.rule, "summary": summary, "runs": runs}
 
 
