@@ -231,12 +231,12 @@ class GossipHost:
             while True:
                 msg = await subscription.get()  # drain at once: the subscription queue drops when full
                 if msg.from_id != self.me.to_bytes():
+                    self.reach.slots.participants.add(ID(msg.from_id), trio.current_time())  # may hold a relay slot
                     self._deliver(msg)
 
     def _deliver(self, msg) -> None:
         now = time.time()
         self.shard.hear(msg.from_id, now, topic_level(self.base, msg.topicIDs[0]))  # one shard topic: `_validate`
-        self.reach.slots.participants.add(ID(msg.from_id), trio.current_time())  # it may hold a relay slot
         digest = hashlib.sha256(msg.data).digest()
         if digest in self._delivered:  # the same payload under a second topic we read (a probe, a move)
             return
