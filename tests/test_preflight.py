@@ -135,7 +135,7 @@ def test_a_typo_in_the_cli_fails_in_one_line_with_no_hub_retries(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "sapo: config error: model.name: 'smollm2-135' is not a preset or a folder, and the model hub is unreachable "
-        "from here, so it cannot be fetched (did you mean smollm2-135m? presets: tiny-a, tiny-b, smollm2-135m; or a "
+        "from here, so it cannot be fetched (did you mean smollm2-135m? presets: tiny-a, tiny-b, smollm2-135m, gemma3-270m; or a "
         "local model folder)"]
 
 

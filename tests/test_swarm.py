@@ -301,7 +301,7 @@ def test_a_swarm_with_a_model_that_is_not_there_starts_nothing(tmp_path):
                  "--out", str(tmp_path / "s"))
     assert r.returncode == 2 and not (tmp_path / "s").exists()
     assert r.stderr.strip().splitlines() == [f"sapo: config error: --presets: no such folder: {tmp_path / 'no-such-model'} "
-                                             "(presets: tiny-a, tiny-b, smollm2-135m)"]
+                                             "(presets: tiny-a, tiny-b, smollm2-135m, gemma3-270m)"]
 
 
 def test_own_completions_sent_through_the_external_path_train_on_the_tokens_that_were_sampled(tiny_a, cache_dir):
