@@ -25,7 +25,7 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "smollm2-135m": {
         "tasks": {"datasets": MIXES["arithmetic"]},  # pass rates 0.39, 0.52, 0.25 (docs/bench/pass-rates-smollm2-135m-2cpu.json)
         "generation": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 64},
-        "grpo": {"lr": 1e-5},
+        "grpo": {"lr": 1e-5},  # the fastest stable rate of the sweep (docs/bench/README.md, learning-rate sweep)
         "model": {"plain_example": True},  # it has a chat template: no effect
     },
 }
