@@ -217,7 +217,7 @@ class _Libp2pLogFilter(logging.Filter):
 
 RPC_TOO_LARGE = "Inbound pubsub RPC from peer %s exceeded size limit: %s"  # py-libp2p's record for its size cap
 LIBP2P_DROPS: Counter[str] = Counter()  # what py-libp2p reports only in its logs; process-wide
-RELAY_LOGGER = "libp2p.relay.circuit_v2.protocol"
+RELAY_LOGGERS = ("libp2p.relay.circuit_v2.protocol", "libp2p.relay.circuit_v2.transport")  # relay, and its client
 
 
 class _CountLibp2pRecords(logging.Filter):
@@ -228,7 +228,9 @@ class _CountLibp2pRecords(logging.Filter):
     the asker left before (`identify_reply_failed`; the same strangers wrote two, each with a traceback). On
     the relay: every error its hop and stop handlers log, all caused by what a peer did on the stream (reset
     it, sent a malformed or unexpected message, a stranger refused a slot) and each peer can cause any number
-    of them; counted as `relay_stream_errors`, logged only when the node logs at DEBUG."""
+    of them; and on its client side, a reservation or its refresh that the relay reset or left unanswered, or
+    a relayed connection the far peer dropped; counted as `relay_stream_errors`, logged only when the node
+    logs at DEBUG."""
 
     def __init__(self, level: int, counted: Callable[[logging.LogRecord], str | None]):
         super().__init__()
@@ -255,8 +257,8 @@ def quiet_libp2p_logs() -> None:
                "libp2p.network.swarm": (level, lambda r: "inbound_upgrade_failed" if r.msg == MUX_FAILED else None),
                "libp2p.identity.identify.identify": (
                    level, lambda r: "identify_reply_failed" if r.msg == IDENTIFY_FAILED else None),
-               RELAY_LOGGER: (level if level < logging.ERROR else logging.CRITICAL,
-                              lambda r: "relay_stream_errors" if r.levelno >= logging.ERROR else None)}
+               **{name: (level if level < logging.ERROR else logging.CRITICAL,
+                         lambda r: "relay_stream_errors" if r.levelno >= logging.ERROR else None) for name in RELAY_LOGGERS}}
     for name, (passes, count) in counted.items():
         logger = logging.getLogger(name)
         logger.setLevel(min(level, logging.WARNING))  # the size-cap record is a warning: counted, then filtered

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from p2p.service import IDENTIFY_FAILED, LIBP2P_DROPS, MUX_FAILED, RELAY_LOGGER, _Libp2pLogFilter, quiet_libp2p_logs
+from p2p.service import IDENTIFY_FAILED, LIBP2P_DROPS, MUX_FAILED, RELAY_LOGGERS, _Libp2pLogFilter, quiet_libp2p_logs
 
 PEER = "12D3KooWDaCNFeSck173CYJ69sKf9uSCKmCfX3A1R7bXhHGsVtbn"
 
@@ -54,10 +54,12 @@ def node_log(level: int):
 def test_relay_errors_a_peer_causes_are_counted_and_shown_only_at_debug(node_level, shown):
     before = LIBP2P_DROPS["relay_stream_errors"]
     with node_log(node_level) as seen:
-        logging.getLogger(RELAY_LOGGER).error(f"Unexpected error handling hop stream from {PEER}: ")
-        logging.getLogger(RELAY_LOGGER).error("Error sending status message: Cannot write to stream; stream is reset")
-    assert LIBP2P_DROPS["relay_stream_errors"] == before + 2
-    assert len(seen) == (2 if shown else 0)
+        relay, client = (logging.getLogger(name) for name in RELAY_LOGGERS)
+        relay.error(f"Unexpected error handling hop stream from {PEER}: ")
+        relay.error("Error sending status message: Cannot write to stream; stream is reset")
+        client.error("Error refreshing reservation for relay %s: %s", PEER, "stream reset")
+    assert LIBP2P_DROPS["relay_stream_errors"] == before + 3
+    assert len(seen) == (3 if shown else 0)
 
 
 

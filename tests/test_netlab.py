@@ -135,7 +135,8 @@ def test_a_stranger_gets_no_relay_slot_and_no_dial_back_through_the_relay_while_
         relay.send_signal(signal.SIGINT)
         relay.wait(30)
     assert "Traceback" not in (tmp_path / "relay.log").read_text()
-    assert all(" ERROR " not in p.log_path.read_text() for p in probes)
+    errors = [f"{p.name}: {line}" for p in probes for line in p.log_path.read_text().splitlines() if " ERROR " in line]
+    assert not errors, "\n".join(errors)
 
 
 def written_rows(out) -> list[dict]:
