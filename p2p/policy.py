@@ -81,3 +81,8 @@ class MessagePolicy:
     def stats(self) -> dict[str, object]:
         with self._lock:
             return {"accepted": self.accepted, "rejected": dict(self.rejected)}
+
+    def remembered(self) -> int:
+        """Message hashes held for duplicate detection: bounded by time and count (the soak watches it)."""
+        with self._lock:
+            return len(self._seen)

@@ -116,7 +116,7 @@ class RolloutPool:
     def stats(self) -> dict[str, object]:
         with self._lock:
             return {"size": self._size, "peers": sum(1 for q in self._by_peer.values() if q), "received": self.received,
-                    "accepted": self.accepted, "sampled": self.sampled, "dropped": dict(self.dropped)}
+                    "accepted": self.accepted, "sampled": self.sampled, "dropped": dict(self.dropped), "seen": len(self._seen)}
 
     def _pop(self, queue: deque[PooledGroup], reason: str) -> None:
         queue.popleft()

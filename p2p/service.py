@@ -121,7 +121,8 @@ class Gossip:
         if host is not None and self._token is not None:
             with contextlib.suppress(trio.RunFinishedError):
                 snapshot = trio.from_thread.run_sync(self._snapshot, host, trio_token=self._token)
-        return {"peer_id": self.peer_id, "peers": 0, "mesh_peers": 0, **snapshot, **self.policy.stats()}
+        return {"peer_id": self.peer_id, "peers": 0, "mesh_peers": 0, **snapshot, **self.policy.stats(),
+                "seen_messages": self.policy.remembered()}
 
     @staticmethod
     def _snapshot(host: GossipHost) -> dict[str, object]:

@@ -24,7 +24,7 @@ def test_duplicates_are_dropped_even_after_the_first_copy_was_sampled():
         assert pool.take(g)
     assert pool.add(message("a", range(3)), now=NOW + 1) == 0
     s = pool.stats()
-    assert (s["received"], s["accepted"], s["sampled"], s["dropped"]) == (9, 3, 3, {"duplicate": 6})
+    assert (s["received"], s["accepted"], s["sampled"], s["dropped"], s["seen"]) == (9, 3, 3, {"duplicate": 6}, 3)
 
 
 def test_one_peer_cannot_hold_more_than_its_share_and_its_oldest_go_first():

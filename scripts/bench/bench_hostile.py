@@ -83,14 +83,13 @@ from node.selection_config import RULES
 from node.swarm import free_port
 from trainer.config import default_cache_dir
 
-from lab.probe import ProbeProcess, json_lines, probe_module
+from lab.probe import FLOOD_ARGS, ProbeProcess, json_lines, probe_module
 from lab import netlab
 
 ROOT = Path(__file__).resolve().parents[2]
 
 WARMUP_ROUNDS = 5
 WRAPS = {"masked": "zzzzzz"}  # the wrap of each flood that carries signal; `wrapped` takes --wrap
-PAD = "12 + 9 = 21. 21 - 9 = 12. "  # the length flood's filler before each answer: working, right but needless
 SAMPLES = 50  # per task family, from each node's final weights
 
 
@@ -264,7 +263,7 @@ def lost(run: dict) -> int:
 def sybil_args(flood: str, topology: str, wrap: str | None) -> list[str]:
     """A flooding probe's flags: what it sends, and (one-hop) that it keeps to the target."""
     return [*(["--max-peers", "1"] if topology == "one-hop" else []),
-            *({"junk": ["--junk"], "answers": ["--wrong"], "length": ["--pad", PAD, "--chars", "2000"]}.get(flood, [])),
+            *FLOOD_ARGS.get(flood, []),
             *(["--wrap", wrap] if wrap is not None else [])]
 
 

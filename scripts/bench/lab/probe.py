@@ -41,6 +41,8 @@ from . import attacks
 
 log = logging.getLogger("sapo.probe")
 ROOT = Path(__file__).resolve().parents[3]
+PAD = "12 + 9 = 21. 21 - 9 = 12. "  # the length flood's filler before each answer: working, right but needless
+FLOOD_ARGS = {"junk": ["--junk"], "answers": ["--wrong"], "length": ["--pad", PAD, "--chars", "2000"]}  # a flood's flags
 
 
 class ProbeError(RuntimeError):

@@ -1,0 +1,427 @@
+"""Soak benchmark: a swarm of tiny-a nodes on 127.0.0.1 left running for hours under churn and hostile
+stretches, each process watched for growth.
+
+Phases of --phase seconds repeat in this order: calm (nothing happens), churn (one of the churned nodes
+SIGKILLed and restarted every --kill-every seconds, same --out: same key, same checkpoints), churn with a
+stranger flooding junk, churn with a stranger sending the length flood (right answers padded to 2,000
+characters). The bootstrap-only node, every node's first bootstrap peer, is stopped and started again at the
+start of every junk phase. With --smollm2 a SmolLM2-135M node takes part for the whole of the second cycle.
+Nodes 0 and 1 are never killed: the survivors.
+
+Every --sample seconds each live process's RSS, open descriptors and threads are read from /proc and its
+status endpoint is scraped (pool size, the pool's and the message policy's duplicate memories, health); the
+disk used by each run folder every minute. The JSON is rewritten every few minutes while it runs (an
+interrupted soak keeps what it measured) and at the end holds each node's rounds, ERROR lines and
+tracebacks, each restart's resume, and a summary: per-hour slopes after --settle seconds, with 95%
+intervals over 10-minute block means, and the survivors' pace in each phase against the calm phase of the
+same cycle.
+
+    .venv/bin/python scripts/bench/bench_soak.py --duration 7200 --smollm2 --out docs/bench/soak-2cpu.json
+    .venv/bin/python scripts/bench/bench_soak.py --report docs/bench/soak-2cpu.json   # the tables and figure again
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from bench_churn import Node, node_args, restart, restart_outcome
+from node.argtypes import bounded, positive
+from node.lifecycle import exit_on_sigterm
+from node.swarm import free_port, wait_listening
+from p2p.identity import load_or_create, peer_id
+
+from lab.probe import FLOOD_ARGS, ProbeProcess
+
+PHASES = ("calm", "churn", "churn+junk", "churn+length")
+SURVIVORS = 2  # nodes 0 and 1 are never killed
+DISK_EVERY_S = 60.0
+SAVE_EVERY_S = 300.0
+BLOCK_S = 600.0  # slopes are fitted to block means: neighbouring samples are not independent
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
+       15: 2.13, 20: 2.09, 30: 2.04}  # two-sided t by degrees of freedom (the nearest lower entry is used)
+GROWTH = ("rss_mb", "fds", "threads", "disk_mb", "pool", "pool_seen", "seen_messages")
+DASHBOARD = re.compile(r"status: dashboard at (http://\S+/)")
+
+
+@dataclass
+class Watched(Node):
+    """A node process and what was read of it over time (`samples`, one dict each)."""
+    name: str = ""
+    samples: list[dict] = field(default_factory=list)
+    disk_mb: float | None = None
+    disk_at: float = -math.inf
+    log_from: int = 0  # where this start's lines begin in node.log (each start appends)
+
+    def start(self) -> None:
+        log = self.out / "node.log"
+        self.log_from = log.stat().st_size if log.exists() else 0
+        super().start()
+
+    def sample(self, now: float) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        if now - self.disk_at >= DISK_EVERY_S:
+            self.disk_mb, self.disk_at = folder_mb(self.out), now
+        row = {"t": now, "pid": self.proc.pid, **process_stats(self.proc.pid), "disk_mb": self.disk_mb,
+               "metrics_mb": file_mb(self.out / "metrics.jsonl")}
+        url = self.status_url()
+        row.update(scrape(url) if url else {"starting": True})
+        self.samples.append(row)
+
+    def status_url(self) -> str | None:
+        """Where this start's status endpoint listens (it picks any free port); None until it has said so."""
+        with open(self.out / "node.log", "rb") as log:
+            log.seek(self.log_from)
+            found = DASHBOARD.findall(log.read().decode(errors="replace"))
+        return found[-1] if found else None
+
+    def log_problems(self) -> dict:
+        text = (self.out / "node.log").read_text(errors="replace") if (self.out / "node.log").exists() else ""
+        errors = [line for line in text.splitlines() if " ERROR " in line]
+        return {"error_lines": errors[:20], "n_error_lines": len(errors), "tracebacks": text.count("Traceback")}
+
+
+def process_stats(pid: int) -> dict:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return {"rss_mb": int(fields["VmRSS"].split()[0]) / 1024, "threads": int(fields["Threads"]), "fds": fds}
+
+
+def scrape(url: str) -> dict:
+    try:
+        with urllib.request.urlopen(url + "status", timeout=5) as r:
+            s = json.load(r)
+    except (OSError, ValueError) as e:
+        return {"scrape_failed": type(e).__name__}
+    p2p = s.get("p2p") or {}
+    pool = p2p.get("pool") or {}
+    return {"healthy": s.get("healthy"), "peers": p2p.get("peers"), "pool": pool.get("size"),
+            "pool_seen": pool.get("seen"), "seen_messages": p2p.get("seen_messages")}
+
+
+def folder_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def file_mb(path: Path) -> float:
+    return path.stat().st_size / 2**20 if path.exists() else 0.0
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=bounded(int, ge=SURVIVORS + 1), default=5, help="tiny-a nodes (the first two survive)")
+    p.add_argument("--duration", type=positive, default=7200.0, help="seconds of soak")
+    p.add_argument("--phase", type=positive, default=600.0, help="seconds of each phase (calm, churn, junk, length)")
+    p.add_argument("--kill-every", type=positive, default=120.0, help="seconds between kills in a churn phase")
+    p.add_argument("--settle", type=bounded(float, ge=0), default=1800.0, help="seconds left out of the slopes")
+    p.add_argument("--sample", type=positive, default=10.0, help="seconds between samples")
+    p.add_argument("--smollm2", action="store_true", help="a SmolLM2-135M node for the whole second cycle")
+    p.add_argument("--checkpoint-every", type=bounded(int, ge=1), default=5)
+    p.add_argument("--cache-dir", type=Path, default=None, help="model cache (default: the node's)")
+    p.add_argument("--workdir", type=Path, default=Path("runs/bench-soak"))
+    p.add_argument("--out", type=Path, default=Path("runs/bench-soak.json"))
+    p.add_argument("--report", type=Path, metavar="JSON", help="print the tables and draw the figure of a saved soak")
+    return p.parse_args()
+
+
+class Soak:
+    """The processes, the schedule and the record. `run()` owns every process it starts and stops them all
+    (SIGTERM, then SIGKILL after 120 s) however it ends."""
+
+    def __init__(self, args: argparse.Namespace, console: Console):
+        self.args, self.console = args, console
+        self.bootstrap = self._watched(-1, "bootstrap", args.workdir / "bootstrap", bootstrap_only=True)
+        first = [f"/ip4/127.0.0.1/tcp/{self.bootstrap.port}/p2p/{self._id(self.bootstrap)}"]
+        self.nodes = [self._watched(k, f"node{k}", args.workdir / f"node{k}") for k in range(args.nodes)]
+        first.append(f"/ip4/127.0.0.1/tcp/{self.nodes[0].port}/p2p/{self._id(self.nodes[0])}")
+        self.flood_target = first[1]  # a survivor
+        for n in self.nodes:
+            n.args = node_args(n.k, n.out, n.port, first, args)
+        self.smollm2 = None
+        if args.smollm2:
+            self.smollm2 = self._watched(args.nodes, "smollm2", args.workdir / "smollm2")
+            self.smollm2.args = node_args(args.nodes, self.smollm2.out, self.smollm2.port, first, args) + ["--model", "smollm2-135m"]
+        self.flood: ProbeProcess | None = None
+        self.events: list[dict] = []
+        self.restarts: list[dict] = []
+        self.started = self.ended = None
+
+    def _watched(self, k: int, name: str, out: Path, bootstrap_only: bool = False) -> Watched:
+        out.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        args = [sys.executable, "-m", "node.cli", "run", "--bootstrap-only", "--out", str(out),
+                "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--status.listen", "127.0.0.1:0"] if bootstrap_only else []
+        return Watched(k, out, port, args, name=name)
+
+    @staticmethod
+    def _id(n: Node) -> str:
+        return peer_id(load_or_create(n.out / "node.key"))
+
+    def procs(self) -> list[Watched]:
+        return [self.bootstrap, *self.nodes, *([self.smollm2] if self.smollm2 else [])]
+
+    def run(self) -> None:
+        try:
+            for n in [self.bootstrap, *self.nodes]:
+                n.start()
+            if not all(wait_listening(n.port, n.proc, 300) for n in [self.bootstrap, *self.nodes]):
+                raise SystemExit(f"a node did not start: see the node.log files under {self.args.workdir}")
+            self._loop()
+        finally:
+            self.ended = self.ended or time.time()
+            self._end_flood()
+            for n in self.procs():
+                stop(n)
+            self.save()
+
+    def _loop(self) -> None:
+        self.started = now = time.time()
+        phase, next_kill, next_sample, next_save, turn = -1, math.inf, now, now + SAVE_EVERY_S, 0
+        while (now := time.time()) < self.started + self.args.duration:
+            if (index := int((now - self.started) // self.args.phase)) != phase:
+                phase = index
+                self._enter(phase, now)
+                next_kill = now + self.args.kill_every if PHASES[phase % len(PHASES)] != "calm" else math.inf
+            if now >= next_kill:
+                self.restarts.append({**restart(self.nodes[SURVIVORS + turn % (len(self.nodes) - SURVIVORS)]), "phase": phase})
+                turn, next_kill = turn + 1, next_kill + self.args.kill_every
+            if now >= next_sample:
+                for n in self.procs():
+                    n.sample(now)
+                next_sample += self.args.sample
+            if now >= next_save:
+                self.save()
+                next_save += SAVE_EVERY_S
+            time.sleep(0.5)
+        self.ended = time.time()
+
+    def _enter(self, phase: int, now: float) -> None:
+        """Start phase number `phase`: the flood of its kind, the bootstrap restart, the SmolLM2 node's turn."""
+        kind, cycle = PHASES[phase % len(PHASES)], phase // len(PHASES)
+        self._end_flood()
+        if kind == "churn+junk":
+            code = stop(self.bootstrap)
+            self.bootstrap.start()
+            self.events.append({"t": now, "event": "bootstrap_restart", "exit_code": code})
+        if kind in ("churn+junk", "churn+length"):
+            flood = kind.split("+")[1]
+            self.flood = ProbeProcess(self.args.workdir / "floods", f"{flood}{phase}", "--bootstrap", self.flood_target,
+                                      "--rate", "2", "--groups", "8", "--completions", "8", "--chars", "200", *FLOOD_ARGS[flood])
+        if self.smollm2 and cycle == 1 and phase % len(PHASES) == 0:
+            self.smollm2.start()
+            self.events.append({"t": now, "event": "smollm2_start"})
+        if self.smollm2 and cycle == 2 and phase % len(PHASES) == 0:
+            self.events.append({"t": now, "event": "smollm2_stop", "exit_code": stop(self.smollm2)})
+        self.events.append({"t": now, "event": "phase", "phase": phase, "kind": kind, "cycle": cycle})
+        self.console.log(f"phase {phase}: {kind} (cycle {cycle})")
+
+    def _end_flood(self) -> None:
+        if self.flood is not None:
+            self.events.append({"t": time.time(), "event": "flood_end", "flood": self.flood.name,
+                                "published": len(self.flood.events("published")), "exit_code": self.flood.stop()})
+            self.flood = None
+
+    def save(self) -> None:
+        ids = {n.name: self._id(n) for n in self.procs()}
+        record = {"command": "scripts/bench/bench_soak.py " + " ".join(sys.argv[1:]), "cpus": os.cpu_count(),
+                  "machine": platform.platform(), "python": platform.python_version(), "args": {
+                      k: str(v) if isinstance(v, Path) else v for k, v in vars(self.args).items() if k != "report"},
+                  "started": self.started, "ended": self.ended, "complete": self.ended is not None,
+                  "events": self.events,
+                  "restarts": [restart_outcome(self.nodes[r["node"]], r, ids[f"node{r['node']}"]) for r in self.restarts],
+                  "processes": {n.name: {"samples": n.samples, "starts": n.starts, **n.log_problems(),
+                                         "exit_code": n.proc.returncode if n.proc else None,
+                                         **({"rounds": [[r["time"], r["round"]] for r in n.rows() if r["round"] > 0]}
+                                            if n is not self.bootstrap else {})} for n in self.procs()}}
+        record["summary"] = summarize(record)
+        self.args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        tmp.replace(self.args.out)
+
+
+def stop(n: Node) -> int | None:
+    """SIGTERM, then SIGKILL after 120 s; the exit code (None: it was not running)."""
+    if n.proc is None:
+        return None
+    if n.proc.poll() is None:
+        n.proc.send_signal(signal.SIGTERM)
+        try:
+            n.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            n.kill()
+    return n.proc.returncode
+
+
+# -- analysis (also what --report reads) ---------------------------------------------------------
+
+
+def slope_per_hour(points: list[tuple[float, float]], start: float) -> dict | None:
+    """Least-squares slope of 10-minute block means after `start`, per hour, with its 95% interval."""
+    blocks: dict[int, list[float]] = {}
+    for t, v in points:
+        if t >= start and v is not None:
+            blocks.setdefault(int((t - start) // BLOCK_S), []).append(v)
+    if len(blocks) < 3:
+        return None
+    xs = [(b + 0.5) * BLOCK_S / 3600 for b in sorted(blocks)]
+    ys = [statistics.mean(blocks[b]) for b in sorted(blocks)]
+    fit = statistics.linear_regression(xs, ys)
+    residual = sum((y - fit.intercept - fit.slope * x) ** 2 for x, y in zip(xs, ys)) / (len(xs) - 2)
+    se = math.sqrt(residual / sum((x - statistics.mean(xs)) ** 2 for x in xs))
+    df = len(xs) - 2
+    t = T95[max(k for k in T95 if k <= df)]
+    return {"slope": fit.slope, "ci95": t * se, "mean": statistics.mean(ys), "blocks": len(xs)}
+
+
+def slopes(samples: list[dict], start: float, keys: tuple[str, ...]) -> dict:
+    return {k: slope_per_hour([(s["t"], s.get(k)) for s in samples], start) for k in keys}
+
+
+def peaks(samples: list[dict]) -> dict:
+    """The highest RSS, descriptors and threads any one start of a process reached (restarted processes: no slope)."""
+    return {k: max((s[k] for s in samples if s.get(k) is not None), default=None) for k in GROWTH[:3]}
+
+
+def pace(rounds: list[list[float]], events: list[dict], end: float) -> list[dict]:
+    """Rounds per minute in each phase, from its first round to its last (a start's model loading is no round)."""
+    phases = [e for e in events if e["event"] == "phase"]
+    out = []
+    for e, nxt in zip(phases, [*phases[1:], {"t": end}]):
+        times = [t for t, _ in rounds if e["t"] <= t < nxt["t"]]
+        rate = 60 * (len(times) - 1) / (times[-1] - times[0]) if len(times) > 2 else None
+        out.append({"phase": e["phase"], "kind": e["kind"], "cycle": e["cycle"], "rounds_per_min": rate})
+    return out
+
+
+def survivor_summary(p: dict, events: list[dict], start: float, settle: float, end: float) -> dict:
+    rounds = [r for _, r in p["rounds"]]
+    phases = pace(p["rounds"], events, end)
+    calm = {ph["cycle"]: ph["rounds_per_min"] for ph in phases if ph["kind"] == "calm"}
+    ratios = [ph["rounds_per_min"] / calm[ph["cycle"]] for ph in phases
+              if ph["kind"] != "calm" and ph["rounds_per_min"] and calm.get(ph["cycle"])]
+    return {"rounds": len(rounds), "exit_code": p["exit_code"], "error_lines": p["n_error_lines"], "tracebacks": p["tracebacks"],
+            "rounds_contiguous": rounds == list(range(rounds[0], rounds[0] + len(rounds))) if rounds else False,
+            "pace": phases, "pace_vs_calm_min": min(ratios, default=None), "pace_vs_calm_mean": statistics.mean(ratios) if ratios else None,
+            "slopes_per_hour": slopes(p["samples"], start + settle, GROWTH)}
+
+
+def rejoined(events: list[dict], samples: list[dict]) -> list[float | None]:
+    """Seconds from each bootstrap restart to its first sample with a peer (None: none before the soak ended)."""
+    restarts = [e["t"] for e in events if e["event"] == "bootstrap_restart"]
+    return [next((s["t"] - t for s in samples if s["t"] > t and (s.get("peers") or 0) > 0), None) for t in restarts]
+
+
+def summarize(record: dict) -> dict:
+    if record["started"] is None:
+        return {}
+    args, procs = record["args"], record["processes"]
+    end = record["ended"] or max((s["t"] for p in procs.values() for s in p["samples"]), default=record["started"])
+    restarts = record["restarts"]
+    survivors = {f"node{k}": survivor_summary(procs[f"node{k}"], record["events"], record["started"], args["settle"], end)
+                 for k in range(SURVIVORS)}
+    return {"hours": (end - record["started"]) / 3600, "survivors": survivors,
+            "peaks_of_restarted": {n: peaks(p["samples"]) for n, p in procs.items() if n not in survivors},
+            "restarts": len(restarts), "resumed_from_checkpoint": sum(bool(r["resumed_from_checkpoint"]) for r in restarts),
+            "peer_id_kept": sum(bool(r["peer_id_kept"]) for r in restarts),
+            "rounds_redone": sum(r["last_round_before_kill"] - r["checkpoint_round"] for r in restarts),
+            "bootstrap_restarts": sum(e["event"] == "bootstrap_restart" for e in record["events"]),
+            "bootstrap_s_to_peers": rejoined(record["events"], procs["bootstrap"]["samples"]),
+            "flood_messages": {e["flood"]: e["published"] for e in record["events"] if e["event"] == "flood_end"},
+            "error_lines": {n: p["n_error_lines"] for n, p in procs.items()},
+            "tracebacks": {n: p["tracebacks"] for n, p in procs.items()}, **sample_counts(procs)}
+
+
+def sample_counts(procs: dict) -> dict:
+    samples = [s for p in procs.values() for s in p["samples"]]
+    return {"samples": len(samples), "scrapes_failed": sum("scrape_failed" in s for s in samples),
+            "samples_starting": sum("starting" in s for s in samples),
+            "unhealthy_samples": sum(s.get("healthy") is False for s in samples)}
+
+
+def report(record: dict, console: Console) -> None:
+    s = record["summary"]
+    table = Table(title=f"soak: {s['hours']:.2f} h, {record['args']['nodes']} tiny-a nodes; slopes per hour after "
+                        f"{record['args']['settle'] / 60:.0f} min (95% interval)")
+    for col in ("process", "rounds", "contiguous", "ERROR", "pace vs calm (min)", *GROWTH):
+        table.add_column(col, justify="right")
+    for name, v in s["survivors"].items():
+        slopes = [v["slopes_per_hour"][k] for k in GROWTH]
+        table.add_row(name, str(v["rounds"]), str(v["rounds_contiguous"]), str(v["error_lines"]),
+                      "-" if v["pace_vs_calm_min"] is None else f"{v['pace_vs_calm_min']:.2f}",
+                      *("-" if sl is None else f"{sl['slope']:+.2f} ± {sl['ci95']:.2f}" for sl in slopes))
+    console.print(table)
+    console.print({k: v for k, v in s.items() if k != "survivors"})
+
+
+def figure(record: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0 = record["started"]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7), sharex=True)
+    shade = {"churn": "0.93", "churn+junk": "mistyrose", "churn+length": "moccasin"}
+    phases = [e for e in record["events"] if e["event"] == "phase"]
+    for ax, key, label in zip(axes.flat, ("rss_mb", "fds", "threads", "disk_mb", "pool", "seen_messages"),
+                              ("RSS (MB)", "open descriptors", "threads", "run folder (MB)", "pool groups",
+                               "message hashes remembered")):
+        for e, nxt in zip(phases, [*phases[1:], {"t": record["ended"] or phases[-1]["t"]}]):
+            if e["kind"] in shade:
+                ax.axvspan((e["t"] - t0) / 60, (nxt["t"] - t0) / 60, color=shade[e["kind"]], lw=0)
+        for color, (name, p) in enumerate(record["processes"].items()):
+            survivor = name in ("bootstrap", *(f"node{k}" for k in range(SURVIVORS)))
+            for i, pid in enumerate(dict.fromkeys(x["pid"] for x in p["samples"])):  # one line per process started
+                pts = [((x["t"] - t0) / 60, x[key]) for x in p["samples"] if x["pid"] == pid and x.get(key) is not None]
+                if pts:
+                    ax.plot(*zip(*pts), color=f"C{color}", lw=1.4 if survivor else 0.7, alpha=1.0 if survivor else 0.5,
+                            label=name if i == 0 else None)
+        ax.set(title=label, xlabel="minutes")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle("soak: survivors bold; shading: churn (grey), junk flood (red), length flood (orange)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    args = parse_args()
+    console = Console(width=170)
+    if args.report:
+        record = json.loads(args.report.read_text())
+        record["summary"] = summarize(record)  # from the raw series: an analysis changed since the run applies
+        report(record, console)
+        figure(record, args.report.with_suffix(".png"))
+        return
+    exit_on_sigterm()
+    soak = Soak(args, console)
+    soak.run()
+    record = json.loads(args.out.read_text())
+    report(record, console)
+    figure(record, args.out.with_suffix(".png"))
+    console.print(f"saved {args.out} and {args.out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""The soak benchmark, briefly (scripts/bench/bench_soak.py; its own run lasts hours): one cycle of calm,
+churn, junk flood and length flood in 100 s, watched as the long run is."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_brief_soak_restarts_resumes_floods_and_records_every_process(tiny_a, cache_dir, tmp_path):
+    out = tmp_path / "soak.json"
+    r = subprocess.run([sys.executable, "scripts/bench/bench_soak.py", "--nodes", "3", "--duration", "100", "--phase", "25",
+                        "--kill-every", "10", "--settle", "0", "--sample", "2", "--cache-dir", str(cache_dir),
+                        "--workdir", str(tmp_path / "swarm"), "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    record = json.loads(out.read_text())
+    s = record["summary"]
+    assert record["complete"] and out.with_suffix(".png").stat().st_size > 0
+    assert [e["kind"] for e in record["events"] if e["event"] == "phase"] == ["calm", "churn", "churn+junk", "churn+length"]
+    assert s["restarts"] >= 4 and s["resumed_from_checkpoint"] == s["peer_id_kept"] == s["restarts"], s
+    assert s["bootstrap_restarts"] == 1 and record["processes"]["bootstrap"]["exit_code"] == 0
+    assert set(s["flood_messages"]) == {"junk2", "length3"} and all(s["flood_messages"].values()), s
+    assert s["error_lines"] == {"bootstrap": 0, "node0": 0, "node1": 0, "node2": 0} and not any(s["tracebacks"].values()), s
+    for name, v in s["survivors"].items():
+        assert v["exit_code"] == 0 and v["rounds_contiguous"] and v["rounds"] > 0, (name, v)
+        samples = record["processes"][name]["samples"]
+        assert all(x["rss_mb"] > 0 and x["fds"] > 0 and x["threads"] > 0 for x in samples), name
+        assert not any("scrape_failed" in x for x in samples), name
+        scraped = [x for x in samples if "pool" in x]
+        assert scraped and all(x["pool_seen"] is not None and x["seen_messages"] is not None for x in scraped), name
+        assert v["slopes_per_hour"]["rss_mb"] is None  # under three 10-minute blocks: no slope, rather than a wrong one
