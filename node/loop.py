@@ -233,7 +233,7 @@ class Node:
         batch = self.selector.local(groups, slots) + pick.groups
         stats, seconds["push"] = self._train(r, batch)
         seconds["train"] = time.perf_counter() - t0
-        self.selector.observe_own(stats.local_logprobs, groups)
+        self.selector.observe_own(stats.local_logprobs, groups, r)
         self.round = r
         # 5. the next round's micro-batch from this one's memory peak, evaluation when due, the metrics row
         micro_batch, memory_peak = self._fit_micro_batch(stats)
@@ -307,7 +307,8 @@ class Node:
             external_informative=pick.informative, **stats.optimizer_metrics(),
             weight_version=self.generator.weight_version,
             n_external_used=stats.external_groups_used, external_masked=stats.external_masked,
-            external_gated=pick.gated, external_held_back=pick.held_back, seconds_gate=pick.gate_s,
+            external_gated=pick.gated, external_shaped=stats.external_shaped, external_held_back=pick.held_back,
+            seconds_gate=pick.gate_s,
             support_cutoff=self.selector.support.cutoff(),
             external_reward_mean=mean_reward(pick.groups),
             external_peers=len({g.source for g in pick.groups}), external_dropped=dict(pick.dropped),

@@ -53,6 +53,7 @@ class RoundMetrics:
     n_external_used: int = 0  # external groups that carried signal into the loss
     external_masked: int = 0  # external completions masked as off this policy's support
     external_gated: int = 0  # external completions to push up that the support gate left out (rule `guarded`)
+    external_shaped: int = 0  # external completions trained with the policy-shaped weight (rule `scoped`)
     external_held_back: int = 0  # pool groups of peers tried without use left out of the round's order (kept pooled)
     seconds_gate: float = 0.0  # of the round, seconds computing this node's log-probs of external completions
     support_cutoff: float | None = None  # the support gate's cut-off after the round (mean token log-prob)

@@ -27,6 +27,14 @@ against the answer the sender put in the payload. Here:
   groups whose right rows nobody would write: they are dropped (`off_support`) before taking a slot, and
   never prove their sender. The cut-off is learned from the node's own samples, so it follows the node as
   it sharpens, and differs by model without a hand-set number.
+- `scoped`: `guarded`, except where a peer is measurably stronger: on a task family whose re-scored pass
+  rate for that peer beats this node's own recent one (`node.strength`), the peer's right rows below the
+  gate are kept and trained with LUFFY's policy-shaped weight instead of the clipped ratio (trainer/loss.py),
+  which moves the policy little on tokens it finds far less likely than `shaping_gamma`. Elsewhere the gate
+  stands, so a peer's right answer on a family where this node does as well stays out. Why: a peer of another
+  model family solves what this node cannot, in text this node would not write, and `guarded` alone never
+  lets that text in (SmolLM2-135M beside tiny-a inspected 400-700 groups a run and used none). Experimental:
+  not the default until it beats `guarded` with its defences kept (issue 53's grids).
 - `adaptive`: `signal`, inspecting first the groups most likely to carry signal: peers share the
   inspections in proportion to a Thompson draw from the decayed share of their groups that did,
   with a floor of uniformly random picks so that no peer is written off. A first version also put
@@ -68,7 +76,9 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
-from node.selection_config import SelectionConfig
+from node.selection_config import GATED, SelectionConfig
+from node.decayed import DecayedRates
+from node.strength import FamilyStrength, family
 from p2p.pool import PooledGroup, RolloutPool
 from rewards import TaskRef
 from rewards.config import TasksConfig
@@ -128,6 +138,17 @@ class SupportGate:
         return gated
 
 
+    @staticmethod
+    def shape(group: RolloutGroup, logprobs: list[float], cutoff: float) -> int:
+        """What `apply` would gate, kept in the loss with the trainer's policy-shaped weight instead (a peer
+        stronger on the group's family: its right rows are what this node cannot yet write); returns how many."""
+        shaped = [False] * len(group.rewards)
+        for row, lp in zip(push_up(group), logprobs, strict=True):
+            shaped[row] = lp < cutoff and (group.used is None or group.used[row])
+        group.shaped = shaped
+        return sum(shaped)
+
+
 def push_up(group: RolloutGroup) -> list[int]:
     """The rows GRPO would push up: rewarded above their group's mean. Only these are gated (a row pushed
     down teaches nothing of its form), so the gate scores about half a group."""
@@ -152,34 +173,9 @@ class Pick:
     dropped: Counter[str] = field(default_factory=Counter)  # pool groups taken out unused, by reason
     out_of_budget: bool = False  # the round's re-scoring budget ended the search
     gated: int = 0  # rows to push up that the support gate left out (`guarded`)
+    shaped: int = 0  # rows to push up below the gate, kept with a policy-shaped weight (`scoped`, a stronger peer)
     gate_s: float = 0.0  # seconds spent computing this node's log-probs of them
     held_back: int = 0  # pool groups of peers already tried left out of the round's order (kept in the pool)
-
-
-class DecayedRates:
-    """Hits over trials per key, both decayed each round, for a bounded number of keys."""
-
-    def __init__(self, max_keys: int):
-        self.max_keys = max_keys
-        self.counts: dict[str, list[float]] = {}  # key -> [hits, trials, last round seen]
-
-    def beta(self, key: str) -> tuple[float, float]:
-        """A Beta(1, 1) prior updated with the decayed counts."""
-        hits, trials, _ = self.counts.get(key, (0.0, 0.0, 0))
-        return 1 + hits, 1 + trials - hits
-
-    def add(self, key: str, hits: float, trials: float, round_: int) -> None:
-        entry = self.counts.setdefault(key, [0.0, 0.0, round_])
-        entry[0] += hits
-        entry[1] += trials
-        entry[2] = round_
-        if len(self.counts) > self.max_keys:
-            del self.counts[min(self.counts, key=lambda k: self.counts[k][2])]
-
-    def decay(self, factor: float) -> None:
-        for entry in self.counts.values():
-            entry[0] *= factor
-            entry[1] *= factor
 
 
 def mean_chars(group: RolloutGroup) -> float:
@@ -224,11 +220,12 @@ class Selector:
         """`logprobs`: each group's completions' mean token log-probs under this node's policy (the
         `guarded` rule's gate). `fits`: whether each external text fits the trainer's completion budget (a
         row that does not is left out of the loss, so it cannot make a group worth a slot; None: all fit)."""
-        if cfg.rule == "guarded" and logprobs is None:
-            raise ValueError("the guarded rule needs the node's log-probs")
+        if cfg.rule in GATED and logprobs is None:
+            raise ValueError(f"the {cfg.rule} rule needs the node's log-probs")
         self.cfg, self.tasks, self.logprobs, self.fits = cfg, tasks, logprobs, fits
         self.peers = DecayedRates(cfg.max_tracked)  # share of inspected groups that carried signal
         self.lengths = Lengths(cfg.max_tracked)
+        self.strength = FamilyStrength(cfg.max_tracked)  # where a peer passes more often than we do (`scoped`)
         self.support = SupportGate(cfg.support_quantile, cfg.support_window)
         uses_gym = cfg.accept == "any" or any(d.name.startswith(RG_PREFIX) for d in tasks.datasets)
         self.untrusted = UntrustedTasks(cfg.regen_timeout_s, cfg.regen_memory_mb,
@@ -256,11 +253,12 @@ class Selector:
     def external(self, pool: RolloutPool, rng: random.Random, round_: int) -> Pick:
         """Up to J usable groups from the pool, re-scored here; the rest of what was looked at is dropped."""
         cfg, pick = self.cfg, Pick()
-        cutoff = self.support.cutoff() if cfg.rule == "guarded" else None
-        if cfg.external_groups == 0 or (cfg.rule == "guarded" and cutoff is None):
+        cutoff = self.support.cutoff() if cfg.rule in GATED else None
+        if cfg.external_groups == 0 or (cfg.rule in GATED and cutoff is None):
             return pick
         self.peers.decay(cfg.decay)
         self.lengths.peers.decay(cfg.decay)
+        self.strength.decay(cfg.decay)
         filtering = cfg.rule != "uniform"
         deadline = time.monotonic() + cfg.budget_s
         gating: list[tuple[str, RolloutGroup]] = []  # informative by reward, waiting for the support gate
@@ -299,6 +297,7 @@ class Selector:
             return None
         pick.inspected += 1
         self.lengths.observe(pooled.peer, group, round_)
+        self.strength.observe(pooled.peer, group, round_)
         if informative(group):
             pick.informative += 1
             if self.fits is not None and not all(fits := self.fits(group.completions)):
@@ -314,7 +313,10 @@ class Selector:
         logprobs = self.logprobs([rows_to_gate(g) for _, g in gating])
         pick.gate_s += time.monotonic() - started
         for (peer, group), lps in zip(gating, logprobs):
-            pick.gated += self.support.apply(group, lps, cutoff)
+            if self.cfg.rule == "scoped" and self.strength.stronger(peer, family(group)):
+                pick.shaped += SupportGate.shape(group, lps, cutoff)
+            else:
+                pick.gated += self.support.apply(group, lps, cutoff)
             useful = informative(group)
             self.peers.add(peer, float(useful), 1.0, round_)
             if useful:
@@ -323,11 +325,12 @@ class Selector:
                 pick.dropped["off_support"] += 1
         gating.clear()
 
-    def observe_own(self, logprobs: list[float], groups: list[RolloutGroup] = ()) -> None:
+    def observe_own(self, logprobs: list[float], groups: list[RolloutGroup] = (), round_: int = 0) -> None:
         """The round's own trained completions' mean token log-probs (the support gate's reference) and its
-        own groups (the lengths a peer's are measured against)."""
+        own groups (the lengths and pass rates a peer's are measured against)."""
         self.support.observe(logprobs)
         self.lengths.observe_own(list(groups))
+        self.strength.observe_own(list(groups), round_)
 
     def local(self, groups: list[RolloutGroup], slots: int) -> list[RolloutGroup]:
         """The `slots` local groups to train on, informative ones first."""
@@ -389,12 +392,14 @@ class Selector:
 
     def state_dict(self) -> dict[str, Any]:
         return {"peers": self.peers.counts, "own_logprobs": list(self.support.own),
-                "own_lengths": self.lengths.own, "peer_lengths": self.lengths.peers.counts}
+                "own_lengths": self.lengths.own, "peer_lengths": self.lengths.peers.counts,
+                "strength": self.strength.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.peers.counts = {k: list(v) for k, v in state["peers"].items()}
         self.lengths.own = dict(state.get("own_lengths", {}))  # absent in checkpoints before the length bound
         self.lengths.peers.counts = {k: list(v) for k, v in state.get("peer_lengths", {}).items()}
+        self.strength.load_state_dict(state.get("strength", {}))  # absent in checkpoints before the scoped rule
         self.support.own.clear()
         self.support.observe(state.get("own_logprobs", []))  # absent in checkpoints before the guarded rule
 

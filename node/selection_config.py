@@ -16,10 +16,12 @@ class SelectionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     external_groups: int = Field(4, ge=0, description="J: groups other peers shared, taken from the pool each round (0: silo)")
-    rule: Literal["uniform", "signal", "guarded", "adaptive"] = Field(
+    rule: Literal["uniform", "signal", "guarded", "scoped", "adaptive"] = Field(
         "guarded", description="how external groups are chosen: uniform (any usable group), signal (only groups "
         "whose re-scored rewards differ), guarded (signal, counting only the rows this node would push up that pass "
-        "its support gate), adaptive (signal, inspecting first the peers whose groups carried signal before)")
+        "its support gate), scoped (guarded, except that on a task family where a peer's re-scored pass rate beats "
+        "this node's own its right rows below the gate are trained with a policy-shaped weight), adaptive (signal, "
+        "inspecting first the peers whose groups carried signal before)")
     when_short: Literal["fill_local", "fewer"] = Field(
         "fill_local", description="when the pool yields fewer than J groups: draw local tasks for the rest, or train on fewer")
     accept: Literal["own", "any"] = Field(
@@ -56,3 +58,4 @@ class SelectionConfig(BaseModel):
 
 
 RULES: tuple[str, ...] = get_args(SelectionConfig.model_fields["rule"].annotation)  # for scripts' --rule flags
+GATED = ("guarded", "scoped")  # the rules with a support gate

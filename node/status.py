@@ -100,7 +100,8 @@ class StatusBoard:
             for phase in PHASES:
                 self._totals[f"seconds_{phase}"] += row.get(f"seconds_{phase}") or 0.0
             for key in ("tokens_generated", "n_external_used", "n_local", "n_external", "groups_published",
-                        "local_informative", "external_inspected", "external_informative", "external_gated"):
+                        "local_informative", "external_inspected", "external_informative", "external_gated",
+                        "external_shaped"):
                 self._totals[key] += row.get(key) or 0
             for reason, n in (row.get("external_dropped") or {}).items():
                 self._totals[f"external_dropped:{reason}"] += n
@@ -207,6 +208,8 @@ def families(s: dict) -> list[Metric]:
            [({}, totals.get("n_external_used"))])
     metric("external_completions_gated_total", "counter", "external completions to push up that the support gate left "
            "out (text this node would not write)", [({}, totals.get("external_gated"))])
+    metric("external_completions_shaped_total", "counter", "external completions below the support gate trained with the "
+           "policy-shaped weight (rule scoped: a peer stronger on their family)", [({}, totals.get("external_shaped"))])
     metric("support_cutoff", "gauge", "the support gate's cut-off: mean token log-prob below which external text is not "
            "learned", [({}, last.get("support_cutoff"))])
     metric("rollout_groups_published_total", "counter", "local rollout groups shared with the swarm",

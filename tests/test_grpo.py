@@ -131,10 +131,10 @@ def test_text_from_elsewhere_is_retokenized_and_local_ids_are_reused(policy):
 def test_external_text_longer_than_max_new_tokens_is_cut_and_counts_as_truncated(policy):
     trainer = GRPOTrainer(policy, GRPOConfig(), max_new_tokens=4, total_rounds=10)
     long_text = "<answer>" + "9" * 30 + "</answer>"
-    batch, _, _, truncated, external, _ = trainer._tensors([group([1, 0], texts=[GOOD, long_text], source="peer")])
+    batch, _, _, truncated, external, *_ = trainer._tensors([group([1, 0], texts=[GOOD, long_text], source="peer")])
     assert batch.completion_mask.shape[1] == 4
     assert truncated.tolist() == [len(policy.tokenizer(GOOD, add_special_tokens=False)["input_ids"]) >= 4, True]
-    _, _, _, truncated, _, _ = GRPOTrainer(policy, GRPOConfig(), max_new_tokens=64, total_rounds=10)._tensors(
+    _, _, _, truncated, *_ = GRPOTrainer(policy, GRPOConfig(), max_new_tokens=64, total_rounds=10)._tensors(
         [group([1, 0], texts=[GOOD, long_text], source="peer")])
     assert truncated.tolist() == [False, False]
     assert external.tolist() == [True, True]
@@ -182,6 +182,25 @@ def test_rows_a_selection_rule_left_out_take_no_part_in_the_loss(policy):
     half.used = [True, True, False, True]
     good = seq_logprob(policy, GOOD)
     GRPOTrainer(policy, cfg, 16, 10).step([half])
+    assert seq_logprob(policy, GOOD) > good
+
+
+def test_shaped_rows_reach_the_loss_flagged_and_are_counted(policy, monkeypatch):
+    """`shaped` (the scoped rule's rows from a stronger peer) reaches the loss as a per-row flag; the rows stay
+    in the loss and move the policy towards them, and the step counts them."""
+    flags = []
+    real = grpo_module.grpo_loss
+
+    def spy(*args, shaped=None, **kwargs):
+        flags.append(shaped.tolist())
+        return real(*args, shaped=shaped, **kwargs)
+
+    monkeypatch.setattr(grpo_module, "grpo_loss", spy)
+    peer = group([1, 0, 1, 0], source="12D3KooWpeer")
+    peer.shaped = [True, False, False, False]
+    good = seq_logprob(policy, GOOD)
+    stats = GRPOTrainer(policy, GRPOConfig(external_min_logprob=None, lr=1e-3), 16, 10).step([peer, group([1, 0, 0, 1])])
+    assert sorted(flags[0]) == [False] * 7 + [True] and stats.external_shaped == 1
     assert seq_logprob(policy, GOOD) > good
 
 

@@ -123,3 +123,21 @@ def test_on_policy_gradient_points_towards_high_advantage_tokens():
     loss, _ = grpo_loss(logps, torch.zeros(2, 1), torch.tensor([1.0, -1.0]), torch.ones(2, 1), cfg(), 1)
     loss.backward()
     assert logps.grad[0].item() < 0 < logps.grad[1].item()
+
+
+def test_a_shaped_row_takes_luffys_weight_unclipped_and_the_other_rows_keep_the_clipped_ratio():
+    """f(pi) = pi / (pi + gamma): d(-A f)/d log pi = -A gamma pi / (pi + gamma)^2, largest (A / 4) at pi = gamma and
+    about A pi / gamma on a token far less likely than gamma; the clip does not apply (the ratio is 1.5 here)."""
+    gamma = 0.1
+    pis = [0.001, 0.1, 0.9]
+    logps = torch.tensor([[math.log(p) for p in pis], [math.log(1.5)] * 3], requires_grad=True)
+    old = torch.tensor([[math.log(p) for p in pis], [0.0] * 3])
+    loss, _ = grpo_loss(logps, old, torch.tensor([2.0, 1.0]), torch.ones(2, 3), cfg(shaping_gamma=gamma), 3,
+                        shaped=torch.tensor([True, False]))
+    loss.backward()
+    expected = [-2.0 * gamma * p / (p + gamma) ** 2 / 6 for p in pis]  # token aggregation over 6 tokens
+    assert logps.grad[0].tolist() == pytest.approx(expected)
+    assert expected[1] == pytest.approx(-2.0 / 4 / 6) and abs(expected[0]) < abs(expected[1]) / 20
+    assert logps.grad[1].tolist() == [0.0] * 3  # the unshaped row: ratio 1.5 is past the clip, no gradient
+    plain, _ = grpo_loss(logps.detach(), old, torch.tensor([2.0, 1.0]), torch.ones(2, 3), cfg(shaping_gamma=gamma), 3)
+    assert loss.item() != pytest.approx(plain.item())  # the flag changes the loss, and only for its row

@@ -378,3 +378,63 @@ def test_a_group_whose_right_rows_run_past_the_completion_budget_takes_no_slot(r
     p = pick(sel, pool)
     assert [g.source for g in p.groups] == ["honest"] and p.informative == 2  # both differ in reward
     assert p.dropped == Counter({"too_long": 1}) and not sel.proven("padder")
+
+
+def own_groups(dataset: str, right: int, of: int = 8) -> list:
+    """This node's own sampled group of a task of `dataset` with `right` of `of` completions right."""
+    task = regenerate(TaskRef(dataset, {}, seed=5, index=0))
+    return [scored_group(task, [f"<answer>{task.answer}</answer>"] * right + ["<answer>no</answer>"] * (of - right), 0.0)]
+
+
+def test_scoped_trains_a_stronger_peers_right_rows_below_the_gate_on_that_family_and_gates_them_on_another():
+    """A peer of another family writes text this node would not ('z...', below the support gate). On arith, where
+    this node passes 1 in 8 and the peer, re-scored here, 1 in 2, its right rows are kept with the shaped weight;
+    on reverse, where this node passes 8 in 8, they stay gated and the groups are dropped as under `guarded`."""
+    offers = [group(i, signal=True, wrap="z") for i in range(4)] + \
+             [group(100 + i, signal=True, dataset="reverse", wrap="z") for i in range(4)]
+    picks = {}
+    for rule in ("scoped", "guarded"):
+        sel = selector(rule=rule, external_groups=8, explore=0.0, max_inspect=64, budget_s=60)
+        for r in range(3):
+            sel.observe_own([], own_groups("arith", 1) + own_groups("reverse", 8), round_=r)
+        pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
+        offer(pool, "gemma", offers)
+        picks[rule] = sel, pick(sel, pool, 3)
+    sel, p = picks["scoped"]
+    assert sel.strength.stronger("gemma", "arith") and not sel.strength.stronger("gemma", "reverse")
+    assert sorted(g.task.ref.dataset for g in p.groups) == ["arith"] * 4
+    for g in p.groups:
+        assert g.shaped == [True, False, True, False] and g.used is None  # the right rows, shaped; every row used
+    assert p.shaped == 8 and p.gated == 8 and p.dropped["off_support"] == 4
+    _, guarded = picks["guarded"]
+    assert guarded.groups == [] and guarded.dropped["off_support"] == 8 and guarded.shaped == 0
+
+
+def test_a_peer_cannot_claim_strength_with_answers_the_node_scores_wrong():
+    """Rewards are re-scored: a peer whose arith answers are plausible but wrong here (another task's) measures a
+    pass rate of 0, is never stronger, and its off-support groups stay gated under `scoped`."""
+    sel = selector(rule="scoped", external_groups=4, explore=0.0, max_inspect=64, budget_s=60)
+    sel.observe_own([], own_groups("arith", 1), round_=0)
+    pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
+    forged = [WireGroup(dataset="arith", config={}, seed=3, index=i, completions=[
+        f"z<answer>{regenerate(TaskRef('arith', {}, seed=3, index=i + 1)).answer}</answer>"] * 4) for i in range(8)]
+    offer(pool, "liar", forged)
+    p = pick(sel, pool)
+    assert p.groups == [] and p.shaped == 0 and not sel.strength.stronger("liar", "arith")
+    assert sel.strength.peers.counts["liar arith"][0] == 0  # none of its 32 completions right here
+
+
+def test_family_strength_needs_enough_rows_decays_and_survives_a_checkpoint():
+    sel = selector(rule="scoped")
+    strength = sel.strength
+    for r in range(2):
+        strength.observe_own(own_groups("arith", 2), r)
+    strength.observe("peer", own_groups("arith", 8)[0], 1)  # 8 of 8, but only 8 rows: too few to judge
+    assert not strength.stronger("peer", "arith")
+    strength.observe("peer", own_groups("arith", 8)[0], 2)
+    assert strength.stronger("peer", "arith") and not strength.stronger("other", "arith")
+    restored = selector(rule="scoped")
+    restored.load_state_dict(json.loads(json.dumps(sel.state_dict())))
+    assert restored.strength.stronger("peer", "arith")
+    strength.decay(0.5)  # forgotten evidence counts for less: below MIN_ROWS again
+    assert not strength.stronger("peer", "arith")

@@ -324,7 +324,7 @@ def test_own_completions_sent_through_the_external_path_train_on_the_tokens_that
     trainer = GRPOTrainer(policy, GRPOConfig(), max_new_tokens=6, total_rounds=1, stop=params.stop)
 
     def rows(groups):
-        batch, _, _, truncated, _, _ = trainer._tensors(groups)
+        batch, _, _, truncated, *_ = trainer._tensors(groups)
         lengths = batch.completion_mask.sum(-1).long().tolist()
         return [(batch.input_ids[i, batch.prompt_len: batch.prompt_len + n].tolist(), bool(truncated[i]))
                 for i, n in enumerate(lengths)]

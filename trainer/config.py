@@ -136,6 +136,9 @@ class GRPOConfig(Section):
     external_min_logprob: float | None = Field(
         -5.0, lt=0, description="mask external completions whose mean token log-prob under this node's pre-update "
         "policy is below this (text it would almost never write); null keeps all")
+    shaping_gamma: float = Field(0.1, gt=0, description="selection rule scoped: a stronger peer's row below the support "
+                                 "gate is trained with token weight pi / (pi + gamma) in place of the clipped ratio "
+                                 "(LUFFY's policy shaping): small gradients on tokens this policy finds far less likely than gamma")
 
     @model_validator(mode="after")
     def _check(self) -> "GRPOConfig":

@@ -24,3 +24,5 @@ class RolloutGroup:
     correct: list[bool] = field(default_factory=list)
     # Rows a selection rule left out of the loss (node/selection.py, `guarded`); None: every row.
     used: list[bool] | None = None
+    # Rows trained with the policy-shaped weight instead of the clipped ratio (`scoped`, trainer/loss.py); None: none.
+    shaped: list[bool] | None = None

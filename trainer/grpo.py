@@ -42,6 +42,7 @@ class StepStats:
     lr: float = 0.0
     external_groups_used: int = 0
     external_masked: int = 0  # external completions masked as off-support
+    external_shaped: int = 0  # external completions trained with the policy-shaped weight (rule `scoped`)
     local_logprobs: list[float] = field(default_factory=list)  # mean token log-prob of each local row, pre-update
     # what the round's memory peak is compared with the plan at: the longest completion in tokens, and the micro-
     # batch that ran the most positions (positions, rows), what the step's activations are made of
@@ -97,7 +98,7 @@ class GRPOTrainer:
         if not kept:
             return stats
 
-        batch, rewards, group_ids, truncated, external, used = self._tensors(kept)
+        batch, rewards, group_ids, truncated, external, used, shaped = self._tensors(kept)
         stats.longest_completion = batch.completion_mask.shape[1]
         advantages = group_advantages(rewards, group_ids, cfg.advantage_scale)
         loss_mask = batch.completion_mask * (used & ~truncated if cfg.mask_truncated else used)[:, None]
@@ -127,7 +128,7 @@ class GRPOTrainer:
                     off_support[part] = external[part] & self._off_support(sequence_logps[part])
                     loss_mask[part] *= (~off_support[part])[:, None]
                     loss, part_info = grpo_loss(logps, old, advantages[part], loss_mask[part], cfg, self.max_tokens,
-                                                None if ref_logps is None else ref_logps[part], count=1)
+                                                None if ref_logps is None else ref_logps[part], count=1, shaped=shaped[part])
                     loss.backward()
                     parts.append(part_info)
                 # The loss was summed over micro-batches; its denominator is known once every mask is.
@@ -143,6 +144,7 @@ class GRPOTrainer:
                 history.append(info)
         model.eval()
         stats.external_masked = int(off_support.sum())
+        stats.external_shaped = int((shaped & (loss_mask.sum(-1) > 0)).sum())
         stats.local_logprobs = sequence_logps[~external].tolist()
 
         stats.sequences, stats.optimizer_steps = n, len(history)
@@ -225,21 +227,22 @@ class GRPOTrainer:
 
     def _tensors(self, groups: list[RolloutGroup]) -> tuple[Batch, torch.Tensor, ...]:
         """Tokenize with this node's own tokenizer: text from peers is re-tokenized, local ids are reused.
-        Returns the batch and per row: reward, group index, truncated, external, used."""
+        Returns the batch and per row: reward, group index, truncated, external, used, shaped."""
         device = self.policy.device
         prompt_ids = encode_prompts(self.policy, [g.task.prompt for g in groups])
         prompts, completions, rows = [], [], []
         for gi, g in enumerate(groups):
             ids, cut = (g.completion_ids, g.truncated) if g.completion_ids is not None else self._external_ids(g.completions)
-            for c_ids, r, t, u in zip(ids, g.rewards, map(operator.or_, g.truncated, cut), g.used or [True] * len(ids)):
+            for c_ids, r, t, u, s in zip(ids, g.rewards, map(operator.or_, g.truncated, cut), g.used or [True] * len(ids),
+                                         g.shaped or [False] * len(ids)):
                 prompts.append(prompt_ids[gi])
                 completions.append(c_ids)
-                rows.append((r, gi, t, g.source != "local", u))
+                rows.append((r, gi, t, g.source != "local", u, s))
         batch = collate(prompts, completions, self.policy.tokenizer.pad_token_id, device)
-        rewards, group_ids, truncated, external, used = zip(*rows)
+        rewards, group_ids, truncated, external, used, shaped = zip(*rows)
         return (batch, torch.tensor(rewards, dtype=torch.float32, device=device),
                 torch.tensor(group_ids, dtype=torch.long, device=device),
-                *(torch.tensor(flags, dtype=torch.bool, device=device) for flags in (truncated, external, used)))
+                *(torch.tensor(flags, dtype=torch.bool, device=device) for flags in (truncated, external, used, shaped)))
 
     def _external_ids(self, texts: list[str]) -> tuple[list[list[int]], list[bool]]:
         """Token ids of text that came from elsewhere, as this node's generator would have kept them.

@@ -62,9 +62,14 @@ def grpo_loss(
     max_tokens: int,
     ref_logps: torch.Tensor | None = None,
     count: float | None = None,
+    shaped: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped policy-gradient loss over (B, C) token log-probs with per-sequence advantages (B,);
-    `count` as in `aggregate`. Its statistics are token means, with the token count to merge them."""
+    `count` as in `aggregate`. Its statistics are token means, with the token count to merge them.
+    Rows flagged in `shaped` (B,) take LUFFY's policy-shaped objective (Yan et al. 2025) in place of the
+    clipped ratio: -A * f(pi), f(pi) = pi / (pi + gamma), unclipped. Its gradient is A * gamma * pi / (pi +
+    gamma)^2 per unit of grad log pi: at most A / 4 (at pi = gamma), and about A * pi / gamma on a token
+    this policy finds far less likely than gamma, so another model's habits move it little."""
     adv = advantages[:, None]
     ratio = torch.exp(logps - old_logps)
     clipped_ratio = ratio.clamp(1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
@@ -73,6 +78,9 @@ def grpo_loss(
         # For negative advantages the plain clip leaves the loss unbounded as the ratio grows:
         # cap it at dual_clip * |A| (Ye et al. 2020).
         per_token = torch.where(adv < 0, torch.minimum(per_token, -cfg.dual_clip * adv), per_token)
+    if shaped is not None and bool(shaped.any()):
+        pi = torch.exp(logps)
+        per_token = torch.where(shaped[:, None], -adv * pi / (pi + cfg.shaping_gamma), per_token)
     kl = torch.zeros_like(per_token)
     if ref_logps is not None and cfg.kl_coef > 0:
         delta = ref_logps - logps
