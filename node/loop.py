@@ -222,10 +222,13 @@ class Node:
         slots, feed = self._local_slots(len(pick.groups))
         # 2. generate and score our own groups
         t0 = time.perf_counter()
-        sampled = self._generate(r, self.tasks.draw(self.selector.local_tasks(slots) + feed), stop, position)
+        peer_tasks = self.selector.peer_tasks(slots - cfg.run.local_groups)  # empty unless when_short = peer_tasks
+        tasks = peer_tasks + self.tasks.draw(self.selector.local_tasks(slots) + feed - len(peer_tasks))
+        sampled = self._generate(r, tasks, stop, position)
         seconds = {"generate": time.perf_counter() - t0}
         if sampled is None:
             return False
+        pick.peer_tasks = self.selector.took_peer_tasks(peer_tasks)
         # 3. publish them to the swarm (and feed our extra groups to our own pool when asked to)
         groups, published = self._share(r, sampled, feed)
         # 4. one GRPO step on local + external groups, then the new weights into the generator
@@ -271,7 +274,7 @@ class Node:
         """Local groups to train on (external slots left empty go to local ones under `fill_local`), and how
         many extra groups to sample for our own pool (`self_external`)."""
         sel = self.cfg.selection
-        short = sel.external_groups - external if sel.when_short == "fill_local" else 0
+        short = sel.external_groups - external if sel.when_short != "fewer" else 0
         return self.cfg.run.local_groups + short, sel.external_groups if sel.self_external else 0
 
     def _share(self, r: int, sampled: list[RolloutGroup], feed: int) -> tuple[list[RolloutGroup], int]:
@@ -299,7 +302,7 @@ class Node:
             round=r, time=time.time(), reward_mean=mean_reward(groups), accuracy_train=accuracy(groups),
             batch_reward_mean=mean_reward(batch), eval_accuracy=evaluation.accuracy, eval_by_dataset=evaluation.by_dataset,
             eval_expected=evaluation.expected, eval_expected_by_dataset=evaluation.expected_by_dataset,
-            n_local=len(groups), n_external=len(pick.groups),
+            n_local=len(groups), n_external=len(pick.groups), n_peer_tasks=pick.peer_tasks,
             tokens_generated=sum(len(ids) for g in sampled for ids in g.completion_ids or []),
             seconds_generate=seconds["generate"], seconds_train=seconds["train"], seconds_other=seconds["other"],
             seconds_push=seconds["push"], groups_trained=stats.groups_used, groups_dropped_uniform=stats.groups_dropped_uniform,

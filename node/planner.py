@@ -51,7 +51,7 @@ def generated_groups(cfg: NodeConfig) -> int:
     short (a node alone samples all of them: the first GPU run planned 32 decoding rows and decoded 64), and
     the control experiment's own stand-ins for external groups."""
     s = cfg.selection
-    return cfg.run.local_groups + (s.external_groups if s.when_short == "fill_local" else 0) + (
+    return cfg.run.local_groups + (s.external_groups if s.when_short != "fewer" else 0) + (
         s.external_groups if s.self_external else 0)
 
 

@@ -68,11 +68,12 @@ bounded in number and saved in checkpoints, so a resumed node chooses exactly as
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
@@ -80,7 +81,7 @@ from node.selection_config import GATED, SelectionConfig
 from node.decayed import DecayedRates
 from node.strength import FamilyStrength, family
 from p2p.pool import PooledGroup, RolloutPool
-from rewards import TaskRef
+from rewards import Task, TaskRef, regenerate
 from rewards.config import TasksConfig
 from rewards.gym import PREFIX as RG_PREFIX
 from rewards.sandbox import SandboxError
@@ -97,6 +98,7 @@ VERBOSE_GROUPS = 4.0  # groups of a peer (decayed) measured before its length is
 OWN_LENGTH_EMA = 0.1  # weight of a round's own mean completion length per family
 PROVEN_HITS = 0.25  # one informative group, decayed by 0.98 a round, keeps a peer proven for ~68 rounds
 TRIED = 8.0  # inspections (decayed) after which an unproven peer has had its chance: Beta(1, 1) -> mean 0.1
+PEER_TASKS = 64  # tasks of peers' unusable informative groups remembered for `when_short = peer_tasks`, newest kept
 
 
 def informative(group: RolloutGroup) -> bool:
@@ -176,6 +178,7 @@ class Pick:
     shaped: int = 0  # rows to push up below the gate, kept with a policy-shaped weight (`scoped`, a stronger peer)
     gate_s: float = 0.0  # seconds spent computing this node's log-probs of them
     held_back: int = 0  # pool groups of peers already tried left out of the round's order (kept in the pool)
+    peer_tasks: int = 0  # tasks of peers' unusable informative groups sampled here in the round's local slots
 
 
 def mean_chars(group: RolloutGroup) -> float:
@@ -227,6 +230,7 @@ class Selector:
         self.lengths = Lengths(cfg.max_tracked)
         self.strength = FamilyStrength(cfg.max_tracked)  # where a peer passes more often than we do (`scoped`)
         self.support = SupportGate(cfg.support_quantile, cfg.support_window)
+        self._peer_tasks: OrderedDict[str, Task] = OrderedDict()  # the newest last
         uses_gym = cfg.accept == "any" or any(d.name.startswith(RG_PREFIX) for d in tasks.datasets)
         self.untrusted = UntrustedTasks(cfg.regen_timeout_s, cfg.regen_memory_mb,
                                         warm=("reasoning_gym",) if uses_gym else ())
@@ -282,6 +286,8 @@ class Selector:
                 continue
             self.peers.add(pooled.peer, float(signal), 1.0, round_)
             if filtering and not signal:
+                if group.used is not None:  # informative by reward, its right rows past our budget
+                    self._remember_task(group)
                 pick.dropped["too_long" if group.used is not None else "uniform_rewards"] += 1
                 continue
             pick.groups.append(group)
@@ -322,8 +328,30 @@ class Selector:
             if useful:
                 pick.groups.append(group)
             else:
+                self._remember_task(group)
                 pick.dropped["off_support"] += 1
         gating.clear()
+
+    def _remember_task(self, group: RolloutGroup) -> None:
+        """A task whose group carried signal here but whose text could not be used: sampled with our own model
+        it may (`when_short = peer_tasks`). Only tasks of our own families, which rebuild without the sandbox."""
+        ref = group.task.ref
+        if self.cfg.when_short == "peer_tasks" and self.tasks.has(ref.dataset, ref.config):
+            key = task_key(ref)
+            self._peer_tasks.pop(key, None)
+            self._peer_tasks[key] = group.task
+            while len(self._peer_tasks) > PEER_TASKS:
+                self._peer_tasks.popitem(last=False)
+
+    def peer_tasks(self, n: int) -> list[Task]:
+        """Up to `n` remembered peer tasks, newest first (kept until `took_peer_tasks`)."""
+        return list(reversed(self._peer_tasks.values()))[:max(0, n)]
+
+    def took_peer_tasks(self, tasks: list[Task]) -> int:
+        """Forget `tasks`, sampled this round; returns how many."""
+        for task in tasks:
+            self._peer_tasks.pop(task_key(task.ref), None)
+        return len(tasks)
 
     def observe_own(self, logprobs: list[float], groups: list[RolloutGroup] = (), round_: int = 0) -> None:
         """The round's own trained completions' mean token log-probs (the support gate's reference) and its
@@ -393,15 +421,21 @@ class Selector:
     def state_dict(self) -> dict[str, Any]:
         return {"peers": self.peers.counts, "own_logprobs": list(self.support.own),
                 "own_lengths": self.lengths.own, "peer_lengths": self.lengths.peers.counts,
-                "strength": self.strength.state_dict()}
+                "strength": self.strength.state_dict(),
+                "peer_tasks": [[t.ref.dataset, t.ref.config, t.ref.seed, t.ref.index] for t in self._peer_tasks.values()]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.peers.counts = {k: list(v) for k, v in state["peers"].items()}
         self.lengths.own = dict(state.get("own_lengths", {}))  # absent in checkpoints before the length bound
         self.lengths.peers.counts = {k: list(v) for k, v in state.get("peer_lengths", {}).items()}
         self.strength.load_state_dict(state.get("strength", {}))  # absent in checkpoints before the scoped rule
+        self._peer_tasks = OrderedDict((task_key(t.ref), t) for t in (regenerate(TaskRef(*ref)) for ref in state.get("peer_tasks", [])))
         self.support.own.clear()
         self.support.observe(state.get("own_logprobs", []))  # absent in checkpoints before the guarded rule
+
+
+def task_key(ref: TaskRef) -> str:
+    return json.dumps([ref.dataset, ref.config, ref.seed, ref.index], sort_keys=True)
 
 
 def fair_order(candidates: list[PooledGroup], rng: random.Random) -> list[PooledGroup]:

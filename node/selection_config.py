@@ -22,8 +22,11 @@ class SelectionConfig(BaseModel):
         "its support gate), scoped (guarded, except that on a task family where a peer's re-scored pass rate beats "
         "this node's own its right rows below the gate are trained with a policy-shaped weight), adaptive (signal, "
         "inspecting first the peers whose groups carried signal before)")
-    when_short: Literal["fill_local", "fewer"] = Field(
-        "fill_local", description="when the pool yields fewer than J groups: draw local tasks for the rest, or train on fewer")
+    when_short: Literal["fill_local", "peer_tasks", "fewer"] = Field(
+        "fill_local", description="when the pool yields fewer than J groups: draw local tasks for the rest; peer_tasks: "
+        "first take the tasks of peers' groups that carried signal here but whose text could not be used (off the support "
+        "gate, too long), sampled with this node's own model (on-policy, no foreign text, the same generation as "
+        "fill_local), then local ones; or train on fewer")
     accept: Literal["own", "any"] = Field(
         "own", description="external tasks to consider: 'own' = same dataset and config as one of ours; "
         "'any' = every task this node can regenerate")

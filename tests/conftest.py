@@ -87,3 +87,29 @@ def run_sapo(*args: str, env: dict | None = None, timeout: float = 300, cwd: Pat
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd or ROOT)
+
+
+def node_beside(probe, out: Path, args: list[str], until, timeout: float, describe: str) -> tuple[int, str, list[dict]]:
+    """`sapo run --out OUT ARGS` bootstrapped to a lab probe, stopped with SIGTERM once `until(rows)` holds for its
+    metrics rows (or when it exits first); the node is killed and the probe stopped however it ends. Returns the
+    node's exit code, its stderr and its rows."""
+    import json
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", "node.cli", "run", "--out", str(out), "--bootstrap", probe.addr, *args],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def rows() -> list[dict]:
+        path = out / "metrics.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    try:
+        probe.wait_for(lambda: proc.poll() is not None or until(rows()), timeout, describe)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        probe.stop()
+    return proc.returncode, err, rows()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from rewards import TaskError, TaskRef, regenerate
 from rewards.config import TasksConfig
 from rewards.sandbox import Sandbox, SandboxError
 from rewards.untrusted import UntrustedTasks, check_bounds
-from tests.conftest import ROOT
+from tests.conftest import ROOT, node_beside
 from trainer import checkpoint
 
 # The 315-byte group: reasoning-gym looks for an exact 24-digit division and never finds one.
@@ -182,29 +181,15 @@ def test_a_node_flooded_with_runaway_tasks_keeps_training_and_checkpoints_on_sto
     hostile = ProbeProcess(tmp_path, "hostile", "--rate", "2", "--groups", "2", "--completions", "4", "--chars", "30",
                            "--wrong", "--task", json.dumps({"dataset": "rg/basic_arithmetic", "config": SLOW, "seed": 1}))
     out = tmp_path / "node"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "run", "--model.cache_dir", str(cache_dir), "--out", str(out),
-         "--rounds", "100000", "--bootstrap", hostile.addr, "--selection.accept", "any",
-         "--selection.regen_timeout_s", "0.3", "--selection.budget_s", "1", "--tasks.eval_size", "10",
-         "--run.eval_every", "1000", "--run.checkpoint_every", "1000", "--status.listen", "127.0.0.1:0"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-    def rows() -> list[dict]:
-        path = out / "metrics.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-    try:
-        hostile.wait_for(lambda: any((r.get("external_dropped") or {}).get("regen_timeout") for r in rows())
-                         and len(rows()) > 12, 240, "a timed-out task and 12 rounds")
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        hostile.stop()
-    assert proc.returncode == 0, err[-3000:]
+    code, err, rows = node_beside(
+        hostile, out, ["--model.cache_dir", str(cache_dir), "--rounds", "100000", "--selection.accept", "any",
+                       "--selection.regen_timeout_s", "0.3", "--selection.budget_s", "1", "--tasks.eval_size", "10",
+                       "--run.eval_every", "1000", "--run.checkpoint_every", "1000", "--status.listen", "127.0.0.1:0"],
+        lambda rows: any((r.get("external_dropped") or {}).get("regen_timeout") for r in rows) and len(rows) > 12,
+        240, "a timed-out task and 12 rounds")
+    assert code == 0, err[-3000:]
     assert "Traceback" not in err
-    last = rows()[-1]
+    last = rows[-1]
     assert checkpoint.load_latest(out / "checkpoints").round == last["round"]
-    assert max(r["seconds_other"] for r in rows()[1:]) < 1 + 1  # the budget, plus one restart's slack
-    assert sum(r["external_dropped"].get("regen_timeout", 0) for r in rows()[1:]) >= 1
+    assert max(r["seconds_other"] for r in rows[1:]) < 1 + 1  # the budget, plus one restart's slack
+    assert sum(r["external_dropped"].get("regen_timeout", 0) for r in rows[1:]) >= 1
