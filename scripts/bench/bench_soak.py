@@ -55,7 +55,7 @@ SAVE_EVERY_S = 300.0
 BLOCK_S = 600.0  # slopes are fitted to block means: neighbouring samples are not independent
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
        15: 2.13, 20: 2.09, 30: 2.04}  # two-sided t by degrees of freedom (the nearest lower entry is used)
-GROWTH = ("rss_mb", "fds", "threads", "disk_mb", "pool", "pool_seen", "seen_messages")
+GROWTH = ("rss_mb", "fds", "threads", "disk_mb", "state_mb", "pool", "pool_seen", "seen_messages")  # state: disk less metrics
 DASHBOARD = re.compile(r"status: dashboard at (http://\S+/)")
 
 
@@ -77,9 +77,10 @@ class Watched(Node):
         if self.proc is None or self.proc.poll() is not None:
             return
         if now - self.disk_at >= DISK_EVERY_S:
-            self.disk_mb, self.disk_at = folder_mb(self.out), now
-        row = {"t": now, "pid": self.proc.pid, **process_stats(self.proc.pid), "disk_mb": self.disk_mb,
-               "metrics_mb": file_mb(self.out / "metrics.jsonl")}
+            self.disk_mb, self.disk_at = round(folder_mb(self.out), 3), now
+        metrics = file_mb(self.out / "metrics.jsonl")
+        row = {"t": round(now, 1), "pid": self.proc.pid, **process_stats(self.proc.pid), "disk_mb": self.disk_mb,
+               "metrics_mb": round(metrics, 3), "state_mb": None if self.disk_mb is None else round(self.disk_mb - metrics, 3)}
         url = self.status_url()
         row.update(scrape(url) if url else {"starting": True})
         self.samples.append(row)
@@ -104,7 +105,7 @@ def process_stats(pid: int) -> dict:
     except OSError:
         return {}
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    return {"rss_mb": int(fields["VmRSS"].split()[0]) / 1024, "threads": int(fields["Threads"]), "fds": fds}
+    return {"rss_mb": round(int(fields["VmRSS"].split()[0]) / 1024, 1), "threads": int(fields["Threads"]), "fds": fds}
 
 
 def scrape(url: str) -> dict:
@@ -251,12 +252,12 @@ class Soak:
                   "restarts": [restart_outcome(self.nodes[r["node"]], r, ids[f"node{r['node']}"]) for r in self.restarts],
                   "processes": {n.name: {"samples": n.samples, "starts": n.starts, **n.log_problems(),
                                          "exit_code": n.proc.returncode if n.proc else None,
-                                         **({"rounds": [[r["time"], r["round"]] for r in n.rows() if r["round"] > 0]}
+                                         **({"rounds": [[round(r["time"], 1), r["round"]] for r in n.rows() if r["round"] > 0]}
                                             if n is not self.bootstrap else {})} for n in self.procs()}}
         record["summary"] = summarize(record)
         self.args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=1))
+        tmp.write_text(json.dumps(record, separators=(",", ":")))  # hours of samples: compact
         tmp.replace(self.args.out)
 
 
