@@ -395,3 +395,12 @@ def test_a_finished_runs_checkpoints_are_deleted_once_its_result_is_saved_and_a_
     experiment.run_one(cfg, 0, Namespace(out=tmp_path, nodes=1, rounds=2, eval_every=1), Console(file=open(tmp_path / "log", "w")))
     assert (seed_dir / "result.json").exists()
     assert checkpoints.exists() == bool(failed)  # a failed run resumes from them
+
+
+def test_the_hetero_grid_compares_the_rules_for_a_peer_of_another_model_on_the_demos_swarm():
+    names = [c.name for c in experiment.grid(["signal"], "hetero")]
+    assert names == ["demo 8/0", "demo 4/4 signal", "demo 4/4 guarded", "demo 4/4 scoped", "demo 4/4 guarded peer_tasks"]
+    shared = experiment.grid(["signal"], "hetero")[-1]
+    args = shared.node_args(rounds=10, eval_every=5)
+    assert args[args.index("--selection.when_short") + 1] == "peer_tasks" and shared.silo == Config("demo", 8, 0)
+    assert experiment.TESTBEDS["demo"]["presets"] == ["tiny-a", "tiny-b"]

@@ -51,6 +51,11 @@ detected beside any "no effect". Runs that start from the same model share its r
 
     .venv/bin/python scripts/bench/sapo_experiment.py --lr-sweep --nodes 1 --rounds 30 --eval-every 30 --seeds 3 --out runs/lr-sweep --resume
     .venv/bin/python scripts/bench/sapo_experiment.py --specialists --nodes 2 --rounds 30 --eval-every 30 --seeds 5 --out runs/specialists --resume
+
+Issue 53's tiny testbed (`--hetero`): the demo's swarm of tiny-a, tiny-b and tiny-a under `signal`, `guarded`, `scoped`
+and `guarded` with `selection.when_short = peer_tasks` (the same generation as filling with local tasks):
+
+    .venv/bin/python scripts/bench/sapo_experiment.py --hetero --nodes 3 --rounds 300 --eval-every 50 --seeds 5 --out runs/hetero --resume
 """
 
 from __future__ import annotations
@@ -131,7 +136,10 @@ TESTBEDS["specialists"] = {"presets": ["smollm2-135m"],
 TESTBEDS["specialists-union"] = {"presets": ["smollm2-135m"], "task_mixes": [json.dumps(ARITHMETIC)], "extra": SPECIALISTS_EVAL,
                                  "silo": "specialists"}
 REAL = ("smollm2", "smollm2+tiny")  # testbeds of the short real-model grid (--real)
-GRIDS = ("paper", "quick", "real", "quantized", "lr", "specialists")
+# issue 53's tiny testbed: the demo's swarm (tiny-a, tiny-b, tiny-a with --nodes 3), every node on the same mix: the
+# weaker tiny-b learns from tiny-a's groups, and the rules that would let a peer of another model teach are compared
+TESTBEDS["demo"] = {"presets": ["tiny-a", "tiny-b"], "task_mixes": [tasks(1, 1)]}
+GRIDS = ("paper", "quick", "real", "quantized", "lr", "specialists", "hetero")
 T80 = {1: 1.376, 2: 1.061, 3: 0.978, 4: 0.941, 5: 0.920, 6: 0.906, 7: 0.896, 8: 0.889, 9: 0.883}  # one-sided t at 80%
 
 
@@ -145,11 +153,13 @@ class Config:
     negatives: bool = False  # grpo.external_negatives: the ablation of learning only from peers' successes
     overdraw: float = 1.0  # selection.local_overdraw: local tasks sampled per local slot
     lr: float | None = None  # grpo.lr (None: the model's own)
+    when_short: str = "fill_local"  # selection.when_short: peer_tasks samples unusable peer groups' tasks in empty slots
 
     @property
     def name(self) -> str:
         suffix = (" +negatives" if self.negatives else "") + (f" overdraw {self.overdraw:g}" if self.overdraw != 1 else "")
         suffix += f" lr {self.lr:g}" if self.lr is not None else ""
+        suffix += f" {self.when_short}" if self.when_short != "fill_local" else ""
         if self.control:
             return f"{self.testbed} control {self.local}+{self.external} own" + suffix
         return f"{self.testbed} {self.local}/{self.external}" + (f" {self.rule}" if self.external else "") + suffix
@@ -163,7 +173,7 @@ class Config:
         args = ["--tasks.eval_size", "200", "--run.eval_every", str(eval_every), "--run.checkpoint_every", str(eval_every),
                 "--run.keep_checkpoints", "1",
                 "--selection.rule", self.rule, "--grpo.external_negatives", str(self.negatives).lower(),
-                "--selection.local_overdraw", str(self.overdraw)]
+                "--selection.local_overdraw", str(self.overdraw), "--selection.when_short", self.when_short]
         args += ["--grpo.lr", f"{self.lr:g}"] if self.lr is not None else []
         return args + (["--selection.self_external", "true"] if self.control else [])
 
@@ -188,6 +198,9 @@ def grid(rules: list[str], kind: str = "paper", groups: int = 4) -> list[Config]
         configs = [Config(bed, i, groups - i, rule) for bed in REAL for i in (groups, groups // 2)
                    for rule in (rules if i < groups else ["uniform"])]
         return [c for c in configs if c.external or c.silo == c]  # a shared silo runs once
+    if kind == "hetero":  # the sampling rules for a peer of another model, and task sharing at the same generation
+        return [Config("demo", 8, 0), *(Config("demo", 4, 4, rule) for rule in ("signal", "guarded", "scoped")),
+                Config("demo", 4, 4, "guarded", when_short="peer_tasks")]
     if kind == "quick":
         return [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "guarded"), Config("homogeneous", 4, 4, control=True)]
     homo = [Config("homogeneous", 8, 0), Config("homogeneous", 8, 0, overdraw=2), Config("homogeneous", 4, 4, control=True),
@@ -303,7 +316,7 @@ def summarize(results: list[dict]) -> list[dict]:
     rows = []
     for name, runs in by_config.items():
         cfg = Config(**{k: runs[0][k] for k in ("testbed", "local", "external", "rule", "control", "negatives")},
-                     overdraw=runs[0].get("overdraw", 1.0), lr=runs[0].get("lr"))
+                     overdraw=runs[0].get("overdraw", 1.0), lr=runs[0].get("lr"), when_short=runs[0].get("when_short", "fill_local"))
         silo = {r["seed"]: r for r in by_config.get(cfg.silo.name, [])}
         runs = sorted(runs, key=lambda r: r["seed"])
         models = list(dict.fromkeys(n["model"] for r in runs for n in picked(r, None)))
@@ -681,6 +694,8 @@ def parse_args() -> argparse.Namespace:
                    "and 1e-4 (full fine-tuning) and 1e-4, 3e-4 (LoRA), paired with 1e-5, on the powered evaluation")
     p.add_argument("--specialists", action="store_true", help="issue 55's swarm of specialists: two SmolLM2 owners "
                    "splitting the arithmetic mix, alone, paired, on the union, and alone drawing twice the tasks")
+    p.add_argument("--hetero", action="store_true", help="issue 53's tiny testbed: the demo's tiny-a, tiny-b, tiny-a swarm "
+                   "(--nodes 3) alone, and at 4/4 under signal, guarded, scoped and guarded with peer_tasks")
     p.add_argument("--out", type=Path, default=Path("runs/experiment"))
     args = p.parse_args()
     if args.quick:
@@ -695,7 +710,7 @@ def parse_args() -> argparse.Namespace:
 def chosen_configs(args: argparse.Namespace) -> list[Config]:
     """The grid asked for (--only narrows it); refused when --out already holds runs of it and --resume is not given."""
     kind = ("quantized" if args.quantized else "real" if args.real else "quick" if args.quick else "lr" if args.lr_sweep
-            else "specialists" if args.specialists else "paper")
+            else "specialists" if args.specialists else "hetero" if args.hetero else "paper")
     configs = grid(args.rules, kind, args.groups or 4)
     if args.only:
         unknown = set(args.only) - {c.name for c in configs}
