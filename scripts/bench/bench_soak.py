@@ -386,19 +386,21 @@ def figure(record: dict, path: Path) -> None:
     shade = {"churn": "0.93", "churn+junk": "mistyrose", "churn+length": "moccasin"}
     phases = [e for e in record["events"] if e["event"] == "phase"]
     for ax, key, label in zip(axes.flat, ("rss_mb", "fds", "threads", "disk_mb", "pool", "seen_messages"),
-                              ("RSS (MB)", "open descriptors", "threads", "run folder (MB)", "pool groups",
+                              ("RSS (MB, log)", "open descriptors", "threads", "run folder (MB, log)", "pool groups",
                                "message hashes remembered")):
+        log_scale = key in ("rss_mb", "disk_mb")  # a SmolLM2 node's gigabytes beside tiny nodes' hundreds of MB
         for e, nxt in zip(phases, [*phases[1:], {"t": record["ended"] or phases[-1]["t"]}]):
             if e["kind"] in shade:
                 ax.axvspan((e["t"] - t0) / 60, (nxt["t"] - t0) / 60, color=shade[e["kind"]], lw=0)
         for color, (name, p) in enumerate(record["processes"].items()):
             survivor = name in ("bootstrap", *(f"node{k}" for k in range(SURVIVORS)))
             for i, pid in enumerate(dict.fromkeys(x["pid"] for x in p["samples"])):  # one line per process started
-                pts = [((x["t"] - t0) / 60, x[key]) for x in p["samples"] if x["pid"] == pid and x.get(key) is not None]
+                pts = [((x["t"] - t0) / 60, x[key]) for x in p["samples"]
+                       if x["pid"] == pid and x.get(key) is not None and (x[key] > 0 or not log_scale)]
                 if pts:
                     ax.plot(*zip(*pts), color=f"C{color}", lw=1.4 if survivor else 0.7, alpha=1.0 if survivor else 0.5,
                             label=name if i == 0 else None)
-        ax.set(title=label, xlabel="minutes")
+        ax.set(title=label, xlabel="minutes", yscale="log" if log_scale else "linear")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle("soak: survivors bold; shading: churn (grey), junk flood (red), length flood (orange)")
     fig.tight_layout()
