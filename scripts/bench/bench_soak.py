@@ -304,20 +304,24 @@ def peaks(samples: list[dict]) -> dict:
     return {k: max((s[k] for s in samples if s.get(k) is not None), default=None) for k in GROWTH[:3]}
 
 
-def pace(rounds: list[list[float]], events: list[dict], end: float) -> list[dict]:
-    """Rounds per minute in each phase, from its first round to its last (a start's model loading is no round)."""
+def pace(rounds: list[list[float]], samples: list[dict], events: list[dict], end: float) -> list[dict]:
+    """Each phase's rounds per minute, from its first round to its last (a start's model loading is no round), and
+    its mean RSS, descriptors and threads: the same phase of each cycle compares like with like, where a slope over
+    the whole soak also follows the floods' load."""
     phases = [e for e in events if e["event"] == "phase"]
     out = []
     for e, nxt in zip(phases, [*phases[1:], {"t": end}]):
         times = [t for t, _ in rounds if e["t"] <= t < nxt["t"]]
         rate = 60 * (len(times) - 1) / (times[-1] - times[0]) if len(times) > 2 else None
-        out.append({"phase": e["phase"], "kind": e["kind"], "cycle": e["cycle"], "rounds_per_min": rate})
+        inside = [s for s in samples if e["t"] <= s["t"] < nxt["t"]]
+        means = {k: statistics.mean(v) if (v := [s[k] for s in inside if s.get(k) is not None]) else None for k in GROWTH[:3]}
+        out.append({"phase": e["phase"], "kind": e["kind"], "cycle": e["cycle"], "rounds_per_min": rate, **means})
     return out
 
 
 def survivor_summary(p: dict, events: list[dict], start: float, settle: float, end: float) -> dict:
     rounds = [r for _, r in p["rounds"]]
-    phases = pace(p["rounds"], events, end)
+    phases = pace(p["rounds"], p["samples"], events, end)
     calm = {ph["cycle"]: ph["rounds_per_min"] for ph in phases if ph["kind"] == "calm"}
     ratios = [ph["rounds_per_min"] / calm[ph["cycle"]] for ph in phases
               if ph["kind"] != "calm" and ph["rounds_per_min"] and calm.get(ph["cycle"])]
@@ -381,21 +385,16 @@ def figure(record: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t0 = record["started"]
     fig, axes = plt.subplots(2, 3, figsize=(15, 7), sharex=True)
-    shade = {"churn": "0.93", "churn+junk": "mistyrose", "churn+length": "moccasin"}
-    phases = [e for e in record["events"] if e["event"] == "phase"]
     for ax, key, label in zip(axes.flat, ("rss_mb", "fds", "threads", "disk_mb", "pool", "seen_messages"),
                               ("RSS (MB, log)", "open descriptors", "threads", "run folder (MB, log)", "pool groups",
                                "message hashes remembered")):
         log_scale = key in ("rss_mb", "disk_mb")  # a SmolLM2 node's gigabytes beside tiny nodes' hundreds of MB
-        for e, nxt in zip(phases, [*phases[1:], {"t": record["ended"] or phases[-1]["t"]}]):
-            if e["kind"] in shade:
-                ax.axvspan((e["t"] - t0) / 60, (nxt["t"] - t0) / 60, color=shade[e["kind"]], lw=0)
+        shade_phases(ax, record)
         for color, (name, p) in enumerate(record["processes"].items()):
             survivor = name in ("bootstrap", *(f"node{k}" for k in range(SURVIVORS)))
             for i, pid in enumerate(dict.fromkeys(x["pid"] for x in p["samples"])):  # one line per process started
-                pts = [((x["t"] - t0) / 60, x[key]) for x in p["samples"]
+                pts = [((x["t"] - record["started"]) / 60, x[key]) for x in p["samples"]
                        if x["pid"] == pid and x.get(key) is not None and (x[key] > 0 or not log_scale)]
                 if pts:
                     ax.plot(*zip(*pts), color=f"C{color}", lw=1.4 if survivor else 0.7, alpha=1.0 if survivor else 0.5,
@@ -406,6 +405,14 @@ def figure(record: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def shade_phases(ax, record: dict) -> None:
+    shade = {"churn": "0.93", "churn+junk": "mistyrose", "churn+length": "moccasin"}
+    phases = [e for e in record["events"] if e["event"] == "phase"]
+    for e, nxt in zip(phases, [*phases[1:], {"t": record["ended"] or phases[-1]["t"]}]):
+        if e["kind"] in shade:
+            ax.axvspan((e["t"] - record["started"]) / 60, (nxt["t"] - record["started"]) / 60, color=shade[e["kind"]], lw=0)
 
 
 def main() -> None:
