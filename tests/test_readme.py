@@ -31,6 +31,7 @@ NOT_RUN = {
     ".venv/bin/python scripts/bench/bench_gossip.py": "benchmark: minutes",
     ".venv/bin/python scripts/bench/simulate_swarm.py": "simulation: minutes; tests/test_shards.py runs it at 8 and 100 nodes",
     ".venv/bin/python scripts/bench/bench_churn.py": "benchmark: 13 minutes; tests/test_churn.py runs it for 2 minutes",
+    ".venv/bin/python scripts/bench/bench_soak.py": "benchmark: 2 hours; tests/test_soak.py runs one 100-second cycle",
     ".venv/bin/python scripts/bench/bench_hostile.py": "benchmark: minutes",
     ".venv/bin/python scripts/bench/diagnose_peer.py": "diagnosis: an hour and more on the real model",
     ".venv-vllm/bin/python scripts/bench/bench_generation.py": "benchmark; the second line needs a GPU",
