@@ -39,7 +39,8 @@ def test_the_lab_path_has_the_round_trip_and_loss_it_claims_and_the_nat_lets_not
     lab.procs += [netlab.echo(other, 9000), netlab.echo(home, 9000)]
     time.sleep(0.5)
     path = netlab.ping(public, other.ip, 9000, count=1000, interval_s=0.005)
-    assert RTT_MS <= path["median_ms"] <= RTT_MS + 10 and path["p95_ms"] <= RTT_MS + 20
+    # A busy CPU only adds to a round trip (CI's p95 reached 153 ms), so the fastest one shows the path's own delay
+    assert RTT_MS <= path["min_ms"] <= RTT_MS + 5 and path["median_ms"] <= RTT_MS + 25, path
     assert 0.005 <= path["lost"] <= 0.04  # 1% each way: about 2% of round trips
     counts = lab.link_counts()
     assert 0.005 <= counts["dropped"] / (counts["forwarded"] + counts["dropped"]) <= 0.02
