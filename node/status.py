@@ -187,6 +187,8 @@ def families(s: dict) -> list[Metric]:
            [({}, p2p.get("relayed_bytes", 0))])
     metric("relay_paced_seconds_total", "counter", "seconds relayed circuits waited for p2p.relay_kib_per_s",
            [({}, p2p.get("relay_paced_s", 0))])
+    metric("publish_paced_seconds_total", "counter", "seconds this node's messages waited for p2p.limits."
+           "max_author_kib_per_s (receivers refuse an author's bytes past it)", [({}, p2p.get("publish_paced_s", 0))])
     metric("peers_other_protocol", "gauge", "connected peers gossiping rollouts under another protocol version",
            [({}, p2p.get("peers_other_protocol"))])
     metric("peers_other_network", "gauge", "connected peers gossiping rollouts on another network's topics",

@@ -58,6 +58,8 @@ class Limits(Section):
     max_completion_chars: int = Field(8192, ge=1, description="characters per completion")
     max_clock_skew_s: float = Field(30.0, ge=0, description="reject messages created further than this in the future")
     max_message_age_s: float = Field(300.0, gt=0, description="reject messages created longer ago than this")
+    max_author_kib_per_s: int = Field(32, ge=1, description="most message bytes a second accepted from one author, "
+                                      "after a burst of two of the largest messages; a node paces its own to stay under")
 
 
 class PoolConfig(Section):

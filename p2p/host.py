@@ -29,6 +29,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.address_validation import expand_wildcard_address
 from multiaddr import Multiaddr
 
+from p2p.bucket import Bucket
 from p2p.config import P2PConfig
 from p2p.hints import REMEMBERED, HintBudget
 from p2p.policy import MessagePolicy
@@ -114,6 +115,8 @@ class GossipHost:
         self.gossipsub = gossipsub_router(self.counts, cfg)
         self.pubsub = GuardedPubsub(self.host, self.gossipsub, strict_signing=True, counts=self.counts)
         self.outbox_send, self.outbox_recv = trio.open_memory_channel[bytes](64)
+        limits = cfg.limits  # receivers allow an author two of the largest messages at once: one is ours
+        self.own_budget = Bucket(limits.max_author_kib_per_s * 1024, limits.max_message_bytes)
 
     def _advertised(self, addrs: list[Multiaddr]) -> list[Multiaddr]:
         """What identify tells peers to dial (py-libp2p asks before `self.reach` exists)."""
@@ -249,6 +252,9 @@ class GossipHost:
 
     async def _publish_outbox(self) -> None:
         async for data in self.outbox_recv:
+            if wait := self.own_budget.take(len(data), trio.current_time()):  # else peers refuse it: `over_budget`
+                self.counts["publish_paced_s"] += wait
+                await trio.sleep(wait)
             try:
                 for topic in publish_topics(self.base, self.shard.key, self.shard.level):  # one message each
                     await self.pubsub.publish([topic], data)

@@ -16,9 +16,13 @@ from typing import Callable
 from p2p.config import Limits
 from libp2p.peer.id import ID
 
+from p2p.bucket import Buckets
 from p2p.seen import SeenKeys
 from p2p.shards import EPOCH_S, epoch_of, topics_problem
 from p2p.wire import Rejected, WireGroup, WireMessage, decode
+
+
+MAX_AUTHORS = 4096  # authors whose byte budget is remembered (a forgotten one starts with a full budget)
 
 
 class MessagePolicy:
@@ -31,6 +35,8 @@ class MessagePolicy:
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
         self._seen = SeenKeys(ttl=self.remember_s)  # sha256 of topic and message bytes
+        self._charged = SeenKeys(ttl=self.remember_s)  # sha256 of message bytes: one charge for an author's copies
+        self._budgets = Buckets(limits.max_author_kib_per_s * 1024, 2 * limits.max_message_bytes, MAX_AUTHORS)
         self._lock = threading.Lock()
 
     @property
@@ -64,12 +70,14 @@ class MessagePolicy:
             raise Rejected("from_future", f"created {msg.created - now:.0f} s ahead of this clock")
         if msg.created < now - self.limits.max_message_age_s:
             raise Rejected("too_old", f"created {now - msg.created:.0f} s ago")
-        digest = hashlib.sha256(topic.encode() + b"\0" + data).digest()  # an author sends one copy per level
+        payload = hashlib.sha256(data).digest()
+        digest = hashlib.sha256(topic.encode() + b"\0" + payload).digest()  # an author sends one copy per level
         with self._lock:
             self._seen.forget_expired(now)
             if digest in self._seen:
                 raise Rejected("duplicate", "same bytes under the same topic seen before")
             self._seen.add(digest, now)
+            self._charge(author, payload, len(data), now)
         if not any(map(self.signal, msg.groups)):
             # A group whose completions all score alike is worth nothing to any receiver; a message of
             # only such groups is not forwarded, so well-formed junk stops at the first honest hop instead
@@ -78,11 +86,23 @@ class MessagePolicy:
                            "differently")
         return msg
 
+    def _charge(self, author: str, payload: bytes, size: int, now: float) -> None:
+        """Count the bytes against the author's budget, once per payload. Valid messages are forwarded to
+        every mesh peer, so an author of long valid groups (the length flood: right answers padded to the
+        limits) cost each node on its path CPU for every byte; past its budget it stops at the first hop."""
+        self._charged.forget_expired(now)
+        if payload in self._charged:
+            return
+        if not self._budgets[author].take_if_room(size, now):
+            raise Rejected("over_budget", f"{size} bytes past the author's {self.limits.max_author_kib_per_s} KiB/s")
+        self._charged.add(payload, now)
+
     def stats(self) -> dict[str, object]:
         with self._lock:
             return {"accepted": self.accepted, "rejected": dict(self.rejected)}
 
     def remembered(self) -> int:
-        """Message hashes held for duplicate detection: bounded by time and count (the soak watches it)."""
+        """Message hashes held for duplicate detection and single charging: bounded by time and count (the
+        soak watches it)."""
         with self._lock:
-            return len(self._seen)
+            return len(self._seen) + len(self._charged)

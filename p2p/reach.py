@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import random
-from collections import Counter, OrderedDict
+from collections import Counter
 from enum import Enum
 
 import msgpack
@@ -32,6 +32,7 @@ from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
+from p2p.bucket import Bucket, Buckets
 from p2p.config import P2PConfig
 from p2p.seen import SeenKeys
 
@@ -77,21 +78,6 @@ class ParticipantSlots(RelayResourceManager):
             del self._reservations[peer]
 
 
-class Bucket:
-    """A token bucket holding one second's worth of `rate` bytes."""
-
-    def __init__(self, rate: float):
-        self.rate, self.tokens, self.at = rate, rate, None
-
-    def take(self, n: int, now: float) -> float:
-        """Spend `n` bytes; the seconds to wait before sending them."""
-        if self.at is not None:
-            self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        self.tokens -= n
-        return max(0.0, -self.tokens / self.rate)
-
-
 class RelayMeter:
     """Every byte this node relays, counted, and paced to `bytes_per_s` over all circuits together and to
     `RELAY_PEER_SHARE` of it for the bytes any one peer sends: relaying costs a pure-Python node CPU it needs
@@ -101,15 +87,11 @@ class RelayMeter:
     def __init__(self, bytes_per_s: int, counts: Counter[str]):
         self.rate, self.counts = bytes_per_s, counts
         self.all = Bucket(bytes_per_s)
-        self.peers: OrderedDict[object, Bucket] = OrderedDict()  # the most recent sender last
+        self.peers = Buckets(bytes_per_s * RELAY_PEER_SHARE, max_keys=METERED_PEERS)
 
     async def take(self, n: int, sender: object) -> None:
         now = trio.current_time()
-        bucket = self.peers.pop(sender, None) or Bucket(self.rate * RELAY_PEER_SHARE)
-        self.peers[sender] = bucket
-        while len(self.peers) > METERED_PEERS:
-            self.peers.popitem(last=False)
-        wait = max(self.all.take(n, now), bucket.take(n, now))
+        wait = max(self.all.take(n, now), self.peers[sender].take(n, now))
         self.counts["relayed_bytes"] += n
         if wait:
             self.counts["relay_paced_s"] += wait

@@ -18,7 +18,8 @@ from p2p.network import VERSION
 INT64 = 2**63 - 1
 
 REASONS = ("too_large", "undecodable", "version", "schema", "too_many_groups", "too_many_completions",
-           "completion_too_long", "wrong_shard", "sender_mismatch", "from_future", "too_old", "duplicate", "no_signal")
+           "completion_too_long", "wrong_shard", "sender_mismatch", "from_future", "too_old", "duplicate", "over_budget",
+           "no_signal")
 
 
 class Rejected(ValueError):

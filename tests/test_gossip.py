@@ -36,7 +36,7 @@ from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key
 from p2p.wire import REASONS
 from rewards.scoring import group_carries_signal
 from tests.conftest import ROOT, run_sapo
-from tests.test_wire import bad_payloads, pack, raw_message
+from tests.test_wire import bad_payloads, group, pack, raw_message
 
 pytestmark = pytest.mark.slow
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -180,13 +180,31 @@ def test_each_malformed_message_class_is_rejected_and_counted_by_a_remote_node(s
             trio.from_thread.run(sender._host.pubsub.publish, topics, data, trio_token=sender._token)
         sender.publish(duplicate)
         sender.publish(duplicate)
+        big = [msgpack.packb(raw_message(peer=sender.peer_id, created=time.time(), round=r,  # 224 KB each
+                                         groups=[group(i, chars=4000).model_dump() for i in range(7)])) for r in range(3)]
+        for data in big:  # past the burst of 512 KiB an author may send at once: the third is `over_budget`
+            trio.from_thread.run(sender._host.pubsub.publish, cases["schema"][1], data, trio_token=sender._token)
         node.wait_for(lambda: sum(node.stats().get("rejected", {}).values()) >= len(REASONS), 30, "all rejections")
         time.sleep(1.5)  # one more stats line: nothing else should arrive
     assert not [t for t in threading.enumerate() if t.name == "sapo-p2p"]  # stopped and joined
     stats = node.stats()
     assert stats["rejected"] == {reason: 1 for reason in REASONS}
-    assert stats["accepted"] == before + 1  # the first copy of the duplicate
+    assert stats["accepted"] == before + 3  # the first copy of the duplicate, the first two large messages
     assert node.proc.poll() is None
+
+
+def test_a_node_paces_its_own_large_messages_so_that_peers_accept_every_one(spawn, tmp_path):
+    node = spawn("node")
+    cfg = P2PConfig(listen=[LOOPBACK], bootstrap=[node.addr])
+    with Gossip(cfg, tmp_path / "sender.key", on_message=lambda msg: None, signal=group_carries_signal) as sender:
+        node.wait_for(lambda: node.stats().get("peers", 0) >= 1, 30, "the sender")
+        time.sleep(2)  # a heartbeat: the mesh carries our topic
+        for r in range(3):  # 672 KB at once: past the 512 KiB burst a receiver allows an author
+            sender.publish(msgpack.packb(raw_message(peer=sender.peer_id, created=time.time(), round=r,
+                                                     groups=[group(i, chars=4000).model_dump() for i in range(7)])))
+        node.wait_for(lambda: node.stats().get("accepted", 0) >= 3, 60, "all three messages")
+        paced = sender.stats()["publish_paced_s"]
+    assert node.stats()["rejected"] == {} and paced > 3
 
 
 def test_a_node_shares_its_real_rollouts_once_per_round(spawn, tiny_a, cache_dir, tmp_path):

@@ -107,7 +107,7 @@ CASES = bad_payloads(ME, NOW)
 
 
 def test_every_reason_has_a_case():
-    assert set(CASES) | {"duplicate"} == set(REASONS)
+    assert set(CASES) | {"duplicate", "over_budget"} == set(REASONS)  # both need a message sent before
 
 
 @pytest.mark.parametrize("reason", sorted(CASES))
@@ -127,6 +127,22 @@ def test_the_same_bytes_twice_are_a_duplicate():
     with pytest.raises(Rejected, match="duplicate"):
         policy.check(data, ME, TOPICS, now=NOW + 1)
     assert policy.stats() == {"accepted": 1, "rejected": {"duplicate": 1}}
+
+
+def test_an_authors_bytes_past_its_budget_are_refused_charged_once_per_payload_and_refilled_over_time():
+    limits = Limits(max_message_bytes=4096, max_author_kib_per_s=1)  # a burst of 8 KiB, then 1 KiB a second
+    policy = MessagePolicy(limits, BASE, signal=group_carries_signal)
+    other = "12D3KooWSomebodyEsseSomebodyEsseSomebodyEsseSomebod"
+    big = [pack(raw_message(round=r, groups=[group(r, chars=300).model_dump()])) for r in range(4)]  # 2.6 KB each
+    second_topic = [shard_topic(BASE, shard_key(ID.from_base58(ME).to_bytes(), epoch_of(NOW, EPOCH_S)), 1)]
+    for data in big[:3]:
+        policy.check(data, ME, TOPICS, now=NOW)
+    policy.check(big[0], ME, second_topic, now=NOW)  # the same payload under another of its topics: no charge
+    with pytest.raises(Rejected, match="over_budget"):
+        policy.check(big[3], ME, TOPICS, now=NOW)
+    policy.check(pack(raw_message(peer=other)), other, topics_of(other, NOW), now=NOW)  # its own budget
+    policy.check(big[3], ME, second_topic, now=NOW + 3)  # refilled: 3 KiB more
+    assert policy.stats() == {"accepted": 6, "rejected": {"over_budget": 1}}
 
 
 @pytest.mark.parametrize("payload", [pack([1, 2]), pack(raw_message(groups=[])), pack({k: v for k, v in raw_message().items() if k != "v"}),

@@ -261,8 +261,8 @@ def lost(run: dict) -> int:
 
 
 def sybil_args(flood: str, topology: str, wrap: str | None) -> list[str]:
-    """A flooding probe's flags: what it sends, and (one-hop) that it keeps to the target."""
-    return [*(["--max-peers", "1"] if topology == "one-hop" else []),
+    """A flooding probe's flags: what it sends, unpaced as an attacker's, and (one-hop) that it keeps to the target."""
+    return ["--unpaced", *(["--max-peers", "1"] if topology == "one-hop" else []),
             *FLOOD_ARGS.get(flood, []),
             *(["--wrap", wrap] if wrap is not None else [])]
 

@@ -227,7 +227,8 @@ class Soak:
         if kind in ("churn+junk", "churn+length"):
             flood = kind.split("+")[1]
             self.flood = ProbeProcess(self.args.workdir / "floods", f"{flood}{phase}", "--bootstrap", self.flood_target,
-                                      "--rate", "2", "--groups", "8", "--completions", "8", "--chars", "200", *FLOOD_ARGS[flood])
+                                      "--rate", "2", "--groups", "8", "--completions", "8", "--chars", "200", "--unpaced",
+                                      *FLOOD_ARGS[flood])
         if self.smollm2 and cycle == 1 and phase % len(PHASES) == 0:
             self.smollm2.start()
             self.events.append({"t": now, "event": "smollm2_start"})

@@ -41,6 +41,7 @@ from . import attacks
 
 log = logging.getLogger("sapo.probe")
 ROOT = Path(__file__).resolve().parents[3]
+UNPACED_KIB_PER_S = 1 << 30  # a budget no flood reaches
 PAD = "12 + 9 = 21. 21 - 9 = 12. "  # the length flood's filler before each answer: working, right but needless
 FLOOD_ARGS = {"junk": ["--junk"], "answers": ["--wrong"], "length": ["--pad", PAD, "--chars", "2000"]}  # a flood's flags
 
@@ -68,6 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--groups", type=int, default=8, help="rollout groups per message")
     p.add_argument("--completions", type=int, default=8, help="completions per group")
     p.add_argument("--chars", type=int, default=200, help="characters per completion")
+    p.add_argument("--unpaced", action="store_true", help="publish at --rate past the bytes a second receivers accept "
+                   "from one author (p2p.limits.max_author_kib_per_s), as an attacker would; a node paces its own")
     p.add_argument("--junk", action="store_true", help="publish random text without answers (a useless flood)")
     p.add_argument("--wrong", action="store_true", help="publish only different wrong answers (useless, but only "
                    "scoring shows it); by default half the completions hold the task's right answer")
@@ -240,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
         cfg = P2PConfig(network=args.network, listen=[args.listen], bootstrap=args.bootstrap, mesh_degree=args.mesh_degree,
-                        max_peers=args.max_peers, shards=args.shards)
+                        max_peers=args.max_peers, shards=args.shards,
+                        limits={"max_author_kib_per_s": UNPACED_KIB_PER_S} if args.unpaced else {})
     except ValidationError as e:
         print(f"probe: {describe(e)}", file=sys.stderr)
         return 2
