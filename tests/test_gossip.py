@@ -397,7 +397,7 @@ def test_messages_larger_than_a_yamux_frame_cross_two_hops_whole(spawn):
     # ~100 KB messages span several yamux frames; forwarding and heartbeat tasks write to one stream at once.
     # py-libp2p forwards each message in its own task, so they may arrive out of order (CI saw 101-103
     # before three earlier ones): wait for an unbroken run of 100 rounds; a message lost times the wait out
-    shape = ["--groups", "8", "--completions", "8", "--chars", "1500", "--max-peers", "1"]
+    shape = ["--groups", "8", "--completions", "8", "--chars", "1500", "--max-peers", "1", "--unpaced"]  # 1 MB/s
     author = spawn("author", "--rate", "10", *shape)
     middle = spawn("middle", "--bootstrap", author.addr, *shape)
     last = spawn("last", "--bootstrap", middle.addr, *shape)

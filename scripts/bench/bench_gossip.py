@@ -67,7 +67,8 @@ def soak(n: int, per_node: float, args: argparse.Namespace, workdir: Path) -> So
     """Start n probes publishing `per_node` messages a second (each in a network namespace of its own behind the
     lossy middle with --path), let them mesh, measure for --soak seconds, stop them."""
     shape = ["--groups", str(args.groups), "--completions", str(args.completions), "--chars", str(args.chars),
-             "--mesh-degree", str(args.mesh_degree), "--max-peers", str(args.max_peers), "--shards", json.dumps(args.shards)]
+             "--mesh-degree", str(args.mesh_degree), "--max-peers", str(args.max_peers), "--shards", json.dumps(args.shards),
+             "--unpaced"]  # a probe stands for many authors' load: past one author's byte budget at the default rates
     with contextlib.ExitStack() as stack:
         if args.path:
             lab = stack.enter_context(netlab.Lab(workdir, delay_ms=args.path[0] / 2, loss=args.path[1]))

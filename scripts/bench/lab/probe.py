@@ -69,8 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--groups", type=int, default=8, help="rollout groups per message")
     p.add_argument("--completions", type=int, default=8, help="completions per group")
     p.add_argument("--chars", type=int, default=200, help="characters per completion")
-    p.add_argument("--unpaced", action="store_true", help="publish at --rate past the bytes a second receivers accept "
-                   "from one author (p2p.limits.max_author_kib_per_s), as an attacker would; a node paces its own")
+    p.add_argument("--unpaced", action="store_true", help="no byte budget (p2p.limits.max_author_kib_per_s): publish at "
+                   "--rate past what receivers accept from one author, as an attacker would, and accept any author's bytes")
     p.add_argument("--junk", action="store_true", help="publish random text without answers (a useless flood)")
     p.add_argument("--wrong", action="store_true", help="publish only different wrong answers (useless, but only "
                    "scoring shows it); by default half the completions hold the task's right answer")
