@@ -217,6 +217,8 @@ def families(s: dict) -> list[Metric]:
     metric("rollout_groups_published_total", "counter", "local rollout groups shared with the swarm",
            [({}, totals.get("groups_published"))])
     metric("messages_published_total", "counter", "gossip messages published", [({}, p2p.get("published"))])
+    metric("messages_publish_dropped_total", "counter", "own gossip messages dropped unsent: the publish queue was full",
+           [({}, p2p.get("publish_dropped", 0))])
     metric("messages_accepted_total", "counter", "gossip messages accepted", [({}, p2p.get("accepted"))])
     # labelled counters export every label from the start, at zero (Prometheus convention: rate() and
     # alerts need the series before the first event)

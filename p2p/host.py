@@ -269,7 +269,11 @@ class GossipHost:
             self.outbox_send.send_nowait(data)
         except trio.WouldBlock:
             self.counts["publish_dropped"] += 1
-            log.warning("publish queue full: dropped a %d-byte message", len(data))
+            first = self.counts["publish_dropped"] == 1  # then counted only: a node past its budget drops every round
+            log.log(logging.WARNING if first else logging.DEBUG, "publish queue full: dropped a %d-byte message (this "
+                    "node publishes faster than p2p.limits.max_author_kib_per_s = %d KiB/s, which receivers enforce, or "
+                    "than the network carries); further drops are counted in publish_dropped", len(data),
+                    self.cfg.limits.max_author_kib_per_s)
 
     # -- discovery ----------------------------------------------------------------------------
 

@@ -207,6 +207,21 @@ def test_a_node_paces_its_own_large_messages_so_that_peers_accept_every_one(spaw
     assert node.stats()["rejected"] == {} and paced > 3
 
 
+def test_a_node_publishing_past_its_budget_drops_counts_and_warns_once(tmp_path, caplog):
+    cfg = P2PConfig(listen=[LOOPBACK], limits={"max_message_bytes": 1024, "max_author_kib_per_s": 1})  # 1 message a second
+    with caplog.at_level(logging.DEBUG, logger="p2p.host"), \
+            Gossip(cfg, tmp_path / "node.key", on_message=lambda msg: None, signal=group_carries_signal) as node:
+        for _ in range(80):  # the publish queue holds 64
+            node.publish(b"x" * 1000)
+        deadline = time.monotonic() + 10
+        while node.stats().get("publish_dropped", 0) < 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        dropped = node.stats()["publish_dropped"]
+    full = [r for r in caplog.records if "publish queue full" in r.getMessage()]
+    assert dropped >= 10 and len(full) == dropped
+    assert [r.levelno for r in full].count(logging.WARNING) == 1 and "max_author_kib_per_s" in full[0].getMessage()
+
+
 def test_a_node_shares_its_real_rollouts_once_per_round(spawn, tiny_a, cache_dir, tmp_path):
     probe = spawn("probe")
     r = run_sapo("run", "--out", str(tmp_path / "node"), "--rounds", "4",

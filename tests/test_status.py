@@ -67,6 +67,7 @@ def test_prometheus_text_has_help_type_and_labelled_samples():
                         live=lambda: {"peers": 2, "published": 7, "rejected": {"too_old": 3}, "dropped_rate_limit": 9,
                                       "dropped_bad_rpc": 1, "reachability": "private", "relays": 2, "relayed_peers": 1,
                                       "relay_refused": 6, "relayed_bytes": 4096, "relay_paced_s": 1.5, "publish_paced_s": 0.5,
+                                      "publish_dropped": 3,
                                       "pool": {"received": 5, "dropped": {"stale": 1}}})
     board.record({"round": 1, "reward_mean": 0.5, "eval_accuracy": 0.25, "seconds_generate": 1.5,
                   "seconds_train": 0.5, "seconds_other": 0.1, "external_dropped": {"not_accepted": 2}, "n_local": 4,
@@ -87,7 +88,7 @@ def test_prometheus_text_has_help_type_and_labelled_samples():
         'sapo_gossip_dropped_total{reason="rate_limit"} 9.0', 'sapo_gossip_dropped_total{reason="bad_rpc"} 1.0',
         "sapo_reachable 0.0", "sapo_relays 2.0", "sapo_relayed_peers 1.0",
         "sapo_relay_refused_total 6.0", "sapo_relayed_bytes_total 4096.0", "sapo_relay_paced_seconds_total 1.5",
-        "sapo_publish_paced_seconds_total 0.5",
+        "sapo_publish_paced_seconds_total 0.5", "sapo_messages_publish_dropped_total 3.0",
         'sapo_rollout_groups_dropped_total{reason="not_accepted"} 2.0',
         'sapo_rollout_groups_dropped_total{reason="stale"} 1.0',
         'sapo_rollout_groups_dropped_total{reason="off_support"} 1.0',
