@@ -36,7 +36,8 @@ class MessagePolicy:
         self.rejected: Counter[str] = Counter()
         self._seen = SeenKeys(ttl=self.remember_s)  # sha256 of topic and message bytes
         self._charged = SeenKeys(ttl=self.remember_s)  # sha256 of message bytes: one charge for an author's copies
-        self._budgets = Buckets(limits.max_author_kib_per_s * 1024, 2 * limits.max_message_bytes, MAX_AUTHORS)
+        rate = limits.max_author_kib_per_s * 1024  # a burst of two of the largest messages, or a second's worth
+        self._budgets = Buckets(rate, max(rate, 2 * limits.max_message_bytes), MAX_AUTHORS)
         self._lock = threading.Lock()
 
     @property

@@ -87,7 +87,8 @@ def measure_validation(args: argparse.Namespace, samples: int = 300) -> dict[str
         m = rpc_pb2.Message(from_id=author.to_bytes(), data=data, seqno=r.to_bytes(8, "big"), topicIDs=topics)
         m.signature = keys.private_key.sign(PUBSUB_SIGNING_PREFIX.encode() + m.SerializeToString())
         msgs.append(m)
-    policy = MessagePolicy(Limits(), BASE, signal=group_carries_signal)
+    # one author's messages all checked at one instant: past its byte budget, whose cost is measured, not its effect
+    policy = MessagePolicy(Limits(max_author_kib_per_s=1 << 30), BASE, signal=group_carries_signal)
     t0 = time.process_time()
     assert all(map(signature_validator, msgs))
     t1 = time.process_time()
