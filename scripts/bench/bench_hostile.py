@@ -556,7 +556,7 @@ def run_dialback_relayed(window: float, code: Path, work: Path, ports: list[int]
             addr = relay_node(procs, lab, work / "relay")
             home_host = lab.add_host(nat=True)
             home = procs.probe("home", "--listen", f"/ip4/{home_host.ip}/tcp/{RELAY_PORT}", "--bootstrap", addr,
-                               prefix=home_host.cmd())
+                               "--rate", "1", "--groups", "1", prefix=home_host.cmd())  # a participant: slots need one
             home.wait_for(lambda: home.stats().get("relays", 0) > 0, window, "a relay slot")
             host = lab.add_host()
             stranger = procs.probe("stranger", "--listen", f"/ip4/{host.ip}/tcp/{RELAY_PORT}", "--bootstrap", addr,
