@@ -64,7 +64,7 @@ from p2p.shards import EPOCH_S, epoch_of, prefix, publish_topics, shard_key, sha
 from p2p.wire import VERSION, WireGroup, WireMessage, pack_groups
 from rewards.scoring import group_carries_signal
 
-from lab.probe import synthetic_groups
+from lab.probe import UNPACED_KIB_PER_S, synthetic_groups
 
 BASE = "/sapo/sim/rollouts/3"
 NEIGHBOURS = 8  # XOR-closest peers whose subscriptions a node sees
@@ -88,7 +88,7 @@ def measure_validation(args: argparse.Namespace, samples: int = 300) -> dict[str
         m.signature = keys.private_key.sign(PUBSUB_SIGNING_PREFIX.encode() + m.SerializeToString())
         msgs.append(m)
     # one author's messages all checked at one instant: past its byte budget, whose cost is measured, not its effect
-    policy = MessagePolicy(Limits(max_author_kib_per_s=1 << 30), BASE, signal=group_carries_signal)
+    policy = MessagePolicy(Limits(max_author_kib_per_s=UNPACED_KIB_PER_S), BASE, signal=group_carries_signal)
     t0 = time.process_time()
     assert all(map(signature_validator, msgs))
     t1 = time.process_time()
