@@ -52,6 +52,9 @@ class RunConfig(BaseModel):
                                    "warns at each such evaluation and trains on (a tiny model's dip can recover)")
     checkpoint_every: int = Field(100, ge=1, description="checkpoint every K rounds, and always on stop")
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K checkpoints")
+    metrics_rotate_mb: float = Field(32.0, gt=0, description="past this size (MB) metrics.jsonl's lines move, gzip-compressed "
+                                     "(about a tenth of the size), to metrics.<first>-<last>.jsonl.gz and the file starts "
+                                     "again; nothing is deleted (a node that runs for days writes about 1.5 KB a round)")
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="DEBUG, INFO, WARNING or ERROR")
     retries: int = Field(3, ge=0, description="retries of a failing component (generation, evaluation, the p2p layer) "
                          "before the node checkpoints and stops")

@@ -61,7 +61,7 @@ class Node:
         out = cfg.run.out_dir
         out.mkdir(parents=True, exist_ok=True)
         self.checkpoints = out / "checkpoints"
-        self.metrics = MetricsLog(out / "metrics.jsonl")
+        self.metrics = MetricsLog(out / "metrics.jsonl", rotate_bytes=int(cfg.run.metrics_rotate_mb * 1e6))
         self.progress = progress or Progress(cfg.run.rounds, out.resolve().name)
 
         resumed = checkpoint.load_latest(self.checkpoints, STATE_KEYS, TRAINER_KEYS)

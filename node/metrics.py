@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
+import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from itertools import chain
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -71,8 +75,13 @@ class RoundMetrics:
 
 
 class MetricsLog:
-    def __init__(self, path: Path):
+    """Appends a line a round. A node that runs for days rotates the file: past `rotate_bytes` its lines move, byte for
+    byte and gzip-compressed (about a tenth of the size), to `metrics.<first>-<last>.jsonl.gz` (the rounds they hold)
+    and the file starts again. Nothing is deleted; `rows()` reads the archives and the file as one history."""
+
+    def __init__(self, path: Path, rotate_bytes: int | None = None):
         self.path = path
+        self.rotate_bytes = rotate_bytes
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def append(self, m: RoundMetrics) -> None:
@@ -80,6 +89,38 @@ class MetricsLog:
             f.write(json.dumps(asdict(m)) + "\n")
             f.flush()
             os.fsync(f.fileno())
+            size = f.tell()
+        if self.rotate_bytes and size >= self.rotate_bytes:
+            self._rotate()
+
+    def _rotate(self) -> None:
+        """Archive first, then empty the file: a crash between the two leaves lines in both, which `rewind` (run at
+        every start) recognises as the archive's own and drops from the file."""
+        data = self.path.read_bytes()
+        rounds = [r for r in map(_round_of, data.splitlines()) if r is not None]
+        if not rounds:
+            return
+        _write_archive(self.path.with_name(ARCHIVE.format(rounds[0], rounds[-1])), data)
+        _replace(self.path, b"")
+        log.info("metrics rounds %d-%d moved to %s", rounds[0], rounds[-1], ARCHIVE.format(rounds[0], rounds[-1]))
+
+    def archives(self) -> list[tuple[int, int, Path]]:
+        """(first round, last round, path) of each archive, oldest first."""
+        found = []
+        for p in self.path.parent.glob("metrics.*-*.jsonl.gz"):
+            m = ARCHIVE_NAME.fullmatch(p.name)
+            if m:
+                found.append((int(m[1]), int(m[2]), p))
+        return sorted(found)
+
+    def archived_rows(self) -> Iterator[dict]:
+        """The archives' round lines, oldest first, read one archive at a time."""
+        for *_, path in self.archives():
+            yield from _rows(gzip.decompress(path.read_bytes()))
+
+    def rows(self) -> list[dict]:
+        """Every round's line, from the archives and then the file (lines that are not a round's are skipped)."""
+        return [*self.archived_rows(), *_rows(self.path.read_bytes() if self.path.exists() else b"")]
 
     def rewind(self, to_round: int) -> int:
         """On resume, set aside lines of rounds after the checkpoint (they will be run again), and lines that
@@ -87,34 +128,91 @@ class MetricsLog:
 
         Nothing is deleted: those lines move, byte for byte, to `metrics.rolled-back.jsonl`. Returns how many moved.
         """
-        if not self.path.exists():
-            return 0
-        keep, moved, unreadable = [], [], 0
-        for line in self.path.read_bytes().splitlines():
-            if line.strip():
+        from_archives, unreadable = self._rewind_archives(to_round), 0
+        lines = self.path.read_bytes().splitlines() if self.path.exists() else []
+        archived = self._archived_copies(lines)
+        keep, moved, duplicate = [], [], 0
+        for line in lines:
+            if line in archived:  # a crash between archiving and emptying the file
+                duplicate += 1
+            elif line.strip():
                 round_ = _round_of(line)
                 unreadable += round_ is None
                 (moved if round_ is None or round_ > to_round else keep).append(line)
+        self._set_aside(moved)
+        if moved or duplicate:
+            _replace(self.path, b"".join(line + b"\n" for line in keep))
+        moved += from_archives
         if moved:
-            with open(self.path.with_name("metrics.rolled-back.jsonl"), "ab") as f:
-                f.write(b"".join(line + b"\n" for line in moved))
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_bytes(b"".join(line + b"\n" for line in keep))
-            os.replace(tmp, self.path)
             log.warning("moved %d metrics lines %s to metrics.rolled-back.jsonl%s", len(moved),
                         f"after round {to_round}" if to_round >= 0 else "of an earlier start that left no checkpoint",
                         f" ({unreadable} of them not a round's line)" if unreadable else "")
         return len(moved)
 
+    def _rewind_archives(self, to_round: int) -> list[bytes]:
+        """An archive with rounds after `to_round` (a resume from an older checkpoint) gives them up: set aside first,
+        then the archive rewritten under its new last round; a crash before the old one is removed leaves two with
+        one first round, and the longer (the old) goes."""
+        moved: list[bytes] = []
+        by_first: dict[int, list[tuple[int, Path]]] = {}
+        for first, last, path in self.archives():
+            by_first.setdefault(first, []).append((last, path))
+        for first, found in by_first.items():
+            (last, path), *stale = sorted(found)
+            for _, old in stale:
+                old.unlink()
+            if last <= to_round:
+                continue
+            lines = gzip.decompress(path.read_bytes()).splitlines()
+            kept = [line for line in lines if (_round_of(line) or 0) <= to_round]
+            later = [line for line in lines if (_round_of(line) or 0) > to_round]
+            self._set_aside(later)
+            moved += later
+            if kept:
+                new_last = max((_round_of(line) or 0) for line in kept)
+                _write_archive(path.with_name(ARCHIVE.format(first, new_last)), b"".join(line + b"\n" for line in kept))
+            if not kept or new_last != last:
+                path.unlink()
+        return moved
+
+    def _archived_copies(self, lines: list[bytes]) -> set[bytes]:
+        """The newest archive's lines, where the file starts at a round that archive already holds."""
+        found = self.archives()
+        first = next((r for r in map(_round_of, lines) if r is not None), None)
+        if not found or first is None or first > found[-1][1]:
+            return set()
+        return set(gzip.decompress(found[-1][2].read_bytes()).splitlines())
+
+    def _set_aside(self, lines: list[bytes]) -> None:
+        if lines:
+            with open(self.path.with_name("metrics.rolled-back.jsonl"), "ab") as f:
+                f.write(b"".join(line + b"\n" for line in lines))
 
     def start_accuracy(self) -> float | None:
         """Held-out accuracy before the first step (round 0's line), for a resumed node's learning watch."""
-        if not self.path.exists():
-            return None
-        for line in self.path.read_bytes().splitlines():
-            if _round_of(line) == 0:
-                return json.loads(line).get("eval_accuracy")
-        return None
+        live = _rows(self.path.read_bytes() if self.path.exists() else b"")
+        return next((r.get("eval_accuracy") for r in chain(self.archived_rows(), live) if r["round"] == 0), None)
+
+
+ARCHIVE = "metrics.{}-{}.jsonl.gz"
+ARCHIVE_NAME = re.compile(r"metrics\.(\d+)-(\d+)\.jsonl\.gz")
+
+
+def _replace(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _write_archive(path: Path, data: bytes) -> None:
+    _replace(path, gzip.compress(data, mtime=0))
+
+
+def _rows(data: bytes) -> Iterator[dict]:
+    return (json.loads(line) for line in data.splitlines() if _round_of(line) is not None)
 
 
 def _round_of(line: bytes) -> int | None:

@@ -26,6 +26,7 @@ from rich.live import Live
 from rich.table import Table
 
 from node.figure import plot
+from node.metrics import MetricsLog
 from node.preflight import check_out_dir, out_dir_locked
 from node.progress import print_table
 from p2p.identity import IdentityError, load_or_create, peer_id
@@ -116,13 +117,15 @@ class Child:
 
     def refresh(self) -> None:
         """Read the metrics lines written since the last call (a torn last line waits for the next).
-        A resumed node rewinds its metrics by replacing the file: then it is read again from the start."""
+        A resumed node rewinds its metrics by replacing the file, and a long run rotates it into archives: then the
+        archives are read and the file again from the start."""
         path = self.out / "metrics.jsonl"
         try:
             with open(path, "rb") as f:
                 st = os.fstat(f.fileno())
                 if (st.st_dev, st.st_ino) != self._file or st.st_size < self._read:
-                    self._file, self._read, self.rows = (st.st_dev, st.st_ino), 0, []
+                    self._file, self._read = (st.st_dev, st.st_ino), 0
+                    self.rows = list(MetricsLog(path).archived_rows())
                 f.seek(self._read)
                 chunk = f.read()
         except FileNotFoundError:

@@ -1,7 +1,6 @@
 """The silo node end to end, through the CLI as a user runs it."""
 
 import json
-import logging
 import shutil
 import os
 import signal
@@ -13,7 +12,6 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from node.metrics import MetricsLog, RoundMetrics
 from tests.conftest import ROOT, run_sapo
 from trainer import checkpoint
 from trainer.generation import vllm_available
@@ -244,31 +242,6 @@ def test_a_resume_with_no_rounds_left_says_so(tiny_a, cache_dir, tmp_path):
     assert "run.rounds is 1 and this run folder has run 2: nothing left to run (raise --rounds to go on)" in r.stderr
 
 
-def test_metrics_rewind_sets_later_rounds_aside(tmp_path):
-    log = MetricsLog(tmp_path / "metrics.jsonl")
-    for r in range(5):
-        log.append(RoundMetrics(round=r, time=0, reward_mean=0, accuracy_train=0, eval_accuracy=None, n_local=1,
-                                n_external=0, tokens_generated=0, seconds_generate=0, seconds_train=0, seconds_other=0))
-    with open(log.path, "a") as f:
-        f.write('{"round": 5, "tim')  # torn by a crash
-    assert log.rewind(2) == 3
-    assert [json.loads(x)["round"] for x in log.path.read_text().splitlines()] == [0, 1, 2]
-    assert len((tmp_path / "metrics.rolled-back.jsonl").read_text().splitlines()) == 3
-
-
-def test_metrics_rewind_sets_lines_that_are_not_a_rounds_aside_byte_for_byte(tmp_path, caplog):
-    """A list, a round that is not a number and bytes that are not UTF-8 ended a resume in a traceback."""
-    log = MetricsLog(tmp_path / "metrics.jsonl")
-    strange = [b"[1, 2, 3]", b'{"round": "x"}', b'{"round": true}', b"\xff\xfe not utf-8"]
-    log.path.write_bytes(b'{"round": 0}\n' + b"\n".join(strange) + b'\n{"round": 1}\n{"round": 2}\n')
-    with caplog.at_level(logging.WARNING):
-        assert log.rewind(1) == 5
-    assert log.path.read_bytes() == b'{"round": 0}\n{"round": 1}\n'
-    assert (tmp_path / "metrics.rolled-back.jsonl").read_bytes() == b"\n".join([*strange, b'{"round": 2}']) + b"\n"
-    assert caplog.messages == ["moved 5 metrics lines after round 1 to metrics.rolled-back.jsonl (4 of them not a "
-                               "round's line)"]
-
-
 def test_a_start_with_no_checkpoint_sets_an_earlier_starts_metrics_aside(tiny_a, cache_dir, tmp_path):
     """A node that stopped before its first checkpoint (or whose checkpoints were removed) starts at round 0
     again: it appended rounds 0, 1, 2 after the earlier 0, 1, 2, and a summary read both."""
@@ -281,6 +254,19 @@ def test_a_start_with_no_checkpoint_sets_an_earlier_starts_metrics_aside(tiny_a,
     assert [m["round"] for m in metrics(tmp_path)] == [0, 1, 2]
     assert (tmp_path / "metrics.rolled-back.jsonl").read_text() == earlier  # set aside, not lost
     assert "moved 3 metrics lines of an earlier start that left no checkpoint to metrics.rolled-back.jsonl" in r.stderr
+
+
+def test_a_node_rotates_its_metrics_and_resumes_across_the_archives(tiny_a, cache_dir, tmp_path):
+    from node.metrics import MetricsLog
+
+    rotate = ("--run.metrics_rotate_mb", "0.002", "--p2p.enabled", "false", "--tasks.eval_size", "4")  # about 2 rounds
+    for rounds in (2, 5):
+        r = run_sapo(*small_run(cache_dir, tmp_path, rounds, *rotate))
+        assert r.returncode == 0, r.stderr[-2000:]
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    assert len(log.archives()) >= 2
+    assert [m["round"] for m in log.rows()] == [0, 1, 2, 3, 4, 5]
+    assert log.start_accuracy() == log.rows()[0]["eval_accuracy"] is not None
 
 
 @pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed here: CI's second stage (scripts/test_vllm.sh) runs this")

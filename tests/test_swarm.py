@@ -442,6 +442,20 @@ def test_the_swarm_watch_reads_a_metrics_file_rewound_on_resume_from_the_start(t
     assert [r["round"] for r in child.rows] == list(range(1, 32))
 
 
+def test_the_swarm_watch_keeps_every_round_when_a_node_rotates_its_metrics(tmp_path):
+    from node.metrics import MetricsLog
+    from node.swarm import Child
+    from tests.test_metrics import row
+
+    log = MetricsLog(tmp_path / "metrics.jsonl", rotate_bytes=2500)  # an archive every 3 rounds
+    child = Child("node0", "tiny-a", tmp_path, proc=None, dashboard="")
+    for r in range(10):
+        log.append(row(r))
+        child.refresh()
+    assert len(log.archives()) == 3
+    assert [m["round"] for m in child.rows] == list(range(10))
+
+
 def test_a_second_swarm_on_a_folder_in_use_is_refused_in_one_line_and_starts_nothing(tiny_a, cache_dir, tmp_path):
     from node.preflight import lock_out_dir
 

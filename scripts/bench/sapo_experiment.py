@@ -76,6 +76,7 @@ from rich.table import Table
 
 from node.argtypes import count
 from node.bench import measured
+from node.metrics import MetricsLog
 from node.swarm import SwarmError, SwarmSpec, run
 from node.recipes import RECIPES
 from node.selection_config import RULES
@@ -224,7 +225,7 @@ def slug(name: str) -> str:
 
 def node_record(node_dir: Path, summary: dict) -> dict:
     """One node's totals and per-round curves, read from its metrics.jsonl."""
-    rows = [json.loads(line) for line in (node_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = MetricsLog(node_dir / "metrics.jsonl").rows()
     evals = [r for r in rows if r.get("eval_accuracy") is not None]
     trained = [r for r in rows if r["round"] > 0]
     share = lambda num, den: [r[num] / r[den] if r[den] else None for r in trained]  # noqa: E731
