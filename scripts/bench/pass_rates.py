@@ -7,7 +7,8 @@ the node's own prompt and generator and records the share of completions that cl
 the pass rate, the share of informative groups (rewards not all equal), completion length and time.
 
     .venv/bin/python scripts/bench/pass_rates.py --model smollm2-135m --out docs/bench/pass-rates-smollm2-135m-2cpu.json
-    .venv/bin/python scripts/bench/pass_rates.py --model gemma3-270m --out docs/bench/pass-rates-gemma3-270m-2cpu.json
+    .venv/bin/python scripts/bench/pass_rates.py --model gemma3-270m --accept-license gemma --sampling 0.7:0.9 \
+        --out docs/bench/pass-rates-gemma3-270m-2cpu.json
     .venv/bin/python scripts/bench/pass_rates.py --mix paper --tasks 12 --max-new-tokens 256 --sampling 0.7:0.9 \
         --out docs/bench/pass-rates-paper-smollm2-135m-2cpu.json
 """
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -33,6 +35,7 @@ from rewards.source import DatasetMix
 from trainer.config import ModelConfig
 from trainer.generation import SamplingParams
 from trainer.generation.hf import TransformersGenerator
+from trainer.policy import ModelLoadError
 from trainer.presets import load
 from trainer.rollout import rollout
 
@@ -76,6 +79,8 @@ def measure(generator: TransformersGenerator, policy, mix: DatasetMix, sampling:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--accept-license", nargs="*", default=[], metavar="TERMS",
+                        help="terms of use you accept for a preset under them (gemma for gemma3-270m; nothing accepts them for you)")
     parser.add_argument("--tasks", type=count, default=16, help="tasks per dataset (T)")
     parser.add_argument("--completions", type=count, default=8, help="completions per task (G)")
     parser.add_argument("--max-new-tokens", type=count, default=64)
@@ -90,8 +95,14 @@ def main() -> None:
     console = Console(width=None if sys.stdout.isatty() else 200)  # piped: the full table, unsqueezed
 
     # the worked example as a node's profile gives it: in the chat template, or as plain text for a base model
-    cfg = ModelConfig(name=args.model, plain_example=True, **({"chat_example": None} if args.no_example else {}))
-    policy = load(cfg)
+    try:
+        cfg = ModelConfig(name=args.model, plain_example=True, accept_license=args.accept_license,
+                          **({"chat_example": None} if args.no_example else {}))
+        policy = load(cfg)
+    except ValidationError as e:
+        parser.error(f"argument --accept-license: {e.errors()[0]['msg'].removeprefix('Value error, ')}")
+    except ModelLoadError as e:
+        parser.error(f"argument --model: {e}")
     generator = TransformersGenerator(policy)
     rows = []
     for setting in args.sampling:
