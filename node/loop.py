@@ -94,7 +94,8 @@ class Node:
         self.watch = LearningWatch(cfg.generation.max_new_tokens, cfg.grpo.lr, cfg.tasks.eval_size)
         self.round = 0
         self.selector = Selector(cfg.selection, cfg.tasks, logprobs=self.trainer.sequence_logprobs,
-                                 fits=self.trainer.fits if cfg.grpo.mask_truncated else None)
+                                 fits=self.trainer.fits if cfg.grpo.mask_truncated else None,
+                                 floor=cfg.grpo.external_min_logprob)
         self.pool = RolloutPool(cfg.p2p.pool, proven=self.selector.proven)
         self.gossip: Gossip | None = None
         self._pool_accepted = 0

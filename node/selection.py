@@ -141,14 +141,24 @@ class SupportGate:
 
 
     @staticmethod
-    def shape(group: RolloutGroup, logprobs: list[float], cutoff: float) -> int:
+    def shape(group: RolloutGroup, logprobs: list[float], cutoff: float, floor: float | None) -> tuple[int, int]:
         """What `apply` would gate, kept in the loss with the trainer's policy-shaped weight instead (a peer
-        stronger on the group's family: its right rows are what this node cannot yet write); returns how many."""
-        shaped = [False] * len(group.rewards)
+        stronger on the group's family: its right rows are what this node cannot yet write), except rows under
+        `floor`, which the trainer masks: those are gated, so that text no node writes (a masked Sybil's) cannot
+        make a group worth a slot. Returns how many rows were shaped and how many gated."""
+        kept = list(group.used) if group.used is not None else [True] * len(group.rewards)
+        shaped, gated = [False] * len(group.rewards), 0
         for row, lp in zip(push_up(group), logprobs, strict=True):
-            shaped[row] = lp < cutoff and (group.used is None or group.used[row])
+            if not kept[row] or lp >= cutoff:
+                continue
+            if floor is not None and lp < floor:
+                kept[row], gated = False, gated + 1
+            else:
+                shaped[row] = True
         group.shaped = shaped
-        return sum(shaped)
+        if gated:
+            group.used = kept
+        return sum(shaped), gated
 
 
 def push_up(group: RolloutGroup) -> list[int]:
@@ -219,13 +229,15 @@ class Selector:
 
     def __init__(self, cfg: SelectionConfig, tasks: TasksConfig,
                  logprobs: Callable[[list[RolloutGroup]], list[list[float]]] | None = None,
-                 fits: Callable[[list[str]], list[bool]] | None = None):
+                 fits: Callable[[list[str]], list[bool]] | None = None, floor: float | None = None):
         """`logprobs`: each group's completions' mean token log-probs under this node's policy (the
         `guarded` rule's gate). `fits`: whether each external text fits the trainer's completion budget (a
-        row that does not is left out of the loss, so it cannot make a group worth a slot; None: all fit)."""
+        row that does not is left out of the loss, so it cannot make a group worth a slot; None: all fit).
+        `floor`: the trainer masks external rows below this mean log-prob (`grpo.external_min_logprob`), so
+        `scoped` never counts them as shaped rows."""
         if cfg.rule in GATED and logprobs is None:
             raise ValueError(f"the {cfg.rule} rule needs the node's log-probs")
-        self.cfg, self.tasks, self.logprobs, self.fits = cfg, tasks, logprobs, fits
+        self.cfg, self.tasks, self.logprobs, self.fits, self.floor = cfg, tasks, logprobs, fits, floor
         self.peers = DecayedRates(cfg.max_tracked)  # share of inspected groups that carried signal
         self.lengths = Lengths(cfg.max_tracked)
         self.strength = FamilyStrength(cfg.max_tracked)  # where a peer passes more often than we do (`scoped`)
@@ -320,7 +332,8 @@ class Selector:
         pick.gate_s += time.monotonic() - started
         for (peer, group), lps in zip(gating, logprobs):
             if self.cfg.rule == "scoped" and self.strength.stronger(peer, family(group)):
-                pick.shaped += SupportGate.shape(group, lps, cutoff)
+                shaped, gated = SupportGate.shape(group, lps, cutoff, self.floor)
+                pick.shaped, pick.gated = pick.shaped + shaped, pick.gated + gated
             else:
                 pick.gated += self.support.apply(group, lps, cutoff)
             useful = informative(group)

@@ -35,15 +35,21 @@ def offer(pool: RolloutPool, peer: str, groups: list[WireGroup], created: float 
 OWN_LOGPROB = -0.5  # the mean token log-prob of this node's own writing, in these tests
 
 
+FLOOR = -5.0  # grpo.external_min_logprob: the trainer masks external rows below it
+
+
 def logprobs(groups) -> list[list[float]]:
-    """A stand-in policy: text opening with 'z' is far off this node's own writing, the rest like it."""
-    return [[-6.0 if text.startswith("z") else OWN_LOGPROB + 0.1 * (i % 2) for i, text in enumerate(g.completions)]
-            for g in groups]
+    """A stand-in policy: text opening with 'z' is off this node's own writing (below its support gate, above the
+    trainer's floor, as a one-letter prefix scores under SmolLM2), with 'zzzzzz' far off (below the floor), the
+    rest like it."""
+    def lp(i: int, text: str) -> float:
+        return -8.0 if text.startswith("zzzzzz") else -3.0 if text.startswith("z") else OWN_LOGPROB + 0.1 * (i % 2)
+    return [[lp(i, text) for i, text in enumerate(g.completions)] for g in groups]
 
 
 def selector(**cfg) -> Selector:
     """A selector whose support gate has seen a window of this node's own completions."""
-    sel = Selector(SelectionConfig(**cfg), TasksConfig(), logprobs=logprobs)
+    sel = Selector(SelectionConfig(**cfg), TasksConfig(), logprobs=logprobs, floor=FLOOR)
     sel.observe_own([OWN_LOGPROB + 0.01 * i for i in range(-32, 32)])
     return sel
 
@@ -408,6 +414,22 @@ def test_scoped_trains_a_stronger_peers_right_rows_below_the_gate_on_that_family
     assert p.shaped == 8 and p.gated == 8 and p.dropped["off_support"] == 4
     _, guarded = picks["guarded"]
     assert guarded.groups == [] and guarded.dropped["off_support"] == 8 and guarded.shaped == 0
+
+
+def test_scoped_counts_no_row_the_trainer_masks_so_a_masked_sybil_stronger_on_paper_takes_no_slot():
+    """Right answers behind 'zzzzzz' (below the trainer's floor): the peer is stronger on arith by re-scoring, but
+    its right rows would be masked in the loss. Shaped, they made its groups take every slot and add no gradient
+    (the masked flood under `scoped`: honest groups used fell to 17%); gated, they are dropped and prove nothing."""
+    sel = selector(rule="scoped", external_groups=4, explore=0.0, max_inspect=64, budget_s=60)
+    for r in range(3):
+        sel.observe_own([], own_groups("arith", 1), round_=r)
+    pool = RolloutPool(PoolConfig(size=100, max_peer_share=1.0, max_age_s=1e9))
+    offer(pool, "sybil", [group(i, signal=True, wrap="zzzzzz") for i in range(6)])
+    offer(pool, "honest", [group(100 + i, signal=True) for i in range(2)])
+    p = pick(sel, pool, 3)
+    assert sel.strength.stronger("sybil", "arith")
+    assert [g.source for g in p.groups] == ["honest", "honest"] and p.shaped == 0
+    assert p.dropped["off_support"] == 6 and p.gated == 12 and not sel.proven("sybil")
 
 
 def test_a_peer_cannot_claim_strength_with_answers_the_node_scores_wrong():
