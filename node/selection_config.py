@@ -20,7 +20,8 @@ class SelectionConfig(BaseModel):
         "guarded", description="how external groups are chosen: uniform (any usable group), signal (only groups "
         "whose re-scored rewards differ), guarded (signal, counting only the rows this node would push up that pass "
         "its support gate), scoped (guarded, except that on a task family where a peer's re-scored pass rate beats "
-        "this node's own its right rows below the gate are trained with a policy-shaped weight), adaptive (signal, "
+        "this node's own its right rows below the gate are trained with a policy-shaped weight; a peer that wraps right "
+        "answers in text of its own gets that text learned: not safe among strangers), adaptive (signal, "
         "inspecting first the peers whose groups carried signal before)")
     when_short: Literal["fill_local", "peer_tasks", "fewer"] = Field(
         "fill_local", description="when the pool yields fewer than J groups: draw local tasks for the rest; peer_tasks: "
