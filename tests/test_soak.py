@@ -4,6 +4,7 @@ churn, junk flood and length flood in 100 s, watched as the long run is."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -15,11 +16,13 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_brief_soak_restarts_resumes_floods_and_records_every_process(tiny_a, cache_dir, tmp_path):
+    """The nodes rotate their metrics every 30-odd rounds (a day's node does every 32 MB), so kills and resumes
+    fall between archives: no round may be lost or repeated across them."""
     out = tmp_path / "soak.json"
     r = subprocess.run([sys.executable, "scripts/bench/bench_soak.py", "--nodes", "3", "--duration", "100", "--phase", "25",
                         "--kill-every", "10", "--settle", "0", "--sample", "2", "--cache-dir", str(cache_dir),
                         "--workdir", str(tmp_path / "swarm"), "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=900)
+                       timeout=900, env={**os.environ, "SAPO_RUN__METRICS_ROTATE_MB": "0.05"})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     record = json.loads(out.read_text())
     s = record["summary"]
@@ -31,6 +34,7 @@ def test_a_brief_soak_restarts_resumes_floods_and_records_every_process(tiny_a, 
     assert s["error_lines"] == {"bootstrap": 0, "node0": 0, "node1": 0, "node2": 0} and not any(s["tracebacks"].values()), s
     for name, v in s["survivors"].items():
         assert v["exit_code"] == 0 and v["rounds_contiguous"] and v["rounds"] > 0, (name, v)
+        assert list((tmp_path / "swarm" / name).glob("metrics.*-*.jsonl.gz")), name
         samples = record["processes"][name]["samples"]
         assert all(x["rss_mb"] > 0 and x["fds"] > 0 and x["threads"] > 0 for x in samples), name
         assert not any("scrape_failed" in x for x in samples), name

@@ -32,11 +32,10 @@ from rich.table import Table
 
 from node.argtypes import bounded, count, positive
 from node.lifecycle import exit_on_sigterm
+from node.metrics import MetricsLog
 from node.swarm import free_port, wait_listening
 from p2p.config import PoolConfig
 from p2p.identity import load_or_create, peer_id
-
-from lab.probe import json_lines
 
 SURVIVORS = 3  # nodes 0..2 are never killed
 SAMPLE_S = 5.0
@@ -63,7 +62,8 @@ class Node:
         self.proc.wait()
 
     def rows(self) -> list[dict]:
-        return json_lines(self.out / "metrics.jsonl")
+        """Every round it wrote, its rotated archives included (a soak of hours rotates the file)."""
+        return MetricsLog(self.out / "metrics.jsonl").rows()
 
     def checkpoint_round(self) -> int:
         done = [int(p.name.split("-")[1]) for p in (self.out / "checkpoints").glob("round-*") if p.name[6:].isdigit()]

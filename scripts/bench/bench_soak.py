@@ -78,7 +78,7 @@ class Watched(Node):
             return
         if now - self.disk_at >= DISK_EVERY_S:
             self.disk_mb, self.disk_at = round(folder_mb(self.out), 3), now
-        metrics = file_mb(self.out / "metrics.jsonl")
+        metrics = sum(map(file_mb, self.out.glob("metrics*.jsonl*")))  # the file, its archives, lines set aside
         row = {"t": round(now, 1), "pid": self.proc.pid, **process_stats(self.proc.pid), "disk_mb": self.disk_mb,
                "metrics_mb": round(metrics, 3), "state_mb": None if self.disk_mb is None else round(self.disk_mb - metrics, 3)}
         url = self.status_url()
