@@ -70,6 +70,24 @@ def test_the_report_merges_per_run_files_and_draws_the_figure_from_the_json(tmp_
     assert "homogeneous 4/4 signal" in (tmp_path / "table.txt").read_text()
 
 
+def test_the_hetero_grids_report_draws_each_rule_and_peer_tasks_in_its_own_colour(tmp_path):
+    """The heterogeneous grid's report ended in a KeyError drawing its figure: `scoped` had no colour."""
+    from rich.console import Console
+
+    configs = experiment.grid(["signal"], "hetero")
+    for cfg in configs:
+        for seed in range(2):
+            folder = tmp_path / experiment.slug(cfg.name) / f"seed{seed}"
+            folder.mkdir(parents=True)
+            run = fake_run(cfg, seed, [10.0 + seed, 11.0, 12.0], models=("tiny-a", "tiny-b"))
+            (folder / "result.json").write_text(json.dumps({**run, "when_short": cfg.when_short}))
+    experiment.report(tmp_path, Console(file=open(tmp_path / "table.txt", "w"), width=200))
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = [r for r in json.loads((tmp_path / "results.json").read_text())["configs"] if r["model"] is None]
+    assert [r["config"] for r in rows] == [c.name for c in configs]
+    assert len({experiment.row_color(r) for r in rows}) == len(configs)
+
+
 def test_an_empty_output_folder_is_one_line(tmp_path):
     from rich.console import Console
 

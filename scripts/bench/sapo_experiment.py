@@ -578,7 +578,7 @@ def measurement_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-RULE_COLORS = {"uniform": "tab:blue", "signal": "tab:orange", "guarded": "tab:cyan", "adaptive": "tab:green"}
+RULE_COLORS = {"uniform": "tab:blue", "signal": "tab:orange", "guarded": "tab:cyan", "scoped": "tab:pink", "adaptive": "tab:green"}
 
 
 def row_color(r: dict) -> str:
@@ -586,6 +586,8 @@ def row_color(r: dict) -> str:
         return "tab:gray" if r["reference"] == r["run_config"] else "tab:brown"
     if r["control"]:
         return "tab:purple"
+    if r["when_short"] != "fill_local":  # peers' tasks sampled here
+        return "tab:olive"
     return "tab:red" if r["negatives"] else RULE_COLORS[r["rule"]]
 
 
@@ -642,9 +644,9 @@ def plot_informative(ax, rows: list[dict], runs: list[dict]) -> None:
         for key, style in (("local_informative_share", "-"), ("external_informative_share", "--")):
             curve = mean_curve(runs, r, key)
             if not all(math.isnan(c) for c in curve):  # a silo inspects no external group
-                ax.plot(moving_mean(curve), color=row_color(r), linestyle=style,
-                        label=f"{r['rule'] if split else r['config']}: {key.split('_')[0]}")
-    even = split[0]["config"].rsplit(" ", 1)[0] if split else ""
+                arm = r["config"].removeprefix(f"{r['testbed']} {r['local']}/{r['external']} ") if split else r["config"]
+                ax.plot(moving_mean(curve), color=row_color(r), linestyle=style, label=f"{arm}: {key.split('_')[0]}")
+    even = f"{split[0]['testbed']} {split[0]['local']}/{split[0]['external']}" if split else ""
     ax.set(title=f"share of informative groups, {even}\n(local sampled, external inspected; moving mean)",
            xlabel="round", ylim=(0, 1))
     ax.legend(fontsize=7)
