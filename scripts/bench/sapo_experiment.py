@@ -632,7 +632,15 @@ def plot_curves(ax_cum, ax_eval, rows: list[dict], runs: list[dict]) -> None:
             ax_cum.plot([sum(cum[: i + 1]) for i in range(len(cum))], **style)
             ax_eval.plot(*mean_eval(runs, r), marker=".", **style)
     ax_cum.set(title="cumulative reward (mean of nodes and seeds)", xlabel="round")
-    ax_eval.set(title="held-out accuracy (greedy, 200 tasks; mean of nodes and seeds)", xlabel="round")
+    sizes = sorted({eval_size(r) for r in runs})
+    ax_eval.set(title=f"held-out accuracy (greedy, {' or '.join(map(str, sizes))} tasks; mean of nodes and seeds)", xlabel="round")
+
+
+def eval_size(run: dict) -> int:
+    """The held-out tasks a run evaluated on: 200 (`Config.node_args`) unless its testbed's own flags say otherwise."""
+    extra = run.get("extra") or []
+    flagged = [extra[i + 1] for i, a in enumerate(extra[:-1]) if a == "--tasks.eval_size"]
+    return int(flagged[-1]) if flagged else 200
     for ax in (ax_cum, ax_eval):
         ax.legend(fontsize=6)
 
