@@ -100,9 +100,10 @@ class MetricsLog:
         rounds = [r for r in map(_round_of, data.splitlines()) if r is not None]
         if not rounds:
             return
-        _write_archive(self.path.with_name(ARCHIVE.format(rounds[0], rounds[-1])), data)
+        name = ARCHIVE.format(rounds[0], rounds[-1])
+        _write_archive(self.path.with_name(name), data)
         _replace(self.path, b"")
-        log.info("metrics rounds %d-%d moved to %s", rounds[0], rounds[-1], ARCHIVE.format(rounds[0], rounds[-1]))
+        log.info("metrics rounds %d-%d moved to %s", rounds[0], rounds[-1], name)
 
     def archives(self) -> list[tuple[int, int, Path]]:
         """(first round, last round, path) of each archive, oldest first."""

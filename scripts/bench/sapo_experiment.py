@@ -141,6 +141,7 @@ REAL = ("smollm2", "smollm2+tiny")  # testbeds of the short real-model grid (--r
 # weaker tiny-b learns from tiny-a's groups, and the rules that would let a peer of another model teach are compared
 TESTBEDS["demo"] = {"presets": ["tiny-a", "tiny-b"], "task_mixes": [tasks(1, 1)]}
 GRIDS = ("paper", "quick", "real", "quantized", "lr", "specialists", "hetero")
+EVAL_TASKS = 200  # held-out tasks a node evaluates on, unless its testbed's flags say otherwise
 T80 = {1: 1.376, 2: 1.061, 3: 0.978, 4: 0.941, 5: 0.920, 6: 0.906, 7: 0.896, 8: 0.889, 9: 0.883}  # one-sided t at 80%
 
 
@@ -171,7 +172,7 @@ class Config:
         return Config(bed.get("silo", self.testbed), self.local + self.external, 0, lr=bed.get("silo_lr"))
 
     def node_args(self, rounds: int, eval_every: int) -> list[str]:
-        args = ["--tasks.eval_size", "200", "--run.eval_every", str(eval_every), "--run.checkpoint_every", str(eval_every),
+        args = ["--tasks.eval_size", str(EVAL_TASKS), "--run.eval_every", str(eval_every), "--run.checkpoint_every", str(eval_every),
                 "--run.keep_checkpoints", "1",
                 "--selection.rule", self.rule, "--grpo.external_negatives", str(self.negatives).lower(),
                 "--selection.local_overdraw", str(self.overdraw), "--selection.when_short", self.when_short]
@@ -634,15 +635,15 @@ def plot_curves(ax_cum, ax_eval, rows: list[dict], runs: list[dict]) -> None:
     ax_cum.set(title="cumulative reward (mean of nodes and seeds)", xlabel="round")
     sizes = sorted({eval_size(r) for r in runs})
     ax_eval.set(title=f"held-out accuracy (greedy, {' or '.join(map(str, sizes))} tasks; mean of nodes and seeds)", xlabel="round")
+    for ax in (ax_cum, ax_eval):
+        ax.legend(fontsize=6)
 
 
 def eval_size(run: dict) -> int:
-    """The held-out tasks a run evaluated on: 200 (`Config.node_args`) unless its testbed's own flags say otherwise."""
+    """The held-out tasks a run evaluated on: `EVAL_TASKS` (`Config.node_args`) unless its testbed's own flags say otherwise."""
     extra = run.get("extra") or []
     flagged = [extra[i + 1] for i, a in enumerate(extra[:-1]) if a == "--tasks.eval_size"]
-    return int(flagged[-1]) if flagged else 200
-    for ax in (ax_cum, ax_eval):
-        ax.legend(fontsize=6)
+    return int(flagged[-1]) if flagged else EVAL_TASKS
 
 
 def plot_informative(ax, rows: list[dict], runs: list[dict]) -> None:
