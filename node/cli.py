@@ -67,6 +67,7 @@ def _run_checked(args: argparse.Namespace, cfg: NodeConfig, checked) -> int:
     from node.bootstrap import run_bootstrap
     from node.lifecycle import CHECKPOINTING, StopSignal
     from node.loop import Node
+    from node.metrics import MetricsError
     from node.status import StatusError
     from node.supervise import ComponentFailed
     from p2p.identity import IdentityError
@@ -90,7 +91,7 @@ def _run_checked(args: argparse.Namespace, cfg: NodeConfig, checked) -> int:
             raise ConfigError(f"generation.backend: {e}") from None
         except MemoryPlanError as e:
             raise ConfigError(str(e)) from None
-        except (CheckpointError, IdentityError, P2PError, StatusError) as e:
+        except (CheckpointError, IdentityError, MetricsError, P2PError, StatusError) as e:
             print(f"sapo: {e}", file=sys.stderr)
             return 1
         except ComponentFailed as e:

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from itertools import chain
@@ -117,7 +118,7 @@ class MetricsLog:
     def archived_rows(self) -> Iterator[dict]:
         """The archives' round lines, oldest first, read one archive at a time."""
         for *_, path in self.archives():
-            yield from _rows(gzip.decompress(path.read_bytes()))
+            yield from _rows(_read_archive(path))
 
     def rows(self) -> list[dict]:
         """Every round's line, from the archives and then the file (lines that are not a round's are skipped)."""
@@ -164,7 +165,7 @@ class MetricsLog:
                 old.unlink()
             if last <= to_round:
                 continue
-            lines = gzip.decompress(path.read_bytes()).splitlines()
+            lines = _read_archive(path).splitlines()
             kept = [line for line in lines if (_round_of(line) or 0) <= to_round]
             later = [line for line in lines if (_round_of(line) or 0) > to_round]
             self._set_aside(later)
@@ -182,7 +183,7 @@ class MetricsLog:
         first = next((r for r in map(_round_of, lines) if r is not None), None)
         if not found or first is None or first > found[-1][1]:
             return set()
-        return set(gzip.decompress(found[-1][2].read_bytes()).splitlines())
+        return set(_read_archive(found[-1][2]).splitlines())
 
     def _set_aside(self, lines: list[bytes]) -> None:
         if lines:
@@ -193,6 +194,10 @@ class MetricsLog:
         """Held-out accuracy before the first step (round 0's line), for a resumed node's learning watch."""
         live = _rows(self.path.read_bytes() if self.path.exists() else b"")
         return next((r.get("eval_accuracy") for r in chain(self.archived_rows(), live) if r["round"] == 0), None)
+
+
+class MetricsError(RuntimeError):
+    """A metrics archive that cannot be read: named, and left as it is."""
 
 
 ARCHIVE = "metrics.{}-{}.jsonl.gz"
@@ -206,6 +211,14 @@ def _replace(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _read_archive(path: Path) -> bytes:
+    try:
+        return gzip.decompress(path.read_bytes())
+    except (OSError, EOFError, zlib.error) as e:
+        raise MetricsError(f"metrics archive {path} cannot be read ({e}): move it aside to resume; nothing was "
+                           "changed") from None
 
 
 def _write_archive(path: Path, data: bytes) -> None:

@@ -94,3 +94,18 @@ def test_a_crash_while_an_archive_is_rewritten_keeps_the_shorter_one(tmp_path):
     log.rewind(3)
     assert [(f, l) for f, l, _ in log.archives()] == [(0, 3)]
     assert rounds(log.rows()) == [0, 1, 2, 3]
+
+
+def test_an_archive_that_is_not_gzip_is_one_error_naming_it_and_nothing_changes(tmp_path):
+    import pytest
+
+    from node.metrics import MetricsError
+
+    log = written(tmp_path, 6, rotate_bytes=2500)
+    (tmp_path / "metrics.0-2.jsonl.gz").write_bytes(b"junk")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(MetricsError, match=r"metrics archive .*metrics\.0-2\.jsonl\.gz cannot be read .*move it aside"):
+        log.rewind(1)
+    with pytest.raises(MetricsError):
+        log.rows()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
