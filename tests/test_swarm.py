@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import time
 from pathlib import Path
 
@@ -358,7 +359,9 @@ def test_a_swarm_whose_plans_cannot_fit_is_refused_before_any_node_starts(tiny_a
     assert r.returncode == 1 and "Traceback" not in r.stderr
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("sapo: 4 nodes cannot share ") and ": node0 (tiny-a) in its " in line
-    assert "set generation.batch_size to" in line and line.endswith("; not even one fits here")
+    # the smallest change depends on the memory free now: fewer rows, or shorter completions when even one is too long
+    assert re.search(r"set generation\.(batch_size|max_new_tokens) to \d+", line), line
+    assert line.endswith("; not even one fits here")
     assert not (tmp_path / "s").exists()
 
 
