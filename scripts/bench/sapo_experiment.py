@@ -705,7 +705,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr-sweep", action="store_true", help="issue 55's learning-rate sweep: SmolLM2 silos at 1e-5, 3e-5 "
                    "and 1e-4 (full fine-tuning) and 1e-4, 3e-4 (LoRA), paired with 1e-5, on the powered evaluation")
     p.add_argument("--specialists", action="store_true", help="issue 55's swarm of specialists: two SmolLM2 owners "
-                   "splitting the arithmetic mix, alone, paired, on the union, and alone drawing twice the tasks")
+                   "splitting the arithmetic mix: each alone, the pair at 2/2, and a silo on the union of their tasks")
     p.add_argument("--hetero", action="store_true", help="issue 53's tiny testbed: the demo's tiny-a, tiny-b, tiny-a swarm "
                    "(--nodes 3) alone, and at 4/4 under signal, guarded, scoped and guarded with peer_tasks")
     p.add_argument("--out", type=Path, default=Path("runs/experiment"))
