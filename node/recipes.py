@@ -4,9 +4,10 @@ written for the 0.3M-parameter tiny presets; a real model given by path or hub i
 2e-4, 16 new tokens, temperature 1.0, the tiny task mix) was destroyed by its first step. So:
 
 - a tiny preset, a folder built from one, or any model under `TOY_PARAMETERS`: the config's defaults;
-- a preset with a recipe (smollm2-135m, also as a folder `sapo init-model --out` made): the recipe measured on it;
-- any other model (gemma3-270m, whose recipe is not measured yet, included): the pretrained profile below, and a learning rate by its size and by full fine-tuning or
-  LoRA (`learning_rate`, anchored in docs/models.md).
+- a preset with a recipe (smollm2-135m, gemma3-270m, also as a folder `sapo init-model --out` made): the recipe
+  measured on it;
+- any other model: the pretrained profile below, and a learning rate by its size and by full fine-tuning or LoRA
+  (`learning_rate`, anchored in docs/models.md).
 
 Every value the user set (file, environment or flag) stands.
 """
@@ -27,6 +28,12 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
         "generation": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 64},
         "grpo": {"lr": 1e-5},  # the fastest stable rate of the sweep (docs/bench/README.md, learning-rate sweep)
         "model": {"plain_example": True},  # it has a chat template: no effect
+    },
+    "gemma3-270m": {  # the base model, no chat template (docs/bench/pass-rates-gemma3-270m-2cpu.json, one-shot prompts)
+        "tasks": {"datasets": MIXES["arithmetic"]},  # pass rates 0.16, 0.38, 0.11, informative groups 0.38-0.88
+        "generation": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 64},  # 89-99% close the tag, 19-23 tokens
+        "grpo": {"lr": 6.7e-6},  # its size's rate (`learning_rate`, 268M parameters): not swept on it yet
+        "model": {"plain_example": True},  # a base model sees the answer format once, as plain text
     },
 }
 # A model given by path or hub id that is no preset: tasks a small pretrained model passes often enough to learn

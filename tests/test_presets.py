@@ -159,7 +159,7 @@ def test_gemma_builds_from_its_chunk_packages_once_accepted_and_a_node_trains_on
 
     trains_one_round("gemma3-270m", cache_dir, tmp_path)
     settings = json.loads((tmp_path / "settings.json").read_text())
-    assert settings["profile"] == "pretrained"  # not the tiny presets' rate, which destroys a real model
+    assert settings["profile"] == "recipe gemma3-270m"  # not the tiny presets' rate, which destroys a real model
     assert settings["sources"]["model.plain_example"]["value"] == "True"  # no chat template: one-shot plain prompts
     assert float(settings["sources"]["grpo.lr"]["value"]) < 1e-5
 

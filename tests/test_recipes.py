@@ -40,6 +40,15 @@ def test_a_real_models_recipe_fills_only_what_the_user_left_unset(tmp_path, monk
     assert tiny.profile == "tiny" and tiny.cfg.generation.temperature == 1.0 and tiny.cfg.grpo.lr == 2e-4
 
 
+@pytest.mark.parametrize("preset", sorted(RECIPES))
+def test_every_recipe_sets_every_knob_so_no_real_model_is_left_a_tiny_default(preset):
+    """A recipe that left out the learning rate would hand a real model the tiny presets' 2e-4."""
+    settled = settle(load_config(overrides={"model": {"name": preset}}), preset, 1e8)
+    assert settled.profile == f"recipe {preset}"
+    assert {k: v for k, v in settled.sources.items() if v != settled.profile} == {}
+    assert settled.cfg.grpo.lr <= 1e-5 and settled.cfg.generation.temperature < 1.0
+
+
 def test_a_folder_made_from_a_preset_is_that_preset_and_a_small_unknown_model_is_a_toy(tmp_path):
     made = tmp_path / "smollm2"
     made.mkdir()
