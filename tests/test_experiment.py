@@ -199,7 +199,7 @@ def test_a_stopped_run_is_not_saved_and_a_failed_one_is_saved_marked_as_failed_w
 
     per_node = [{"name": f"node{k}", "companion": False, "exit_code": 0} for k in range(2)]
     monkeypatch.setattr(experiment, "run", lambda *a, **k: {"per_node": per_node, "stopped": stopped, "failed": failed})
-    args = Namespace(out=tmp_path, nodes=2, rounds=2, eval_every=1)
+    args = Namespace(out=tmp_path, nodes=2, rounds=2, eval_every=1, accept_license=[])
     cfg = Config("homogeneous", 4, 4, "signal")
     log = tmp_path / "log.txt"
     if stopped:
@@ -410,7 +410,7 @@ def test_a_finished_runs_checkpoints_are_deleted_once_its_result_is_saved_and_a_
     (checkpoints / "model.safetensors").write_bytes(b"weights")
     monkeypatch.setattr(experiment, "run", lambda *a, **k: {"per_node": per_node, "stopped": False, "failed": failed})
     monkeypatch.setattr(experiment, "node_record", lambda folder, summary: {"name": summary["name"]})
-    experiment.run_one(cfg, 0, Namespace(out=tmp_path, nodes=1, rounds=2, eval_every=1), Console(file=open(tmp_path / "log", "w")))
+    experiment.run_one(cfg, 0, Namespace(out=tmp_path, nodes=1, rounds=2, eval_every=1, accept_license=[]), Console(file=open(tmp_path / "log", "w")))
     assert (seed_dir / "result.json").exists()
     assert checkpoints.exists() == bool(failed)  # a failed run resumes from them
 
@@ -422,3 +422,31 @@ def test_the_hetero_grid_compares_the_rules_for_a_peer_of_another_model_on_the_d
     args = shared.node_args(rounds=10, eval_every=5)
     assert args[args.index("--selection.when_short") + 1] == "peer_tasks" and shared.silo == Config("demo", 8, 0)
     assert experiment.TESTBEDS["demo"]["presets"] == ["tiny-a", "tiny-b"]
+
+
+def test_the_gemma_grid_pairs_each_family_with_its_own_silo_node_and_accepts_its_terms_only_from_the_command_line(
+        tmp_path, monkeypatch):
+    import subprocess
+    from argparse import Namespace
+
+    from rich.console import Console
+
+    names = [c.name for c in experiment.grid([], "gemma")]
+    assert names == ["gemma+smollm2 4/0", "gemma+smollm2 2/2 guarded", "gemma+smollm2 2/2 scoped"]
+    assert all(c.silo == Config("gemma+smollm2", 4, 0) for c in experiment.grid([], "gemma"))
+    bed = experiment.TESTBEDS["gemma+smollm2"]
+    assert bed["presets"] == ["gemma3-270m", "smollm2-135m"] and "accept_license" not in json.dumps(bed)
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench" / "sapo_experiment.py"), "--gemma", "--out", str(tmp_path / "g")]
+    refused = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
+        "sapo_experiment: --accept-license: gemma3-270m is under the Gemma Terms of Use (https://ai.google.dev/gemma/terms), "
+        "which gate every use of it: read them, then add --accept-license gemma; nothing accepts them for you"]
+    assert not (tmp_path / "g").exists()
+    seen = []  # the nodes get the acceptance the command line gave, and no other
+    monkeypatch.setattr(experiment, "run", lambda spec, **k: seen.append(spec.extra) or {"per_node": [], "stopped": True})
+    for accepted in ([], ["gemma"]):
+        with pytest.raises(SystemExit, match="stopped during"):
+            experiment.run_one(experiment.grid([], "gemma")[1], 0, Namespace(out=tmp_path, nodes=2, rounds=2, eval_every=1,
+                                                                            accept_license=accepted), Console(file=None))
+    assert "--model.accept_license" not in seen[0]
+    assert seen[1][seen[1].index("--model.accept_license") + 1] == "gemma"

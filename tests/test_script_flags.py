@@ -46,6 +46,7 @@ def test_json_of_a_model_returns_the_object_and_names_a_bad_knob():
     ("sapo_experiment.py", "--seeds", "0"), ("bench_round.py", "--top-p", "0"),
     ("bench_generation.py", "--n", "x"), ("pass_rates.py", "--tasks", "0"), ("bench_silo.py", "--minutes", "-1"),
     ("bench_logprobs.py", "--rows", "0"), ("pass_rates.py", "--accept-license", "apache"),
+    ("sapo_experiment.py", "--accept-license", "apache"),
 ])
 def test_a_bad_flag_value_is_one_line_naming_the_flag(script, flag, value):
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / script), flag, value], cwd=ROOT, capture_output=True,

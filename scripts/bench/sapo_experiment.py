@@ -56,6 +56,11 @@ Issue 53's tiny testbed (`--hetero`): the demo's swarm of tiny-a, tiny-b and tin
 and `guarded` with `selection.when_short = peer_tasks` (the same generation as filling with local tasks):
 
     .venv/bin/python scripts/bench/sapo_experiment.py --hetero --nodes 3 --rounds 300 --eval-every 50 --seeds 5 --out runs/hetero --resume
+
+and its pair of real families (`--gemma`): Gemma 3 270M beside SmolLM2-135M, each paired with the same seed's silo
+node; the command accepts the Gemma Terms of Use, and nothing else does:
+
+    .venv/bin/python scripts/bench/sapo_experiment.py --gemma --accept-license gemma --nodes 2 --rounds 40 --eval-every 40 --seeds 4 --out runs/gemma --resume
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ from node.recipes import RECIPES
 from node.selection_config import RULES
 from trainer.config import default_cache_dir
 from trainer.presets import ensure
+from trainer.pretrained import PRETRAINED, TERMS
 
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # two-sided t, df
 G = 8  # completions per group (the node default)
@@ -140,7 +146,13 @@ REAL = ("smollm2", "smollm2+tiny")  # testbeds of the short real-model grid (--r
 # issue 53's tiny testbed: the demo's swarm (tiny-a, tiny-b, tiny-a with --nodes 3), every node on the same mix: the
 # weaker tiny-b learns from tiny-a's groups, and the rules that would let a peer of another model teach are compared
 TESTBEDS["demo"] = {"presets": ["tiny-a", "tiny-b"], "task_mixes": [tasks(1, 1)]}
-GRIDS = ("paper", "quick", "real", "quantized", "lr", "specialists", "hetero")
+# and its pair of real families: Gemma 3 270M, the base model, beside SmolLM2-135M, both on the arithmetic mix their
+# recipes share, where SmolLM2 passes about twice as often (docs/bench: the Gemma recipe). Node k is model k % 2; each
+# is evaluated per family on 300 held-out tasks, 4 samples each. The Gemma Terms of Use are accepted on the command
+# line (--accept-license gemma), never here
+TESTBEDS["gemma+smollm2"] = {"presets": ["gemma3-270m", "smollm2-135m"], "task_mixes": [SMOLLM2],
+                             "extra": ["--tasks.eval_size", "300", *POWERED]}
+GRIDS = ("paper", "quick", "real", "quantized", "lr", "specialists", "hetero", "gemma")
 EVAL_TASKS = 200  # held-out tasks a node evaluates on, unless its testbed's flags say otherwise
 T80 = {1: 1.376, 2: 1.061, 3: 0.978, 4: 0.941, 5: 0.920, 6: 0.906, 7: 0.896, 8: 0.889, 9: 0.883}  # one-sided t at 80%
 
@@ -203,6 +215,8 @@ def grid(rules: list[str], kind: str = "paper", groups: int = 4) -> list[Config]
     if kind == "hetero":  # the sampling rules for a peer of another model, and task sharing at the same generation
         return [Config("demo", 8, 0), *(Config("demo", 4, 4, rule) for rule in ("signal", "guarded", "scoped")),
                 Config("demo", 4, 4, "guarded", when_short="peer_tasks")]
+    if kind == "gemma":  # the default rule and the one that lets a stronger peer of another family in
+        return [Config("gemma+smollm2", 4, 0), Config("gemma+smollm2", 2, 2, "guarded"), Config("gemma+smollm2", 2, 2, "scoped")]
     if kind == "quick":
         return [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "guarded"), Config("homogeneous", 4, 4, control=True)]
     homo = [Config("homogeneous", 8, 0), Config("homogeneous", 8, 0, overdraw=2), Config("homogeneous", 4, 4, control=True),
@@ -281,7 +295,9 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
     bed = TESTBEDS[cfg.testbed]
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=cfg.local, external=cfg.external, presets=bed["presets"],
                      out=out, seed=100 * seed, extra=[*cfg.node_args(args.rounds, args.eval_every), *bed.get("extra", []),
-                                                      "--run.eval_cache_dir", str((args.out / "eval-cache").resolve())],
+                                                      "--run.eval_cache_dir", str((args.out / "eval-cache").resolve()),
+                                                      *(["--model.accept_license", ",".join(args.accept_license)]
+                                                        if args.accept_license else [])],
                      task_mixes=bed["task_mixes"], companions=bed.get("companions", []), network=cfg.network)
     t0 = time.time()
     try:
@@ -708,6 +724,11 @@ def parse_args() -> argparse.Namespace:
                    "splitting the arithmetic mix: each alone, the pair at 2/2, and a silo on the union of their tasks")
     p.add_argument("--hetero", action="store_true", help="issue 53's tiny testbed: the demo's tiny-a, tiny-b, tiny-a swarm "
                    "(--nodes 3) alone, and at 4/4 under signal, guarded, scoped and guarded with peer_tasks")
+    p.add_argument("--gemma", action="store_true", help="issue 53's pair of real families: Gemma 3 270M beside "
+                   "SmolLM2-135M, alone and at 2/2 under guarded and scoped; pair it with --nodes 2 and --accept-license gemma")
+    p.add_argument("--accept-license", action="append", default=[], choices=sorted(TERMS), metavar="TERMS",
+                   help="terms of use you accept for a preset of the grid under them (gemma for gemma3-270m: "
+                   "https://ai.google.dev/gemma/terms); passed to its nodes; nothing accepts them for you")
     p.add_argument("--out", type=Path, default=Path("runs/experiment"))
     args = p.parse_args()
     if args.quick:
@@ -722,7 +743,7 @@ def parse_args() -> argparse.Namespace:
 def chosen_configs(args: argparse.Namespace) -> list[Config]:
     """The grid asked for (--only narrows it); refused when --out already holds runs of it and --resume is not given."""
     kind = ("quantized" if args.quantized else "real" if args.real else "quick" if args.quick else "lr" if args.lr_sweep
-            else "specialists" if args.specialists else "hetero" if args.hetero else "paper")
+            else "specialists" if args.specialists else "hetero" if args.hetero else "gemma" if args.gemma else "paper")
     configs = grid(args.rules, kind, args.groups or 4)
     if args.only:
         unknown = set(args.only) - {c.name for c in configs}
@@ -730,6 +751,12 @@ def chosen_configs(args: argparse.Namespace) -> list[Config]:
             raise SystemExit(f"sapo_experiment: --only: no configuration named {sorted(unknown)}; "
                              f"choose from {[c.name for c in configs]}")
         configs = [c for c in configs if c.name in args.only]
+    for preset in dict.fromkeys(p for c in configs for p in TESTBEDS[c.testbed]["presets"]):
+        terms = PRETRAINED[preset].terms if preset in PRETRAINED else None
+        if terms is not None and terms.name not in args.accept_license:
+            raise SystemExit(f"sapo_experiment: --accept-license: {preset} is under {terms.title} ({terms.url}), which "
+                             f"gate every use of it: read them, then add --accept-license {terms.name}; nothing "
+                             "accepts them for you")
     started_before = sorted(p.relative_to(args.out) for c in configs for p in (args.out / slug(c.name)).glob("seed*"))
     if started_before and not args.resume:
         raise SystemExit(f"sapo_experiment: {args.out} already holds {len(started_before)} run(s) of this grid "
@@ -740,7 +767,8 @@ def chosen_configs(args: argparse.Namespace) -> list[Config]:
 def run_grid(configs: list[Config], args: argparse.Namespace, console: Console) -> list[str]:
     """Every configuration at every seed asked for, one run after another; returns the runs that failed."""
     for preset in dict.fromkeys(p for c in configs for p in TESTBEDS[c.testbed]["presets"]):
-        ensure(preset, default_cache_dir())
+        ensure(preset, default_cache_dir(), accepted=args.accept_license,
+               how=" ".join(["sapo_experiment.py", *(f"--accept-license {t}" for t in args.accept_license)]))
     failed, started = [], time.time()
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         for cfg in configs:
