@@ -56,6 +56,9 @@ class SwarmSpec:
     # given in turn: a companion runs until every other node has finished, then is stopped (with its checkpoint), so a
     # fast model beside a slow one shares for as long as the slow one trains, as it would with no common clock
     companions: list[bool] = field(default_factory=list)
+    # given in turn: node k runs `rounds` times its multiple, so that a model that rounds twice as fast beside a slow
+    # one does twice the rounds and both share for the whole run; its silo runs as many
+    round_multiples: list[int] = field(default_factory=list)
     network: bool = True  # False: N unconnected silos (no p2p at all), for baselines
     baseline: bool = False  # also run each node alone (I + J local groups, no network) beside the swarm
     memory_gb: float | None = None  # each node's share of the machine's memory (`share_memory` sets it)
@@ -64,8 +67,8 @@ class SwarmSpec:
         """The same nodes alone: same models, seeds, task mixes and rounds, all I + J groups local."""
         return SwarmSpec(nodes=self.nodes, rounds=self.rounds, local=self.local + self.external, external=0,
                          presets=self.presets, out=self.out / "silo", seed=self.seed, extra=self.extra,
-                         task_mixes=self.task_mixes, companions=self.companions, network=False,
-                         memory_gb=self.memory_gb)
+                         task_mixes=self.task_mixes, companions=self.companions,
+                         round_multiples=self.round_multiples, network=False, memory_gb=self.memory_gb)
 
     def arms(self) -> list["SwarmSpec"]:
         """Every group of processes the run starts: the swarm, and its silo with `baseline`."""
@@ -87,7 +90,9 @@ class SwarmSpec:
         return bool(self.companions) and self.companions[k % len(self.companions)]
 
     def node_rounds(self, k: int) -> int:
-        return COMPANION_ROUNDS if self.companion(k) else self.rounds
+        if self.companion(k):
+            return COMPANION_ROUNDS
+        return self.rounds * (self.round_multiples[k % len(self.round_multiples)] if self.round_multiples else 1)
 
     def run_flags(self, k: int, processes: int, cache_dir: Path | None) -> list[str]:
         """Node k's `sapo run` flags but its folder, ports and bootstrap peer; the user's own flags come last
@@ -110,6 +115,7 @@ class Child:
     out: Path
     proc: subprocess.Popen
     dashboard: str
+    rounds: int  # what it runs (a companion: until the runner stops it)
     companion: bool = False
     rows: list[dict] = field(default_factory=list)
     _read: int = 0
@@ -199,7 +205,7 @@ def start(spec: SwarmSpec, cache_dir: Path | None, processes: int, prefix: str =
         with open(out / "node.log", "ab") as logf:
             proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
         children.append(Child(f"{prefix}{k}", spec.preset(k), out, proc, f"http://127.0.0.1:{status_port}/",
-                              spec.companion(k)))
+                              spec.node_rounds(k), spec.companion(k)))
         if k == 0 and spec.network:
             if not wait_listening(port, proc, timeout=300):
                 stop(children)
@@ -251,7 +257,7 @@ def _state(c: Child) -> str:
     return "running" if c.rows else "starting"
 
 
-def table(children: list[Child], rounds: int) -> Table:
+def table(children: list[Child]) -> Table:
     """One row per node. Short headers, spelt out in the caption, and the dashboards under the table: at 80
     columns every cell still reads whole."""
     dashboards = "; ".join(f"{c.name} {c.dashboard}" for c in children)
@@ -265,7 +271,7 @@ def table(children: list[Child], rounds: int) -> Table:
     for c in children:
         rows = c.rows
         p2p = _last(rows, "p2p") or {}
-        t.add_row(c.name, c.preset, f"{rows[-1]['round'] if rows else 0}/{'-' if c.companion else rounds}", _fmt(_last(rows, "reward_mean")),
+        t.add_row(c.name, c.preset, f"{rows[-1]['round'] if rows else 0}/{'-' if c.companion else c.rounds}", _fmt(_last(rows, "reward_mean")),
                   _fmt(_last(rows, "eval_accuracy")), str(_last(rows, "peers") or 0), str(p2p.get("published", 0)),
                   str(total(rows, "n_external_received")),
                   f"{total(rows, 'n_external_used')}/{total(rows, 'external_inspected')}",
@@ -273,14 +279,14 @@ def table(children: list[Child], rounds: int) -> Table:
     return t
 
 
-def node_summary(c: Child, rounds: int) -> dict:
+def node_summary(c: Child) -> dict:
     c.refresh()
     trained = [r for r in c.rows if r["round"] > 0]
     evals = [(r["round"], r["eval_accuracy"]) for r in c.rows if r.get("eval_accuracy") is not None]
     cumulative = sum(r["reward_mean"] for r in trained)
     return {
         "name": c.name, "model": c.preset, "companion": c.companion, "exit_code": c.proc.returncode, "rounds": len(trained),
-        "failure": failure(c, rounds),
+        "failure": failure(c),
         "cumulative_reward": cumulative, "mean_reward": cumulative / len(trained) if trained else None,
         "eval_first": evals[0][1] if evals else None, "eval_last": evals[-1][1] if evals else None,
         **{name: total(trained, key) for name, key in (
@@ -293,7 +299,7 @@ def node_summary(c: Child, rounds: int) -> dict:
     }
 
 
-def failure(c: Child, rounds: int) -> str | None:
+def failure(c: Child) -> str | None:
     """Why a node's run cannot count, or None: it exited non-zero, was killed, or ended short of its rounds
     (a companion has no rounds of its own: the runner stops it)."""
     code, reached = c.proc.returncode, max((r["round"] for r in c.rows), default=0)
@@ -302,8 +308,8 @@ def failure(c: Child, rounds: int) -> str | None:
         how = f"killed by {name}" + (" (as the kernel's out-of-memory killer does)" if code == -signal.SIGKILL else "")
     elif code:
         how = f"exit {code}"
-    elif not c.companion and reached < rounds:
-        how = f"ended at round {reached} of {rounds}"
+    elif not c.companion and reached < c.rounds:
+        how = f"ended at round {reached} of {c.rounds}"
     else:
         return None
     return f"{c.name} ({c.preset}) {how}; its last log line: {last_line(c.out)}"
@@ -312,8 +318,8 @@ def failure(c: Child, rounds: int) -> str | None:
 def summarize(spec: SwarmSpec, children: list[Child], silos: list[Child] = (), stopped: bool = False) -> dict:
     """summary.json, and the figure when the run is whole: a run that was stopped, or lost a node, compares
     nothing."""
-    nodes = [node_summary(c, spec.rounds) for c in children]
-    alone = [node_summary(c, spec.rounds) for c in silos]
+    nodes = [node_summary(c) for c in children]
+    alone = [node_summary(c) for c in silos]
     failed = [n["failure"] for n in nodes + alone if n["failure"]]
     summary = {"nodes": spec.nodes, "rounds": spec.rounds, "local": spec.local, "external": spec.external,
                "presets": spec.presets, "seed": spec.seed, "memory_gb": spec.memory_gb,
@@ -334,34 +340,34 @@ def summarize(spec: SwarmSpec, children: list[Child], silos: list[Child] = (), s
     return summary
 
 
-def progress_lines(children: list[Child], rounds: int, elapsed: float) -> list[str]:
+def progress_lines(children: list[Child], elapsed: float) -> list[str]:
     """One plain line per node, for output that is not a terminal (CI logs, `| tee`)."""
     lines = []
     for c in children:
         rows = c.rows
         lines.append(f"[{elapsed:5.0f} s] {c.name} ({c.preset}) round {rows[-1]['round'] if rows else 0}/"
-                     f"{'-' if c.companion else rounds}, reward {_fmt(_last(rows, 'reward_mean'))}, "
+                     f"{'-' if c.companion else c.rounds}, reward {_fmt(_last(rows, 'reward_mean'))}, "
                      f"eval {_fmt(_last(rows, 'eval_accuracy'))}, peers {_last(rows, 'peers') or 0}, "
                      f"external used {total(rows, 'n_external_used')}, {_state(c)}")
     return lines
 
 
-def watch(children: list[Child], rounds: int, console: Console, live: bool, stopping) -> None:
+def watch(children: list[Child], console: Console, live: bool, stopping) -> None:
     """Show the swarm until every node (companions aside) is done or `stopping()`, then stop it: a live
     table on a terminal; elsewhere a progress line per node every `PLAIN_EVERY_S` and the final table at
     full width (a pipe gets no live updates, and rich would squeeze the table to 80 columns)."""
     started, shown = time.monotonic(), 0.0
-    view = Live(table(children, rounds), console=console, refresh_per_second=2, transient=not live) \
+    view = Live(table(children), console=console, refresh_per_second=2, transient=not live) \
         if console.is_terminal else contextlib.nullcontext()
     with view:
         while not stopping() and any(c.proc.poll() is None for c in children if not c.companion):
             for c in children:
                 c.refresh()
             if console.is_terminal:
-                view.update(table(children, rounds))
+                view.update(table(children))
             elif time.monotonic() - shown >= PLAIN_EVERY_S:
                 shown = time.monotonic()
-                print("\n".join(progress_lines(children, rounds, shown - started)), file=console.file, flush=True)
+                print("\n".join(progress_lines(children, shown - started)), file=console.file, flush=True)
             time.sleep(0.5)
         if stopping():
             console.print("stopping every node (each writes a checkpoint)...")
@@ -369,9 +375,9 @@ def watch(children: list[Child], rounds: int, console: Console, live: bool, stop
         for c in children:
             c.refresh()
         if console.is_terminal:
-            view.update(table(children, rounds))
+            view.update(table(children))
     if not console.is_terminal and live:
-        print_table(console, table(children, rounds))
+        print_table(console, table(children))
 
 
 def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None = None, live: bool = True) -> dict:
@@ -398,7 +404,7 @@ def run(spec: SwarmSpec, cache_dir: Path | None = None, console: Console | None 
             if spec.baseline:
                 silos = start(spec.silo(), cache_dir, spec.processes(), prefix="silo")
                 children = nodes + silos
-            watch(children, spec.rounds, console, live, lambda: stopping)
+            watch(children, console, live, lambda: stopping)
         finally:
             stop(children)
             for s, handler in previous.items():

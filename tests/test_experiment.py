@@ -443,10 +443,23 @@ def test_the_gemma_grid_pairs_each_family_with_its_own_silo_node_and_accepts_its
         "which gate every use of it: read them, then add --accept-license gemma; nothing accepts them for you"]
     assert not (tmp_path / "g").exists()
     seen = []  # the nodes get the acceptance the command line gave, and no other
-    monkeypatch.setattr(experiment, "run", lambda spec, **k: seen.append(spec.extra) or {"per_node": [], "stopped": True})
+    monkeypatch.setattr(experiment, "run", lambda spec, **k: seen.append(spec) or {"per_node": [], "stopped": True})
     for accepted in ([], ["gemma"]):
         with pytest.raises(SystemExit, match="stopped during"):
             experiment.run_one(experiment.grid([], "gemma")[1], 0, Namespace(out=tmp_path, nodes=2, rounds=2, eval_every=1,
                                                                             accept_license=accepted), Console(file=None))
-    assert "--model.accept_license" not in seen[0]
-    assert seen[1][seen[1].index("--model.accept_license") + 1] == "gemma"
+    assert "--model.accept_license" not in seen[0].extra
+    assert seen[1].extra[seen[1].extra.index("--model.accept_license") + 1] == "gemma"
+    assert [seen[1].node_rounds(k) for k in range(2)] == [2, 4]  # SmolLM2, twice as fast, shares the whole run
+
+
+def test_a_row_whose_nodes_ran_different_rounds_is_drawn_at_the_evaluations_they_share():
+    cfg = Config("gemma+smollm2", 2, 2, "guarded")
+    run = fake_run(cfg, 0, [5.0, 9.0], models=("gemma3-270m", "smollm2-135m"))
+    run["nodes"][1]["curves"]["eval"].append([10, 0.6])  # the faster model's node ran twice the rounds
+    run["nodes"][1]["curves"]["reward"] *= 2
+    run["nodes"][1]["external_used"] *= 2
+    rounds, means = experiment.mean_eval([run], {"run_config": cfg.name, "model": None})
+    assert rounds == [0, 5] and means == pytest.approx([0.3, 0.4])
+    row = experiment.config_row(cfg.name, cfg, [run], {})
+    assert row["external_used_per_round"] == pytest.approx(2.0)  # each node's own rounds, not the first's

@@ -166,10 +166,10 @@ def test_the_live_table_reads_whole_at_80_columns(tmp_path):
            "local_informative": 3000, "n_local": 4800}
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        children = [Child(f"node{k}", preset, tmp_path, proc, f"http://127.0.0.1:{8080 + k}/", rows=[row])
+        children = [Child(f"node{k}", preset, tmp_path, proc, f"http://127.0.0.1:{8080 + k}/", 300, rows=[row])
                     for k, preset in enumerate(["tiny-a", "smollm2-135m", "tiny-b"])]
         console = Console(width=80, record=True)
-        console.print(table(children, 300))
+        console.print(table(children))
     finally:
         proc.kill()
         proc.wait()
@@ -353,6 +353,22 @@ def test_a_companion_runs_until_the_others_finish_in_the_swarm_and_in_its_silo(t
     assert spec.silo().local == 4 and spec.silo().external == 0
 
 
+def test_a_node_of_a_faster_model_runs_its_multiple_of_the_rounds_in_the_swarm_and_in_its_silo(tmp_path):
+    from types import SimpleNamespace
+
+    from node.swarm import Child, SwarmSpec, failure
+
+    spec = SwarmSpec(nodes=3, rounds=40, local=2, external=2, presets=["gemma3-270m", "smollm2-135m"], out=tmp_path,
+                     round_multiples=[1, 2])
+    for s in (spec, spec.silo()):
+        assert [int(args[args.index("--rounds") + 1]) for args in map(s.node_args, range(3))] == [40, 80, 40]
+    done = SimpleNamespace(returncode=0)  # a node that exited 0 counts only once it reached its own rounds
+    fast = Child("node1", "smollm2-135m", tmp_path, done, "", spec.node_rounds(1), rows=[{"round": 40}])
+    assert failure(fast).startswith("node1 (smollm2-135m) ended at round 40 of 80")
+    fast.rows.append({"round": 80})
+    assert failure(fast) is None
+
+
 def test_a_swarm_whose_plans_cannot_fit_is_refused_before_any_node_starts(tiny_a, cache_dir, tmp_path):
     r = run_sapo("swarm", "--nodes", "2", "--rounds", "1", "--baseline", "--out", str(tmp_path / "s"), "--cache-dir",
                  str(cache_dir), "--node-args", "--generation.batch_size 100000 --generation.max_new_tokens 100000")
@@ -435,7 +451,7 @@ def test_the_swarm_watch_reads_a_metrics_file_rewound_on_resume_from_the_start(t
 
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"round": r, "pad": "x" * 50}) + "\n" for r in range(1, 41)))
-    child = Child("node0", "tiny-a", tmp_path, proc=None, dashboard="")
+    child = Child("node0", "tiny-a", tmp_path, proc=None, dashboard="", rounds=40)
     child.refresh()
     assert [r["round"] for r in child.rows] == list(range(1, 41))
     assert MetricsLog(path).rewind(to_round=30) == 10
@@ -451,7 +467,7 @@ def test_the_swarm_watch_keeps_every_round_when_a_node_rotates_its_metrics(tmp_p
     from tests.test_metrics import row
 
     log = MetricsLog(tmp_path / "metrics.jsonl", rotate_bytes=2500)  # an archive every 3 rounds
-    child = Child("node0", "tiny-a", tmp_path, proc=None, dashboard="")
+    child = Child("node0", "tiny-a", tmp_path, proc=None, dashboard="", rounds=40)
     for r in range(10):
         log.append(row(r))
         child.refresh()

@@ -147,10 +147,12 @@ REAL = ("smollm2", "smollm2+tiny")  # testbeds of the short real-model grid (--r
 # weaker tiny-b learns from tiny-a's groups, and the rules that would let a peer of another model teach are compared
 TESTBEDS["demo"] = {"presets": ["tiny-a", "tiny-b"], "task_mixes": [tasks(1, 1)]}
 # and its pair of real families: Gemma 3 270M, the base model, beside SmolLM2-135M, both on the arithmetic mix their
-# recipes share, where SmolLM2 passes about twice as often (docs/bench: the Gemma recipe). Node k is model k % 2; each
-# is evaluated per family on 300 held-out tasks, 4 samples each. The Gemma Terms of Use are accepted on the command
-# line (--accept-license gemma), never here
-TESTBEDS["gemma+smollm2"] = {"presets": ["gemma3-270m", "smollm2-135m"], "task_mixes": [SMOLLM2],
+# recipes share, where SmolLM2 passes about twice as often (docs/bench: the Gemma recipe). Node k is model k % 2;
+# SmolLM2 rounds about twice as fast on a CPU (its vocabulary is a fifth of Gemma's 262k), so it runs twice the rounds
+# and the two share for the whole run; each node is paired with its silo of the same rounds and evaluated per family
+# on 300 held-out tasks, 4 samples each. The Gemma Terms of Use are accepted on the command line
+# (--accept-license gemma), never here
+TESTBEDS["gemma+smollm2"] = {"presets": ["gemma3-270m", "smollm2-135m"], "task_mixes": [SMOLLM2], "round_multiples": [1, 2],
                              "extra": ["--tasks.eval_size", "300", *POWERED]}
 GRIDS = ("paper", "quick", "real", "quantized", "lr", "specialists", "hetero", "gemma")
 EVAL_TASKS = 200  # held-out tasks a node evaluates on, unless its testbed's flags say otherwise
@@ -298,7 +300,8 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
                                                       "--run.eval_cache_dir", str((args.out / "eval-cache").resolve()),
                                                       *(["--model.accept_license", ",".join(args.accept_license)]
                                                         if args.accept_license else [])],
-                     task_mixes=bed["task_mixes"], companions=bed.get("companions", []), network=cfg.network)
+                     task_mixes=bed["task_mixes"], companions=bed.get("companions", []),
+                     round_multiples=bed.get("round_multiples", []), network=cfg.network)
     t0 = time.time()
     try:
         summary = run(spec, cache_dir=default_cache_dir(), console=console, live=False)
@@ -368,7 +371,7 @@ def config_row(name: str, cfg: Config, runs: list[dict], silo: dict[int, dict], 
         "eval_vs_silo": eval_vs_silo, "eval_vs_silo_worst": min((g for _, g in eval_vs_silo), default=None),
         "eval_last_vs_silo": mean(last_gap) if last_gap else None, "eval_last_vs_silo_ci95": ci95(last_gap),
         "tokens_per_node": node("tokens_generated"), "seconds_per_node": node("seconds"),
-        **informative_row(every, node), "external_used_per_round": node("external_used") / runs[0]["rounds"],
+        **informative_row(every, node), "external_used_per_round": mean([n["external_used"] / max(1, len(n["curves"]["reward"])) for n in every]),
         **timing_row([n["timing"] for n in every if n.get("timing")]),
         **measurement_row(runs, silo, model),
     }
@@ -617,8 +620,11 @@ def mean_curve(runs: list[dict], row: dict, key: str) -> list[float]:
 
 
 def mean_eval(runs: list[dict], row: dict) -> tuple[list[int], list[float]]:
+    """A row's held-out curve, the mean over its nodes and seeds at the evaluation points they share (a node of a
+    faster model, given more rounds, evaluates past the others)."""
     evals = [n["curves"]["eval"] for r in runs if r["config"] == row["run_config"] for n in picked(r, row["model"])]
-    return [rnd for rnd, _ in evals[0]], [statistics.mean(acc) for acc in zip(*[[a for _, a in e] for e in evals])]
+    means = [statistics.mean(acc) for acc in zip(*[[a for _, a in e] for e in evals])]
+    return [rnd for rnd, _ in min(evals, key=len)], means
 
 
 def moving_mean(curve: list[float], window: int = 15) -> list[float]:
@@ -751,17 +757,22 @@ def chosen_configs(args: argparse.Namespace) -> list[Config]:
             raise SystemExit(f"sapo_experiment: --only: no configuration named {sorted(unknown)}; "
                              f"choose from {[c.name for c in configs]}")
         configs = [c for c in configs if c.name in args.only]
-    for preset in dict.fromkeys(p for c in configs for p in TESTBEDS[c.testbed]["presets"]):
-        terms = PRETRAINED[preset].terms if preset in PRETRAINED else None
-        if terms is not None and terms.name not in args.accept_license:
-            raise SystemExit(f"sapo_experiment: --accept-license: {preset} is under {terms.title} ({terms.url}), which "
-                             f"gate every use of it: read them, then add --accept-license {terms.name}; nothing "
-                             "accepts them for you")
+    require_terms(configs, args.accept_license)
     started_before = sorted(p.relative_to(args.out) for c in configs for p in (args.out / slug(c.name)).glob("seed*"))
     if started_before and not args.resume:
         raise SystemExit(f"sapo_experiment: {args.out} already holds {len(started_before)} run(s) of this grid "
                          f"({started_before[0]}, ...): pass --resume to continue it, or choose another --out")
     return configs
+
+
+def require_terms(configs: list[Config], accepted: list[str]) -> None:
+    """Refuse, before anything runs, a grid with a preset under terms of use the command line did not accept."""
+    for preset in dict.fromkeys(p for c in configs for p in TESTBEDS[c.testbed]["presets"]):
+        terms = PRETRAINED[preset].terms if preset in PRETRAINED else None
+        if terms is not None and terms.name not in accepted:
+            raise SystemExit(f"sapo_experiment: --accept-license: {preset} is under {terms.title} ({terms.url}), which "
+                             f"gate every use of it: read them, then add --accept-license {terms.name}; nothing "
+                             "accepts them for you")
 
 
 def run_grid(configs: list[Config], args: argparse.Namespace, console: Console) -> list[str]:
