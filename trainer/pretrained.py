@@ -108,10 +108,15 @@ def build(name: str, out: Path, spec: PretrainedPreset | None = None, accepted_b
             "parameters": sum(p.numel() for p in model.parameters()), "build_seconds": round(time.time() - started, 1)}
 
 
+def unaccepted_terms(name: str, accepted: Sequence[str]) -> Terms | None:
+    """The terms preset `name` is under, where `accepted` does not name them; None for any other model."""
+    terms = PRETRAINED[name].terms if name in PRETRAINED else None
+    return terms if terms is not None and terms.name not in accepted else None
+
+
 def require_acceptance(name: str, accepted: Sequence[str]) -> None:
     """Refuse, in one line, to fetch a preset whose terms the user has not accepted."""
-    terms = PRETRAINED[name].terms if name in PRETRAINED else None
-    if terms is not None and terms.name not in accepted:
+    if terms := unaccepted_terms(name, accepted):
         raise PresetError(refusal(name, terms))
 
 

@@ -87,7 +87,7 @@ from node.recipes import RECIPES
 from node.selection_config import RULES
 from trainer.config import default_cache_dir
 from trainer.presets import ensure
-from trainer.pretrained import PRETRAINED, TERMS
+from trainer.pretrained import TERMS, unaccepted_terms
 
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # two-sided t, df
 G = 8  # completions per group (the node default)
@@ -768,8 +768,7 @@ def chosen_configs(args: argparse.Namespace) -> list[Config]:
 def require_terms(configs: list[Config], accepted: list[str]) -> None:
     """Refuse, before anything runs, a grid with a preset under terms of use the command line did not accept."""
     for preset in dict.fromkeys(p for c in configs for p in TESTBEDS[c.testbed]["presets"]):
-        terms = PRETRAINED[preset].terms if preset in PRETRAINED else None
-        if terms is not None and terms.name not in accepted:
+        if terms := unaccepted_terms(preset, accepted):
             raise SystemExit(f"sapo_experiment: --accept-license: {preset} is under {terms.title} ({terms.url}), which "
                              f"gate every use of it: read them, then add --accept-license {terms.name}; nothing "
                              "accepts them for you")
