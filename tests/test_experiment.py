@@ -436,6 +436,7 @@ def test_the_gemma_grid_pairs_each_family_with_its_own_silo_node_and_accepts_its
     assert all(c.silo == Config("gemma+smollm2", 4, 0) for c in experiment.grid([], "gemma"))
     bed = experiment.TESTBEDS["gemma+smollm2"]
     assert bed["presets"] == ["gemma3-270m", "smollm2-135m"] and "accept_license" not in json.dumps(bed)
+    assert bed["extra"][bed["extra"].index("--model.lora.enabled") + 1] == "false"  # every arm fine-tunes fully
     cmd = [sys.executable, str(ROOT / "scripts" / "bench" / "sapo_experiment.py"), "--gemma", "--out", str(tmp_path / "g")]
     refused = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [

@@ -9,9 +9,11 @@ a generation batch, and per training token the activations autograd keeps (per l
 hidden and MLP widths) plus one chunk of completion logits in float32 (the LM head runs in chunks). The
 multiples are calibrated on SmolLM2-135M on this project's CPU machine: the peak RSS of a running node's
 step (the second, with AdamW's moments resident; every row its own prompt) at micro-batches 8 and 16, with
-full fine-tuning, LoRA and LoRA on an NF4 base, is below the estimate by 10-15%
+full fine-tuning, LoRA and LoRA on an NF4 base, is below the estimate by 12-18%
 (docs/bench/round-smollm2-135m-own-prompts-*-2cpu.json, held within a fifth by tests/test_plan.py; shared
-prompts need less, so the estimate stays high). On a GPU, one H200 run of
+prompts need less, so the estimate stays high). A trained LM head adds three copies of its gradient, which a
+262,144-entry vocabulary makes 2 GB (Gemma 3 270M's step: 7.58 GB measured, 8.10 estimated,
+docs/bench/round-gemma3-270m-own-prompts-mb8-2cpu.json). On a GPU, one H200 run of
 SmolLM2-135M (docs/bench/doctor-bench-h200) found the transformers generator's cache needs more than its
 size on a card (`trainer.plan.CUDA_CACHE_GROWTH`) and no trained round near the training term, which no
 worst-case step has yet checked there.
@@ -25,6 +27,7 @@ from pathlib import Path
 FLOAT32 = 4
 ACT_PER_HIDDEN, ACT_PER_MLP = 14, 5  # activations kept per layer and token, in units of each width
 LOGIT_COPIES = 3  # logits, their float log-softmax and its gradient, per completion token
+HEAD_GRAD_COPIES = 3  # the LM head's summed gradient, the next contribution and their sum (head_grad_bytes)
 # Float32 logits held at once. The LM head runs over a chunk of completion positions at a time and each
 # chunk's logits are recomputed in the backward pass instead of kept (trainer.batch.token_logprobs): the
 # full (rows, tokens, vocab) logits of a real vocabulary are GBs (SmolLM2's 49,152 x 512 tokens x 16 rows is
@@ -181,7 +184,16 @@ def activation_bytes(m: ModelShape, r: RoundShape, micro_batch: int) -> float:
     # beyond the smaller weights: about two float32 copies of every projection, which the allocator holds on to.
     # Counted so, for every layer (one with checkpointing); on a card not yet measured
     dequantized = 2 * (m.linear // m.layers if m.checkpointing else m.linear) * m.weight_bytes if m.nf4 else 0
-    return micro_batch * r.tokens * kept * m.weight_bytes + LOGIT_COPIES * logits + dequantized
+    return micro_batch * r.tokens * kept * m.weight_bytes + LOGIT_COPIES * logits + dequantized + head_grad_bytes(m)
+
+
+def head_grad_bytes(m: ModelShape) -> float:
+    """The LM head's gradient while the backward pass starts, every activation still kept: autograd sums the
+    contributions of the head's uses (each logits chunk, and the input embedding when tied) out of place before
+    adding them to the resident gradient, so three vocab x hidden matrices are alive at once, whatever the
+    micro-batch. Measured on the CPU: 2.01 GB above the resident gradient for a tied 262,144 x 640 head (Gemma 3
+    270M's), 0.69 GB for an untied one in a single chunk. A frozen head (LoRA) has none."""
+    return 0.0 if m.lora else HEAD_GRAD_COPIES * m.vocab * m.hidden * m.weight_bytes
 
 
 def kv_cache_bytes(m: ModelShape, r: RoundShape, rows: int | None = None) -> float:

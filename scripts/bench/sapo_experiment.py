@@ -150,10 +150,11 @@ TESTBEDS["demo"] = {"presets": ["tiny-a", "tiny-b"], "task_mixes": [tasks(1, 1)]
 # recipes share, where SmolLM2 passes about twice as often (docs/bench: the Gemma recipe). Node k is model k % 2;
 # SmolLM2 rounds about twice as fast on a CPU (its vocabulary is a fifth of Gemma's 262k), so it runs twice the rounds
 # and the two share for the whole run; each node is paired with its silo of the same rounds and evaluated per family
-# on 300 held-out tasks, 4 samples each. The Gemma Terms of Use are accepted on the command line
+# on 300 held-out tasks, 4 samples each. Both fine-tune fully, as their recipes do: pinned, so that an arm started on
+# a busier machine is refused rather than planned into LoRA. The Gemma Terms of Use are accepted on the command line
 # (--accept-license gemma), never here
 TESTBEDS["gemma+smollm2"] = {"presets": ["gemma3-270m", "smollm2-135m"], "task_mixes": [SMOLLM2], "round_multiples": [1, 2],
-                             "extra": ["--tasks.eval_size", "300", *POWERED]}
+                             "extra": ["--tasks.eval_size", "300", *POWERED, "--model.lora.enabled", "false"]}
 GRIDS = ("paper", "quick", "real", "quantized", "lr", "specialists", "hetero", "gemma")
 EVAL_TASKS = 200  # held-out tasks a node evaluates on, unless its testbed's flags say otherwise
 T80 = {1: 1.376, 2: 1.061, 3: 0.978, 4: 0.941, 5: 0.920, 6: 0.906, 7: 0.896, 8: 0.889, 9: 0.883}  # one-sided t at 80%
