@@ -154,8 +154,11 @@ class Node:
         """Serve status, join the swarm (unless p2p is off) and run rounds until done or asked to stop.
 
         A component that keeps failing ends the run here: with a checkpoint when the node stands at a
-        round boundary, and `ComponentFailed` for the caller to report.
+        round boundary, and `ComponentFailed` for the caller to report. A node resumed at its last round
+        neither serves nor joins: `sapo swarm` reads a bootstrap node that never listens as one with nothing left.
         """
+        if self.round >= self.cfg.run.rounds:
+            return
         with contextlib.ExitStack() as stack:
             self._stack = stack
             stack.callback(self.selector.close)

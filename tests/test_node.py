@@ -234,12 +234,15 @@ def test_a_checkpoint_whose_weights_are_cut_short_is_named_with_the_way_out(tiny
     assert last.endswith("move it aside to resume from an older one") and weights.stat().st_size == 1000
 
 
-def test_a_resume_with_no_rounds_left_says_so(tiny_a, cache_dir, tmp_path):
-    """It exited 0 at once, saying only 'done: round 2'."""
+def test_a_resume_with_no_rounds_left_says_so_and_joins_nothing(tiny_a, cache_dir, tmp_path):
+    """It exited 0 at once, saying only 'done: round 2'. And it opened its listener on the way out, so that `sapo
+    swarm` run again on a finished swarm could catch its bootstrap node listening and start the rest (seen once
+    on a loaded machine) instead of saying the swarm had run its rounds."""
     assert run_sapo(*small_run(cache_dir, tmp_path, 2)).returncode == 0
-    r = run_sapo(*small_run(cache_dir, tmp_path, 1))
+    r = run_sapo(*small_run(cache_dir, tmp_path, 1, "--p2p.enabled", "true"))
     assert r.returncode == 0
     assert "run.rounds is 1 and this run folder has run 2: nothing left to run (raise --rounds to go on)" in r.stderr
+    assert "listening on" not in r.stderr and "status: dashboard" not in r.stderr
 
 
 def test_a_start_with_no_checkpoint_sets_an_earlier_starts_metrics_aside(tiny_a, cache_dir, tmp_path):
