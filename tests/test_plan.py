@@ -86,7 +86,7 @@ def test_the_head_term_covers_the_gradient_copies_autograd_holds_for_a_tied_head
     import torch
 
     from trainer.batch import head_logprobs
-    from trainer.memory import head_grad_bytes, peak_rss_bytes
+    from trainer.memory import _kb_fields, head_grad_bytes, peak_rss_bytes
 
     vocab, hidden = 65536, 256
     head = torch.nn.Linear(hidden, vocab, bias=False)
@@ -96,7 +96,7 @@ def test_the_head_term_covers_the_gradient_copies_autograd_holds_for_a_tied_head
     rises = []
     for _ in range(2):  # the first pass allocates the resident gradient
         hidden_states = torch.tanh(embedding(ids))
-        resident = float(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
+        resident = _kb_fields("/proc/self/status")["VmRSS"]
         peak_rss_bytes()  # a new window
         head_logprobs(head, hidden_states, ids).sum().backward()
         rises.append(peak_rss_bytes() - resident)
