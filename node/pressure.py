@@ -31,6 +31,8 @@ def round_peak_reader(device: str) -> Callable[[], float | None]:
 
 REPORT_AFTER = 5  # rounds after which a node says how its peak compares with the plan, once
 OFF_BY = 0.20  # a peak this far above the plan's figure for such rounds makes that report a warning
+LOWERED_BY = 0.05  # a halving that did not lower the next round's peak by this share did not help
+MORE_MEMORY = "give the node more memory (run.memory_gb) or lower generation.batch_size or generation.max_new_tokens"
 
 
 @dataclass
@@ -44,6 +46,9 @@ class MemoryWatch:
     highest: float = 0.0
     longest: int = 0  # the longest completion of those rounds, in tokens
     largest: tuple[int, int] = (0, 0)  # (positions, rows) of their largest micro-batch
+    _halved_at: float | None = None  # the peak of the last round, when it halved the micro-batch
+    _fixed: bool = False  # a halving did not lower the peak: the micro-batch stays where it is
+    _warned_peak: float = 0.0  # the highest peak warned about since the micro-batch stopped halving
 
     def start(self) -> None:
         """Begin the first window at the first round: loading and the first evaluation are not a round's."""
@@ -52,24 +57,33 @@ class MemoryWatch:
     def after_round(self, micro_batch: int, longest_completion: int = 0,
                     largest_part: tuple[int, int] = (0, 0)) -> tuple[float | None, int]:
         """The round's measured peak, and the micro-batch for the next round: half of this one when the
-        peak went past the plan."""
+        peak went past the plan, unless the last halving did not lower it (what exceeds the plan is then not
+        the micro-batch's, and halving again would only slow the node down)."""
         peak = self.read()
         self.rounds += 1
         self.highest = max(self.highest, peak or 0.0)
         self.longest, self.largest = max(self.longest, longest_completion), max(self.largest, largest_part)
         if self.rounds == REPORT_AFTER and self.highest:
             self._report()
+        halved_at, self._halved_at = self._halved_at, None
         if peak is None or peak <= self.planned_bytes:
             return peak, micro_batch
-        lower = max(1, micro_batch // 2)
-        if lower < micro_batch:
-            log.warning("memory: this round peaked at %.2f GB, past the plan's %.2f GB; the next rounds train in "
-                        "micro-batches of %d (was %d)", peak / GB, self.planned_bytes / GB, lower, micro_batch)
+        past = f"this round peaked at {peak / GB:.2f} GB, past the plan's {self.planned_bytes / GB:.2f} GB"
+        if halved_at is not None and peak >= halved_at * (1 - LOWERED_BY):
+            self._fixed, self._warned_peak = True, peak
+            log.warning("memory: %s, no lower than the %.2f GB before the micro-batch was halved to %d: what exceeds "
+                        "the plan does not shrink with the micro-batch, so it stays at %d; %s", past, halved_at / GB,
+                        micro_batch, micro_batch, MORE_MEMORY)
+        elif self._fixed or micro_batch == 1:
+            if peak > self._warned_peak:  # said again only when the peak rises, not every round
+                self._warned_peak = peak
+                log.warning("memory: %s, at micro-batch %d; %s", past, micro_batch, MORE_MEMORY)
         else:
-            log.warning("memory: this round peaked at %.2f GB, past the plan's %.2f GB, at micro-batch 1 already: "
-                        "give the node more memory (run.memory_gb) or lower generation.batch_size or "
-                        "generation.max_new_tokens", peak / GB, self.planned_bytes / GB)
-        return peak, lower
+            self._halved_at = peak
+            log.warning("memory: %s; the next rounds train in micro-batches of %d (was %d)", past, micro_batch // 2,
+                        micro_batch)
+            micro_batch //= 2
+        return peak, micro_batch
 
     def _report(self) -> None:
         """Once: the first rounds' peak beside the plan's figure for rounds like them, a warning when the peak is
