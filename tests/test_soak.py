@@ -41,3 +41,15 @@ def test_a_brief_soak_restarts_resumes_floods_and_records_every_process(tiny_a, 
         scraped = [x for x in samples if "pool" in x]
         assert scraped and all(x["pool_seen"] is not None and x["seen_messages"] is not None for x in scraped), name
         assert v["slopes_per_hour"]["rss_mb"] is None  # under three 10-minute blocks: no slope, rather than a wrong one
+
+
+def test_the_disk_reading_counts_a_file_rotated_away_while_the_folder_is_walked_as_gone(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+    import bench_soak
+
+    (tmp_path / "metrics.jsonl").write_bytes(b"x" * 2**20)
+    listed = [(str(tmp_path), ["checkpoints"], ["metrics.jsonl", "node.log"]),  # node.log: listed, then gone
+              (str(tmp_path / "checkpoints" / "round-003250"), [], ["model.safetensors"])]  # a folder rotated away
+    monkeypatch.setattr(bench_soak.os, "walk", lambda path: iter(listed))
+    assert bench_soak.folder_mb(tmp_path) == 1.0
+

@@ -121,11 +121,17 @@ def scrape(url: str) -> dict:
 
 
 def folder_mb(path: Path) -> float:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+    """What a run folder holds. The node rotates checkpoints and metrics while it is read: os.walk skips a folder
+    gone before it is listed, and a file gone before it is measured counts as nothing (a 2-hour soak once ended on
+    `rglob` meeting a checkpoint removed under it)."""
+    return sum(file_mb(Path(folder, name)) for folder, _, names in os.walk(path) for name in names)
 
 
 def file_mb(path: Path) -> float:
-    return path.stat().st_size / 2**20 if path.exists() else 0.0
+    try:
+        return path.stat().st_size / 2**20
+    except FileNotFoundError:
+        return 0.0
 
 
 def parse_args() -> argparse.Namespace:
