@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -52,4 +54,25 @@ def test_the_disk_reading_counts_a_file_rotated_away_while_the_folder_is_walked_
               (str(tmp_path / "checkpoints" / "round-003250"), [], ["model.safetensors"])]  # a folder rotated away
     monkeypatch.setattr(bench_soak.os, "walk", lambda path: iter(listed))
     assert bench_soak.folder_mb(tmp_path) == 1.0
+
+
+def test_a_soak_stopped_before_its_duration_keeps_what_it_measured_marked_incomplete(tiny_a, cache_dir, tmp_path):
+    out, swarm = tmp_path / "soak.json", tmp_path / "swarm"
+    soak = subprocess.Popen([sys.executable, "scripts/bench/bench_soak.py", "--nodes", "3", "--duration", "3600",
+                             "--sample", "1", "--cache-dir", str(cache_dir), "--workdir", str(swarm), "--out", str(out)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and soak.poll() is None and not (swarm / "node2" / "metrics.jsonl").exists():
+            time.sleep(0.5)
+        time.sleep(3)  # a few samples of running nodes
+        soak.send_signal(signal.SIGTERM)
+        assert soak.wait(120) == 128 + signal.SIGTERM, soak.stderr.read()[-3000:]
+    finally:
+        if soak.poll() is None:
+            soak.kill()
+            soak.wait()
+    record = json.loads(out.read_text())
+    assert not record["complete"] and record["ended"] < record["started"] + 3600
+    assert record["processes"]["node0"]["samples"] and record["processes"]["node0"]["exit_code"] == 0
 

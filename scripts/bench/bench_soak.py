@@ -254,7 +254,8 @@ class Soak:
         record = {"command": "scripts/bench/bench_soak.py " + " ".join(sys.argv[1:]), "cpus": os.cpu_count(),
                   "machine": platform.platform(), "python": platform.python_version(), "args": {
                       k: str(v) if isinstance(v, Path) else v for k, v in vars(self.args).items() if k != "report"},
-                  "started": self.started, "ended": self.ended, "complete": self.ended is not None,
+                  "started": self.started, "ended": self.ended,  # complete: it ran its duration (not stopped or failed)
+                  "complete": self.ended is not None and self.ended >= self.started + self.args.duration,
                   "events": self.events,
                   "restarts": [restart_outcome(self.nodes[r["node"]], r, ids[f"node{r['node']}"]) for r in self.restarts],
                   "processes": {n.name: {"samples": n.samples, "starts": n.starts, **n.log_problems(),
@@ -373,7 +374,8 @@ def sample_counts(procs: dict) -> dict:
 
 def report(record: dict, console: Console) -> None:
     s = record["summary"]
-    table = Table(title=f"soak: {s['hours']:.2f} h, {record['args']['nodes']} tiny-a nodes; slopes per hour after "
+    table = Table(title=f"soak: {s['hours']:.2f} h{'' if record['complete'] else ' (stopped before its duration)'}, "
+                        f"{record['args']['nodes']} tiny-a nodes; slopes per hour after "
                         f"{record['args']['settle'] / 60:.0f} min (95% interval)")
     for col in ("process", "rounds", "contiguous", "ERROR", "pace vs calm (min)", *GROWTH):
         table.add_column(col, justify="right")
