@@ -464,3 +464,35 @@ def test_a_row_whose_nodes_ran_different_rounds_is_drawn_at_the_evaluations_they
     assert rounds == [0, 5] and means == pytest.approx([0.3, 0.4])
     row = experiment.config_row(cfg.name, cfg, [run], {})
     assert row["external_used_per_round"] == pytest.approx(2.0)  # each node's own rounds, not the first's
+
+
+def test_a_rule_is_weighed_against_the_default_rules_arm_of_the_same_seed_and_the_report_tables_it(tmp_path):
+    from rich.console import Console
+
+    silo, default, scoped = (Config("gemma+smollm2", 4, 0), Config("gemma+smollm2", 2, 2, experiment.DEFAULT_RULE),
+                             Config("gemma+smollm2", 2, 2, "scoped"))
+    assert scoped.default_twin == default and default.default_twin is None and silo.default_twin is None
+    assert Config("demo", 4, 4, "guarded", when_short="peer_tasks").default_twin == Config("demo", 4, 4, "guarded")
+    for seed, gain in enumerate((0.10, 0.20, 0.15)):  # scoped: Gemma earns 10-20% more and 0.02-0.04 held-out
+        for cfg, extra in ((silo, 0.0), (default, 0.0), (scoped, gain)):
+            run = fake_run(cfg, seed, [10.0 * (1 + extra), 20.0], models=("gemma3-270m", "smollm2-135m"))
+            for node in run["nodes"]:
+                up = extra / 5 if node["model"] == "gemma3-270m" else 0.0
+                node.update(expected_first=0.2, expected_last=0.4 + seed / 100 + up, expected_by_dataset_first={},
+                            expected_by_dataset_last={})
+            folder = tmp_path / experiment.slug(cfg.name) / f"seed{seed}"
+            folder.mkdir(parents=True)
+            (folder / "result.json").write_text(json.dumps(run))
+    rows = {r["config"]: r for r in experiment.summarize([json.loads(p.read_text()) for p in tmp_path.glob("*/*/result.json")])}
+    gemma = rows["gemma+smollm2 2/2 scoped [gemma3-270m]"]["vs_default"]
+    assert gemma["reward"]["gap"] == pytest.approx(0.15) and gemma["held_out"]["gap"] == pytest.approx(0.03)
+    assert gemma["held_out_measure"] == "expected_last" and gemma["reward"]["seeds"] == 3
+    assert gemma["reward"]["ci95"] == pytest.approx(4.30 * 0.05 / math.sqrt(3))
+    assert rows["gemma+smollm2 2/2 scoped [smollm2-135m]"]["vs_default"]["reward"]["gap"] == pytest.approx(0.0)
+    assert rows["gemma+smollm2 2/2 guarded"]["vs_default"] is None and rows["gemma+smollm2 4/0"]["vs_default"] is None
+    experiment.report(tmp_path, Console(file=open(tmp_path / "table.txt", "w"), width=250))
+    md = (tmp_path / "results.md").read_text().split("\n\n")
+    assert md[-1].splitlines()[0].startswith(f"| configuration | cumulative reward vs {experiment.DEFAULT_RULE}, paired |")
+    assert [line.split(" | ")[0] for line in md[-1].splitlines()[2:]] == [
+        "| gemma+smollm2 2/2 scoped", "| gemma+smollm2 2/2 scoped [gemma3-270m]", "| gemma+smollm2 2/2 scoped [smollm2-135m]"]
+    assert "+15.0% ± 12.4%" in md[-1] and "+0.030 ± " in md[-1]

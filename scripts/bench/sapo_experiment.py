@@ -72,7 +72,7 @@ import os
 import shutil
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -84,7 +84,7 @@ from node.bench import measured
 from node.metrics import MetricsLog
 from node.swarm import SwarmError, SwarmSpec, run
 from node.recipes import RECIPES
-from node.selection_config import RULES
+from node.selection_config import RULES, SelectionConfig
 from trainer.config import default_cache_dir
 from trainer.presets import ensure
 from trainer.pretrained import TERMS, unaccepted_terms
@@ -157,6 +157,7 @@ TESTBEDS["gemma+smollm2"] = {"presets": ["gemma3-270m", "smollm2-135m"], "task_m
                              "extra": ["--tasks.eval_size", "300", *POWERED, "--model.lora.enabled", "false"]}
 GRIDS = ("paper", "quick", "real", "quantized", "lr", "specialists", "hetero", "gemma")
 EVAL_TASKS = 200  # held-out tasks a node evaluates on, unless its testbed's flags say otherwise
+DEFAULT_RULE = SelectionConfig().rule  # what another rule or channel must beat to become the default
 T80 = {1: 1.376, 2: 1.061, 3: 0.978, 4: 0.941, 5: 0.920, 6: 0.906, 7: 0.896, 8: 0.889, 9: 0.883}  # one-sided t at 80%
 
 
@@ -185,6 +186,13 @@ class Config:
     def silo(self) -> Config:
         bed = TESTBEDS[self.testbed]
         return Config(bed.get("silo", self.testbed), self.local + self.external, 0, lr=bed.get("silo_lr"))
+
+    @property
+    def default_twin(self) -> Config | None:
+        """The same arm under the default rule, filling short rounds with local groups: what this arm's rule or
+        channel is weighed against (None for that arm itself, silos and controls)."""
+        twin = replace(self, rule=DEFAULT_RULE, when_short="fill_local") if self.network else self
+        return None if twin == self else twin
 
     def node_args(self, rounds: int, eval_every: int) -> list[str]:
         args = ["--tasks.eval_size", str(EVAL_TASKS), "--run.eval_every", str(eval_every), "--run.checkpoint_every", str(eval_every),
@@ -340,11 +348,12 @@ def summarize(results: list[dict]) -> list[dict]:
         cfg = Config(**{k: runs[0][k] for k in ("testbed", "local", "external", "rule", "control", "negatives")},
                      overdraw=runs[0].get("overdraw", 1.0), lr=runs[0].get("lr"), when_short=runs[0].get("when_short", "fill_local"))
         silo = {r["seed"]: r for r in by_config.get(cfg.silo.name, [])}
+        twin = cfg.default_twin
+        default = {r["seed"]: r for r in by_config.get(twin.name, [])} if twin else {}
         runs = sorted(runs, key=lambda r: r["seed"])
         models = list(dict.fromkeys(n["model"] for r in runs for n in picked(r, None)))
-        rows.append(config_row(name, cfg, runs, silo))
-        if len(models) > 1:
-            rows += [config_row(name, cfg, runs, silo, model) for model in models]
+        for model in [None, *models] if len(models) > 1 else [None]:
+            rows.append({**config_row(name, cfg, runs, silo, model), "vs_default": against_default(runs, default, model)})
     sizes = sorted({r["local"] + r["external"] for r in results})  # the real grid's round: 4 groups, or 8 on a GPU
     names = dict.fromkeys(c.name for kind in GRIDS for groups in sizes for c in grid(list(RULES), kind, groups))
     order = {name: i for i, name in enumerate(names)}
@@ -427,7 +436,25 @@ def expected_gaps(runs: list[dict], silo: dict[int, dict], model: str | None) ->
             for dataset, acc in n["expected_by_dataset_last"].items():
                 if dataset in alone.get(n["name"], {}):
                     gaps.setdefault(f"{n['name']} {dataset}", []).append(acc - alone[n["name"]][dataset])
-    return {k: {"gap": mean(g), "ci95": ci95(g), "mde": mde(g), "seeds": len(g)} for k, g in gaps.items()}
+    return {k: gap_stats(g) for k, g in gaps.items()}
+
+
+def gap_stats(gaps: list[float]) -> dict | None:
+    return {"gap": mean(gaps), "ci95": ci95(gaps), "mde": mde(gaps), "seeds": len(gaps)} if gaps else None
+
+
+def against_default(runs: list[dict], default: dict[int, dict], model: str | None) -> dict | None:
+    """The arm against the same nodes under the default rule at the same seed: the ratio of cumulative reward and the
+    gap in held-out accuracy (expected, where every run measured it), each with its interval and smallest detectable effect (None: no such arm)."""
+    pairs = [(picked(r, model), twins(default[r["seed"]], r, model)) for r in runs if r["seed"] in default]
+    if not pairs:
+        return None
+    reward = [mean([n["cumulative_reward"] for n in ours]) / mean([n["cumulative_reward"] for n in theirs]) - 1
+              for ours, theirs in pairs]
+    measured = all(n.get("expected_last") is not None for ours, theirs in pairs for n in ours + theirs)
+    key = "expected_last" if measured else "eval_last"  # runs before the powered evaluation: the node's own eval
+    held = [mean([n[key] for n in ours]) - mean([n[key] for n in theirs]) for ours, theirs in pairs]
+    return {"rule": DEFAULT_RULE, "reward": gap_stats(reward), "held_out": gap_stats(held), "held_out_measure": key}
 
 
 def held_out_vs_silo(runs: list[dict], silo: dict[int, dict], model: str | None) -> tuple[list[list], list[float]]:
@@ -523,10 +550,13 @@ def report(out: Path, console: Console) -> None:
                       f"{r['local_informative_share']:.2f} / {ext}", f"{r['external_used_per_round']:.2f}",
                       f"{r['tokens_per_node']:,.0f}", f"{r['reward_per_1k_tokens']:.2f}", per_round(r), str(len(r["seeds"])))
     console.print(table)
-    console.print(measurement_table(rows))
+    tables = [(MEASURES_TITLE, MEASURES, measurement_lines(rows)), (AGAINST_DEFAULT_TITLE, AGAINST_DEFAULT, default_lines(rows))]
+    tables = [t for t in tables if t[2]]
+    for title, columns, lines in tables:
+        console.print(lines_table(title, columns, lines))
     (out / "results.json").write_text(json.dumps({"subtitle": subtitle, "configs": rows, "runs": results,
                                                   "failed_runs_left_out": len(left_out)}))
-    (out / "results.md").write_text(markdown(rows) + "\n" + measurement_markdown(rows))
+    (out / "results.md").write_text("\n".join([markdown(rows), *(lines_markdown(columns, lines) for _, columns, lines in tables)]))
     figure(out / "results.json", out / "results.png")
     console.print(f"saved {out / 'results.json'}, {out / 'results.md'} (the table for docs/bench/README.md) and {out / 'results.png'}")
 
@@ -554,13 +584,14 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def held_out_gap(stats: dict | None) -> str:
-    """A gap with its 95% interval; where the interval holds zero, 'no effect' and the smallest effect the design could
-    have detected beside it."""
+def held_out_gap(stats: dict | None, percent: bool = False) -> str:
+    """A gap with its 95% interval (a ratio in percent); where the interval holds zero, 'no effect' and the smallest
+    effect the design could have detected beside it."""
+    show = (lambda x, sign="+": f"{100 * x:{sign}.1f}%") if percent else (lambda x, sign="+": f"{x:{sign}.3f}")
     if not stats or math.isnan(stats["ci95"]):
-        return "-" if not stats else f"{stats['gap']:+.3f} (1 seed)"
-    said = f"{stats['gap']:+.3f} ± {stats['ci95']:.3f}"
-    return said if abs(stats["gap"]) > stats["ci95"] else f"{said}: no effect seen (detectable: {stats['mde']:.3f})"
+        return "-" if not stats else f"{show(stats['gap'])} (1 seed)"
+    said = f"{show(stats['gap'])} ± {show(stats['ci95'], '')}"
+    return said if abs(stats["gap"]) > stats["ci95"] else f"{said}: no effect seen (detectable: {show(stats['mde'], '')})"
 
 
 def measurement_lines(rows: list[dict]) -> list[list[str]]:
@@ -581,22 +612,32 @@ def measurement_lines(rows: list[dict]) -> list[list[str]]:
 
 MEASURES = ("configuration", "informative groups trained /round", "paper's batch reward vs silo",
             "expected held-out before -> after", "expected held-out vs alone", "per node and dataset vs alone")
+MEASURES_TITLE = ("the dose each arm received, the paper's metric (its training batch, peers' kept groups included) "
+                  "and the expected held-out accuracy (k samples a task) against the same nodes alone")
+AGAINST_DEFAULT = ("configuration", f"cumulative reward vs {DEFAULT_RULE}, paired", f"held-out vs {DEFAULT_RULE}, paired",
+                   "held-out measure")
+AGAINST_DEFAULT_TITLE = f"each rule or channel against the same nodes under the default rule ({DEFAULT_RULE}) at the same seed"
 
 
-def measurement_table(rows: list[dict]) -> Table:
-    table = Table(title="the dose each arm received, the paper's metric (its training batch, peers' kept groups included) "
-                        "and the expected held-out accuracy (k samples a task) against the same nodes alone")
-    for col in MEASURES:
+def default_lines(rows: list[dict]) -> list[list[str]]:
+    """Per arm that has the default rule's arm beside it: its cumulative reward and expected held-out accuracy against
+    that arm's, seed by seed (what a rule must beat to become the default)."""
+    return [[r["config"], held_out_gap(r["vs_default"]["reward"], percent=True), held_out_gap(r["vs_default"]["held_out"]),
+             r["vs_default"]["held_out_measure"]] for r in rows if r["vs_default"]]
+
+
+def lines_table(title: str, columns: tuple[str, ...], lines: list[list[str]]) -> Table:
+    table = Table(title=title)
+    for col in columns:
         table.add_column(col, justify="right", no_wrap=col == "configuration")
-    for line in measurement_lines(rows):
+    for line in lines:
         table.add_row(*line)
     return table
 
 
-def measurement_markdown(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(MEASURES) + " |", "|" + " --- |" * len(MEASURES)]
-    lines += ["| " + " | ".join(line) + " |" for line in measurement_lines(rows)]
-    return "\n".join(lines) + "\n"
+def lines_markdown(columns: tuple[str, ...], lines: list[list[str]]) -> str:
+    rows = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    return "\n".join(rows + ["| " + " | ".join(line) + " |" for line in lines]) + "\n"
 
 
 RULE_COLORS = {"uniform": "tab:blue", "signal": "tab:orange", "guarded": "tab:cyan", "scoped": "tab:pink", "adaptive": "tab:green"}
