@@ -4,7 +4,6 @@ churn, junk flood and length flood in 100 s, watched as the long run is."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,8 +22,8 @@ def test_a_brief_soak_restarts_resumes_floods_and_records_every_process(tiny_a, 
     out = tmp_path / "soak.json"
     r = subprocess.run([sys.executable, "scripts/bench/bench_soak.py", "--nodes", "3", "--duration", "100", "--phase", "25",
                         "--kill-every", "10", "--settle", "0", "--sample", "2", "--cache-dir", str(cache_dir),
-                        "--workdir", str(tmp_path / "swarm"), "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=900, env={**os.environ, "SAPO_RUN__METRICS_ROTATE_MB": "0.05"})
+                        "--metrics-rotate-mb", "0.05", "--workdir", str(tmp_path / "swarm"), "--out", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     record = json.loads(out.read_text())
     s = record["summary"]

@@ -17,6 +17,7 @@ intervals over 10-minute block means, and the survivors' pace in each phase agai
 same cycle.
 
     .venv/bin/python scripts/bench/bench_soak.py --duration 7200 --smollm2 --out docs/bench/soak-2cpu.json
+    .venv/bin/python scripts/bench/bench_soak.py --duration 7200 --metrics-rotate-mb 4 --out docs/bench/soak-rotate-2cpu.json
     .venv/bin/python scripts/bench/bench_soak.py --report docs/bench/soak-2cpu.json   # the tables and figure again
 """
 
@@ -144,6 +145,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--sample", type=positive, default=10.0, help="seconds between samples")
     p.add_argument("--smollm2", action="store_true", help="a SmolLM2-135M node for the whole second cycle")
     p.add_argument("--checkpoint-every", type=bounded(int, ge=1), default=5)
+    p.add_argument("--metrics-rotate-mb", type=positive, default=None,
+                   help="every node's run.metrics_rotate_mb (default: the node's, 32 MB, which a tiny node at 150 rounds a "
+                        "minute reaches after about 2.5 hours; a soak that should rotate sets less)")
     p.add_argument("--cache-dir", type=Path, default=None, help="model cache (default: the node's)")
     p.add_argument("--workdir", type=Path, default=Path("runs/bench-soak"))
     p.add_argument("--out", type=Path, default=Path("runs/bench-soak.json"))
@@ -162,12 +166,13 @@ class Soak:
         self.nodes = [self._watched(k, f"node{k}", args.workdir / f"node{k}") for k in range(args.nodes)]
         first.append(f"/ip4/127.0.0.1/tcp/{self.nodes[0].port}/p2p/{self._id(self.nodes[0])}")
         self.flood_target = first[1]  # a survivor
+        rotate = [] if args.metrics_rotate_mb is None else ["--run.metrics_rotate_mb", f"{args.metrics_rotate_mb:g}"]
         for n in self.nodes:
-            n.args = node_args(n.k, n.out, n.port, first, args)
+            n.args = node_args(n.k, n.out, n.port, first, args) + rotate
         self.smollm2 = None
         if args.smollm2:
             self.smollm2 = self._watched(args.nodes, "smollm2", args.workdir / "smollm2")
-            self.smollm2.args = node_args(args.nodes, self.smollm2.out, self.smollm2.port, first, args) + ["--model", "smollm2-135m"]
+            self.smollm2.args = node_args(args.nodes, self.smollm2.out, self.smollm2.port, first, args) + ["--model", "smollm2-135m", *rotate]
         self.flood: ProbeProcess | None = None
         self.events: list[dict] = []
         self.restarts: list[dict] = []
