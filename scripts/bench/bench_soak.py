@@ -17,7 +17,7 @@ intervals over 10-minute block means, and the survivors' pace in each phase agai
 same cycle.
 
     .venv/bin/python scripts/bench/bench_soak.py --duration 7200 --smollm2 --out docs/bench/soak-2cpu.json
-    .venv/bin/python scripts/bench/bench_soak.py --duration 7200 --metrics-rotate-mb 4 --out docs/bench/soak-rotate-2cpu.json
+    .venv/bin/python scripts/bench/bench_soak.py --duration 7200 --metrics-rotate-mb 4 --out docs/bench/soak-rotate-4mb-2cpu.json
     .venv/bin/python scripts/bench/bench_soak.py --report docs/bench/soak-2cpu.json   # the tables and figure again
 """
 
