@@ -191,7 +191,9 @@ class Config:
     def default_twin(self) -> Config | None:
         """The same arm under the default rule, filling short rounds with local groups: what this arm's rule or
         channel is weighed against (None for that arm itself, silos and controls)."""
-        twin = replace(self, rule=DEFAULT_RULE, when_short="fill_local") if self.network else self
+        if not self.network:
+            return None
+        twin = replace(self, rule=DEFAULT_RULE, when_short="fill_local")
         return None if twin == self else twin
 
     def node_args(self, rounds: int, eval_every: int) -> list[str]:
@@ -445,7 +447,8 @@ def gap_stats(gaps: list[float]) -> dict | None:
 
 def against_default(runs: list[dict], default: dict[int, dict], model: str | None) -> dict | None:
     """The arm against the same nodes under the default rule at the same seed: the ratio of cumulative reward and the
-    gap in held-out accuracy (expected, where every run measured it), each with its interval and smallest detectable effect (None: no such arm)."""
+    gap in held-out accuracy (expected, where every run measured it), each with its interval and smallest detectable
+    effect (None: no such arm)."""
     pairs = [(picked(r, model), twins(default[r["seed"]], r, model)) for r in runs if r["seed"] in default]
     if not pairs:
         return None
@@ -620,8 +623,8 @@ AGAINST_DEFAULT_TITLE = f"each rule or channel against the same nodes under the 
 
 
 def default_lines(rows: list[dict]) -> list[list[str]]:
-    """Per arm that has the default rule's arm beside it: its cumulative reward and expected held-out accuracy against
-    that arm's, seed by seed (what a rule must beat to become the default)."""
+    """Per arm that has the default rule's arm beside it: its cumulative reward and held-out accuracy against that
+    arm's, seed by seed (what a rule must beat to become the default)."""
     return [[r["config"], held_out_gap(r["vs_default"]["reward"], percent=True), held_out_gap(r["vs_default"]["held_out"]),
              r["vs_default"]["held_out_measure"]] for r in rows if r["vs_default"]]
 
