@@ -30,7 +30,7 @@ from p2p.service import Gossip
 from rewards import TaskSource
 from rewards.scoring import group_carries_signal
 from trainer import checkpoint
-from trainer.generation import SamplingParams, make_generator
+from trainer.generation import Cancel, SamplingParams, make_generator, never
 from trainer.groups import RolloutGroup
 from trainer.grpo import GRPOTrainer, StepStats
 from trainer.memory import GB
@@ -93,6 +93,7 @@ class Node:
         self.trainer = GRPOTrainer(self.policy, cfg.grpo, cfg.generation.max_new_tokens, cfg.run.rounds, cfg.generation.stop)
         self.watch = LearningWatch(cfg.generation.max_new_tokens, cfg.grpo.lr, cfg.tasks.eval_size)
         self.round = 0
+        self.pending_row: RoundMetrics | None = None  # a round whose evaluation a stop interrupted (`_pending_evaluation`)
         self.selector = Selector(cfg.selection, cfg.tasks, logprobs=self.trainer.sequence_logprobs,
                                  fits=self.trainer.fits if cfg.grpo.mask_truncated else None,
                                  floor=cfg.grpo.external_min_logprob)
@@ -119,11 +120,14 @@ class Node:
         self.generator.weight_version = ckpt.state["weight_version"]
         if "selection" in ckpt.state:
             self.selector.load_state_dict(ckpt.state["selection"])
-        self.metrics.rewind(ckpt.round)
+        if ckpt.state.get("pending_row"):  # its line is written once evaluated (an earlier such line goes aside)
+            known = RoundMetrics.__dataclass_fields__
+            self.pending_row = RoundMetrics(**{k: v for k, v in ckpt.state["pending_row"].items() if k in known})
+        self.metrics.rewind(ckpt.round - (self.pending_row is not None))
         self.watch.start = self.metrics.start_accuracy()
         self._resume_lr(ckpt.path)
         log.info("resumed from %s at round %d", ckpt.path, ckpt.round)
-        if ckpt.round >= self.cfg.run.rounds:
+        if ckpt.round >= self.cfg.run.rounds and self.pending_row is None:
             log.warning("run.rounds is %d and this run folder has run %d: nothing left to run (raise --rounds to go on)",
                         self.cfg.run.rounds, ckpt.round)
 
@@ -134,20 +138,21 @@ class Node:
             "torch_rng": torch.get_rng_state(),
         }
         state = {"model": self.cfg.model.name, "lora": self.cfg.model.lora.enabled, "task_position": self.tasks.position,
-                 "weight_version": self.generator.weight_version, "selection": self.selector.state_dict()}
+                 "weight_version": self.generator.weight_version, "selection": self.selector.state_dict(),
+                 "pending_row": asdict(self.pending_row) if self.pending_row else None}
         checkpoint.save(self.checkpoints, self.round, self.policy.model, self.policy.tokenizer, trainer_state, state,
                         keep=self.cfg.run.keep_checkpoints)
 
-    def evaluate(self) -> Evaluation:
+    def evaluate(self, cancel: Cancel = never) -> Evaluation:
         """Greedy accuracy on the held-out set, overall and per dataset; with `tasks.eval_samples` k, the expected
         accuracy too, from k completions a task sampled as the rounds sample (seeded alike at every evaluation, so
         that two evaluations differ by the model, not by the draw)."""
         gen, k = self.cfg.generation, self.cfg.tasks.eval_samples
-        greedy = evaluate(self.generator, self.policy, self.eval_tasks, gen.max_new_tokens, gen.stop)
+        greedy = evaluate(self.generator, self.policy, self.eval_tasks, gen.max_new_tokens, gen.stop, cancel)
         if not k:
             return Evaluation(accuracy(greedy), accuracy_by_dataset(greedy))
         params = replace(SamplingParams.from_config(gen, seed=self.cfg.tasks.eval_seed), n=k)
-        sampled = rollout(self.generator, self.policy, self.eval_tasks, params)
+        sampled = rollout(self.generator, self.policy, self.eval_tasks, params, cancel=cancel)
         return Evaluation(accuracy(greedy), accuracy_by_dataset(greedy), accuracy(sampled), accuracy_by_dataset(sampled))
 
     def run(self, stop: StopSignal) -> None:
@@ -157,7 +162,7 @@ class Node:
         round boundary, and `ComponentFailed` for the caller to report. A node resumed at its last round
         neither serves nor joins: `sapo swarm` reads a bootstrap node that never listens as one with nothing left.
         """
-        if self.round >= self.cfg.run.rounds:
+        if self.round >= self.cfg.run.rounds and self.pending_row is None:
             return
         with contextlib.ExitStack() as stack:
             self._stack = stack
@@ -196,17 +201,19 @@ class Node:
         log.log(logging.INFO if peers >= want else logging.WARNING, "starting with %d of %d peer(s)", peers, want)
 
     def _run_rounds(self, stop: StopSignal) -> None:
-        cfg = self.cfg
+        cfg, pending = self.cfg, self.pending_row is not None
         if self.round == 0:
             evaluation = self._starting_evaluation(stop)
+            if evaluation is None:  # stopped before it finished: the next start begins here again
+                return
             self._record(RoundMetrics(round=0, time=time.time(), reward_mean=None, accuracy_train=None,
-                                      eval_accuracy=evaluation.accuracy, eval_by_dataset=evaluation.by_dataset,
-                                      eval_expected=evaluation.expected, eval_expected_by_dataset=evaluation.expected_by_dataset,
                                       n_local=0, n_external=0, tokens_generated=0, seconds_generate=0.0, seconds_train=0.0,
-                                      seconds_other=0.0))
+                                      seconds_other=0.0, **evaluation.row_fields()))
             self.watch.evaluated(0, evaluation.accuracy)
+        elif pending and not self._pending_evaluation(stop):
+            return
         self.memory.start()  # its first window is a round's: not the loading, nor the first evaluation
-        saved_round = self.round
+        saved_round = -1 if pending else self.round  # the checkpoint still holds the line now written
         while self.round < cfg.run.rounds and not stop.requested:
             if self.gossip is not None and not self.gossip.alive:
                 self._restart_gossip(stop)
@@ -246,15 +253,34 @@ class Node:
         micro_batch, memory_peak = self._fit_micro_batch(stats)
         evaluation = self._evaluate(stop) if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else Evaluation()
         seconds["other"] = time.perf_counter() - started - seconds["generate"] - seconds["train"]
-        self._record(self._round_metrics(r, sampled, groups, batch, pick, stats, seconds, evaluation, published,
-                                         micro_batch, memory_peak))
-        self._watch(r, groups, evaluation.accuracy)
+        row = self._round_metrics(r, sampled, groups, batch, pick, stats, seconds, evaluation or Evaluation(), published,
+                                  micro_batch, memory_peak)
+        self.watch.observe(groups)  # says when a task family teaches nothing
+        self._close_round(row, evaluation)
         return True
 
-    def _watch(self, r: int, groups: list[RolloutGroup], eval_accuracy: float | None) -> None:
-        """Say when a task family teaches nothing, and when the model unlearns (stopping there, with no checkpoint of
-        these weights, under run.stop_on_collapse)."""
-        self.watch.observe(groups)
+    def _close_round(self, row: RoundMetrics, evaluation: Evaluation | None) -> None:
+        """The round's line. When a stop came mid-evaluation (None) the checkpoint keeps it instead, until a resume
+        has evaluated the same weights (`_pending_evaluation`): no line is written twice, none without its evaluation."""
+        if evaluation is None:
+            self.pending_row = row
+            return
+        self._record(row)
+        self._watch_evaluation(row.round, evaluation.accuracy)
+
+    def _pending_evaluation(self, stop: StopSignal) -> bool:
+        """The evaluation a stop interrupted, of the weights the checkpoint holds: what an uninterrupted run would
+        have measured. False if a stop interrupts it again."""
+        evaluation = self._evaluate(stop)
+        if evaluation is not None:
+            row, self.pending_row = replace(self.pending_row, **evaluation.row_fields()), None
+            log.info("round %d evaluated after the resume", row.round)
+            self._close_round(row, evaluation)
+        return evaluation is not None
+
+    def _watch_evaluation(self, r: int, eval_accuracy: float | None) -> None:
+        """Say when the model unlearns (stopping there, with no checkpoint of these weights, under
+        run.stop_on_collapse)."""
         try:
             self.watch.evaluated(r, eval_accuracy)
         except Collapsed as e:
@@ -330,7 +356,7 @@ class Node:
         params = SamplingParams.from_config(cfg.generation, seed=round_seed(cfg.run.seed, r))
         try:
             groups = self._retrying("generation", lambda: rollout(self.generator, self.policy, tasks, params,
-                                                                  cfg.tasks.format_weight), stop)
+                                                                  cfg.tasks.format_weight, lambda: stop.requested), stop)
         except ComponentFailed:
             self.tasks.position = position  # the failed round is drawn again after a restart
             raise
@@ -370,15 +396,16 @@ class Node:
     def _retrying(self, what: str, fn, stop: StopSignal):
         return retrying(what, fn, self.cfg.run.retries, self.cfg.run.retry_backoff_s, stop)
 
-    def _evaluate(self, stop: StopSignal) -> Evaluation:
-        """Evaluation is a measurement, not progress: when it keeps failing the round goes on without it."""
+    def _evaluate(self, stop: StopSignal) -> Evaluation | None:
+        """Evaluation is a measurement, not progress: when it keeps failing the round goes on without it. None: a stop
+        came first (the evaluation gives up within a decoding step)."""
         try:
-            return self._retrying("evaluation", self.evaluate, stop) or Evaluation()
+            return self._retrying("evaluation", lambda: self.evaluate(lambda: stop.requested), stop)
         except ComponentFailed as e:
             log.error("%s; this evaluation is skipped", e)
             return Evaluation()
 
-    def _starting_evaluation(self, stop: StopSignal) -> Evaluation:
+    def _starting_evaluation(self, stop: StopSignal) -> Evaluation | None:
         """Round 0's evaluation, from `run.eval_cache_dir` when a run of the same model already measured it."""
         if self.cfg.run.eval_cache_dir is None:
             return self._evaluate(stop)
@@ -388,7 +415,7 @@ class Node:
         evaluation = cache.get(key)
         if evaluation is None:
             evaluation = self._evaluate(stop)
-            if evaluation.accuracy is not None:  # a skipped evaluation is not a measurement
+            if evaluation is not None and evaluation.accuracy is not None:  # a skipped evaluation is not a measurement
                 cache.put(key, evaluation)
         return evaluation
 

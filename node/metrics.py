@@ -25,6 +25,11 @@ class Evaluation:
     expected: float | None = None
     expected_by_dataset: dict[str, float] | None = None
 
+    def row_fields(self) -> dict:
+        """Its fields as a round's metrics line names them."""
+        return {"eval_accuracy": self.accuracy, "eval_by_dataset": self.by_dataset, "eval_expected": self.expected,
+                "eval_expected_by_dataset": self.expected_by_dataset}
+
 
 @dataclass
 class RoundMetrics:

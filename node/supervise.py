@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from node.lifecycle import StopSignal
+from trainer.generation import Cancelled
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -32,10 +33,13 @@ def describe(e: BaseException) -> str:
 
 
 def retrying(what: str, fn: Callable[[], T], retries: int, backoff_s: float, stop: StopSignal) -> T | None:
-    """`fn()`, retried on any exception with exponential backoff; None if a stop arrives while waiting."""
+    """`fn()`, retried on any exception with exponential backoff; None if a stop arrives while waiting, or `fn`
+    gives up (`Cancelled`) because one arrived."""
     for attempt in range(retries + 1):
         try:
             return fn()
+        except Cancelled:
+            return None
         except Exception as e:  # noqa: BLE001 - any failure of the component is handled the same way
             if attempt == retries:
                 raise ComponentFailed(f"{what} failed {retries + 1} time(s); last error: {describe(e)}", resumable=True) from e

@@ -14,7 +14,7 @@ import torch
 
 from trainer.batch import collate, sequence_logprobs, token_logprobs
 from trainer.config import GenerationConfig, ModelConfig, VLLMConfig
-from trainer.generation import BackendError, SamplingParams, make_generator, resolve_backend, vllm_available
+from trainer.generation import BackendError, Cancelled, SamplingParams, make_generator, resolve_backend, vllm_available
 from trainer.policy import load_policy, encode_prompts
 from tests.conftest import untrained_policy
 
@@ -60,9 +60,10 @@ def backend(engine):
     gen.set_weights(policy.model)
 
 
-def sample(gen, policy, **kw):
+def sample(gen, policy, cancel=None, **kw):
     params = SamplingParams(**{"n": 4, "temperature": 1.0, "max_new_tokens": 12, "seed": 3, **kw})
-    return gen.generate(encode_prompts(policy, PROMPTS), params)
+    prompts = encode_prompts(policy, PROMPTS)
+    return gen.generate(prompts, params) if cancel is None else gen.generate(prompts, params, cancel)
 
 
 def ids(out):
@@ -127,6 +128,35 @@ def test_sampling_does_not_disturb_the_global_rngs(backend):
     sample(gen, policy)
     assert torch.equal(torch.rand(3), expected[0])
     assert random.random() == expected[1]
+
+
+def test_a_cancel_ends_the_call_and_leaves_the_rngs_and_the_next_call_as_they_were(backend):
+    """A node asked to stop mid-evaluation waited for the whole evaluation (minutes for SmolLM2 on shared cores)."""
+    policy, gen = backend
+    whole = sample(gen, policy)
+    torch.manual_seed(0)
+    random.seed(0)
+    expected = torch.rand(3), random.random()
+    torch.manual_seed(0)
+    random.seed(0)
+    with pytest.raises(Cancelled):
+        sample(gen, policy, cancel=lambda: True)
+    assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
+    assert ids(sample(gen, policy)) == ids(whole)
+
+
+def test_the_transformers_backend_is_cancelled_within_a_decoding_step(model_dir):
+    policy = load_policy(ModelConfig(name=str(model_dir), device="cpu", dtype="float32"))
+    gen = make_generator(GenerationConfig(backend="transformers"), policy)
+    asked = []
+
+    def cancel():
+        asked.append(len(asked))
+        return len(asked) > 3
+
+    with pytest.raises(Cancelled):
+        sample(gen, policy, max_new_tokens=200, cancel=cancel)
+    assert len(asked) == 4  # three decoding steps ran, the fourth asked and ended the call
 
 
 def test_logprobs_match_a_forward_pass_of_the_same_weights(backend):

@@ -65,11 +65,11 @@ def test_a_generator_that_keeps_failing_stops_the_node_with_a_checkpoint_it_resu
     real = TransformersGenerator.generate
     state = {"calls": 0, "broken_from": 5}  # call 1 is round 0's evaluation; calls 2-4 are rounds 1-3
 
-    def generate(self, prompt_ids, params):
+    def generate(self, prompt_ids, params, cancel):
         state["calls"] += 1
         if state["calls"] >= state["broken_from"]:
             raise RuntimeError("CUDA error: device-side assert triggered")
-        return real(self, prompt_ids, params)
+        return real(self, prompt_ids, params, cancel)
 
     monkeypatch.setattr(TransformersGenerator, "generate", generate)
     assert main(node_args(cache_dir, tmp_path, 10)) == 1
@@ -166,12 +166,12 @@ import sys, time
 from trainer.generation.hf import TransformersGenerator
 real = TransformersGenerator.generate
 calls = []
-def generate(self, prompt_ids, params):
+def generate(self, prompt_ids, params, cancel):
     calls.append(1)
     if len(calls) > 1:  # round 0's evaluation works; round 1's generation hangs like a stuck GPU call
         print("hanging", file=sys.stderr, flush=True)
         time.sleep(3600)
-    return real(self, prompt_ids, params)
+    return real(self, prompt_ids, params, cancel)
 TransformersGenerator.generate = generate
 from node.cli import main
 sys.exit(main(sys.argv[1:]))
@@ -204,3 +204,53 @@ def test_a_stop_that_never_reaches_a_safe_point_still_exits_within_the_deadline(
     assert code == 3 and 2.5 < took < 15, (code, took)
     assert "did not reach a safe point within 3 s of the stop request" in log.read_text()
     assert checkpoint.complete(tmp_path / "out" / "checkpoints") == []  # no new checkpoint from a stop that gave up
+
+
+@pytest.mark.slow
+def test_a_stop_mid_evaluation_ends_it_within_a_step_and_the_resume_writes_that_rounds_line_once(
+        tiny_a, cache_dir, tmp_path, monkeypatch):
+    """A SmolLM2 node stopped in its final evaluation outlived the harness's 60 s: the evaluation heard no stop.
+    Stopped in round 0's, round 2's and the last round's evaluation in turn, the run ends as one that never stopped."""
+    from node.config import load_config
+    from node.loop import Node
+    from trainer.generation import never
+
+    def config(out):
+        return load_config(None, {"model": {"cache_dir": str(cache_dir)}, "status": {"enabled": False},
+                                  "p2p": {"enabled": False}, "tasks": {"eval_size": 12},
+                                  "generation": {"completions_per_group": 4}, "selection": {"external_groups": 0},
+                                  "run": {"out_dir": str(out), "rounds": 4, "eval_every": 2, "local_groups": 2}})
+
+    Node(config(tmp_path / "straight")).run(StopSignal())
+    real, asked_after_stop = TransformersGenerator.generate, []
+
+    def generate(self, prompt_ids, params, cancel=never):
+        if params.temperature == 0 and node.round == stop_at and not stop.requested:
+            stop.request("test")
+
+        def counted():
+            asked_after_stop.extend([1] if stop.requested else [])
+            return cancel()
+        return real(self, prompt_ids, params, counted)
+
+    monkeypatch.setattr(TransformersGenerator, "generate", generate)
+    out = tmp_path / "stopped"
+    for stop_at, lines in ((0, None), (2, [0, 1]), (4, [0, 1, 2, 3])):
+        node, stop, asked_after_stop[:] = Node(config(out)), StopSignal(), []
+        node.run(stop)
+        assert asked_after_stop == [1]  # the first decoding step after the stop ended the evaluation
+        saved = checkpoint.complete(out / "checkpoints")
+        if not stop_at:  # nothing to keep: the next start evaluates round 0 again
+            assert saved == [] and not (out / "metrics.jsonl").exists()
+            continue
+        assert rounds_in(out) == lines
+        pending = json.loads((saved[-1] / "state.json").read_text())["pending_row"]
+        assert (saved[-1].name, pending["round"], pending["eval_accuracy"]) == (f"round-00000{stop_at}", stop_at, None)
+    stop_at = None
+    Node(config(out)).run(StopSignal())
+    straight, stopped = [[json.loads(line) for line in (p / "metrics.jsonl").read_text().splitlines()]
+                         for p in (tmp_path / "straight", out)]
+    assert [m["round"] for m in stopped] == [0, 1, 2, 3, 4]
+    for key in ("eval_accuracy", "eval_by_dataset", "reward_mean", "tokens_generated", "weight_version"):
+        assert [m[key] for m in stopped] == [m[key] for m in straight], key
+    assert json.loads((checkpoint.complete(out / "checkpoints")[-1] / "state.json").read_text())["pending_row"] is None

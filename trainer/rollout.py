@@ -6,7 +6,7 @@ from typing import Sequence
 
 from rewards import Score, Task, score_completion
 from trainer.groups import RolloutGroup
-from trainer.generation import Generator, SamplingParams
+from trainer.generation import Cancel, Generator, SamplingParams, never
 from trainer.policy import Policy, encode_prompts
 
 
@@ -22,8 +22,8 @@ def scored_group(task: Task, texts: Sequence[str], format_weight: float, truncat
 
 
 def rollout(generator: Generator, policy: Policy, tasks: Sequence[Task], params: SamplingParams,
-            format_weight: float = 0.0) -> list[RolloutGroup]:
-    outputs = generator.generate(encode_prompts(policy, [t.prompt for t in tasks]), params)
+            format_weight: float = 0.0, cancel: Cancel = never) -> list[RolloutGroup]:
+    outputs = generator.generate(encode_prompts(policy, [t.prompt for t in tasks]), params, cancel)
     return [scored_group(task, [c.text for c in completions], format_weight,
                          truncated=[c.finish_reason == "length" for c in completions],
                          completion_ids=[c.token_ids for c in completions])
@@ -47,7 +47,7 @@ def accuracy_by_dataset(groups: Sequence[RolloutGroup]) -> dict[str, float]:
 
 
 def evaluate(generator: Generator, policy: Policy, tasks: Sequence[Task], max_new_tokens: int,
-             stop: Sequence[str]) -> list[RolloutGroup]:
+             stop: Sequence[str], cancel: Cancel = never) -> list[RolloutGroup]:
     """Greedy completions of a fixed task set, scored: the numbers the learning claims rest on."""
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=tuple(stop))
-    return rollout(generator, policy, tasks, params)
+    return rollout(generator, policy, tasks, params, cancel=cancel)

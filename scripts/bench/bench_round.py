@@ -118,13 +118,22 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def generator_at(rev: str) -> type:
-    """The transformers generator class as it was at git revision `rev` (its imports resolve to today's modules)."""
+def generator_at(rev: str, policy) -> "Uncancellable":
+    """The transformers generator as it was at git revision `rev` (its imports resolve to today's modules)."""
     source = subprocess.run(["git", "show", f"{rev}:trainer/generation/hf.py"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout
     module = types.ModuleType(f"hf_at_{rev}")
     exec(compile(source, f"{rev}:trainer/generation/hf.py", "exec"), module.__dict__)
-    return module.TransformersGenerator
+    return Uncancellable(module.TransformersGenerator(policy))
+
+
+@dataclass
+class Uncancellable:
+    """A generator from before `generate` took a cancel (the benchmark never cancels)."""
+    inner: object
+
+    def generate(self, prompt_ids, params: SamplingParams, cancel=None) -> list[list[Completion]]:
+        return self.inner.generate(prompt_ids, params)
 
 
 class ContinuousBatching:
@@ -135,7 +144,7 @@ class ContinuousBatching:
     def __init__(self, policy):
         self.policy, self.weight_version = policy, 0
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, cancel=None) -> list[list[Completion]]:
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
         config = GenerationConfig(do_sample=params.temperature > 0, temperature=params.temperature or None, top_p=params.top_p,
@@ -216,7 +225,7 @@ def compare_samplers(policy, node, sampling: SamplingParams, params: int, gflops
     last round, timed at its median (the round the training variants step on), and each sampler's figures."""
     samplers = {"current": TransformersGenerator(policy)}
     if args.baseline:
-        samplers[f"at {args.baseline}"] = generator_at(args.baseline)(policy)
+        samplers[f"at {args.baseline}"] = generator_at(args.baseline, policy)
     if args.continuous:
         samplers["continuous batching"] = ContinuousBatching(policy)
     rounds: dict[str, list[Round]] = {name: [] for name in samplers}

@@ -8,14 +8,15 @@ import importlib.util
 import logging
 from typing import TYPE_CHECKING
 
-from trainer.generation.base import BackendError, Completion, Generator, SamplingParams, isolated_rng, to_completion
+from trainer.generation.base import (BackendError, Cancel, Cancelled, Completion, Generator, SamplingParams, isolated_rng,
+                                     never, to_completion)
 
 if TYPE_CHECKING:
     from trainer.config import GenerationConfig
     from trainer.policy import Policy
 
-__all__ = ["BackendError", "Completion", "Generator", "SamplingParams", "isolated_rng", "to_completion",
-           "vllm_available", "resolve_backend", "make_generator"]
+__all__ = ["BackendError", "Cancel", "Cancelled", "never", "Completion", "Generator", "SamplingParams", "isolated_rng",
+           "to_completion", "vllm_available", "resolve_backend", "make_generator"]
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Literal, Protocol, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -22,6 +22,17 @@ if TYPE_CHECKING:
 
 class BackendError(RuntimeError):
     """The configured generation backend cannot run here; the message says what to install or change."""
+
+
+class Cancelled(Exception):
+    """A stop request ended a generation call early; nothing it sampled is returned."""
+
+
+Cancel = Callable[[], bool]  # asked between decoding steps: True ends the call with `Cancelled`
+
+
+def never() -> bool:
+    return False
 
 
 @dataclass(frozen=True)
@@ -57,8 +68,10 @@ class Completion:
 class Generator(Protocol):
     weight_version: int
 
-    def generate(self, prompt_ids: Sequence[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        """`params.n` completions for each tokenized prompt, in prompt order."""
+    def generate(self, prompt_ids: Sequence[list[int]], params: SamplingParams,
+                 cancel: Cancel = never) -> list[list[Completion]]:
+        """`params.n` completions for each tokenized prompt, in prompt order; `Cancelled` once `cancel()` says so
+        (a node asked to stop mid-evaluation is not held for minutes)."""
         ...
 
     def set_weights(self, model: "torch.nn.Module") -> None:
@@ -97,7 +110,9 @@ def isolated_rng(device: "torch.device") -> Iterator[None]:
     import torch
 
     python, numpy = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        yield
-    random.setstate(python)
-    np.random.set_state(numpy)
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            yield
+    finally:  # a cancelled call too
+        random.setstate(python)
+        np.random.set_state(numpy)

@@ -19,7 +19,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from trainer.batch import kv_cache_name
-from trainer.generation.base import Completion, SamplingParams, isolated_rng, to_completion
+from trainer.generation.base import Cancel, Cancelled, Completion, SamplingParams, isolated_rng, never, to_completion
 from trainer.policy import Policy
 
 COMPACT_SHARE = 0.25  # drop finished rows from the batch once they are this share of it (a copy of the cache)
@@ -52,16 +52,17 @@ class TransformersGenerator:
         """Nothing to give back: the weights are the trainer's."""
 
     @torch.no_grad()
-    def generate(self, prompt_ids: Sequence[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompt_ids: Sequence[list[int]], params: SamplingParams,
+                 cancel: Cancel = never) -> list[list[Completion]]:
         per_batch = max(1, self.batch_size // params.n)  # prompts whose rows decode together
         with isolated_rng(self.device):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             done = [c for i in range(0, len(prompt_ids), per_batch)
-                    for c in self._sample(list(prompt_ids[i : i + per_batch]), params)]
+                    for c in self._sample(list(prompt_ids[i : i + per_batch]), params, cancel)]
         return [done[i * params.n : (i + 1) * params.n] for i in range(len(prompt_ids))]
 
-    def _sample(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def _sample(self, prompts: list[list[int]], params: SamplingParams, cancel: Cancel) -> list[Completion]:
         """`params.n` completions of each prompt, in prompt order."""
         cache, logits, attn = self._prefill(prompts, params)
         name = kv_cache_name(self.model)
@@ -74,6 +75,8 @@ class TransformersGenerator:
         logprobs: list[list[float]] = [[] for _ in rows]
         window = max((len(s) for s in params.stop), default=0)  # tokens that can hold a stop string
         for step in range(params.max_new_tokens):
+            if cancel():
+                raise Cancelled
             chosen = self._choose(logits, params)
             chosen_logps = logits.gather(-1, chosen[:, None])[:, 0] - logits.logsumexp(-1)
             for i, (row, tok, lp) in enumerate(zip(rows, chosen.tolist(), chosen_logps.tolist())):

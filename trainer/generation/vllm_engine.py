@@ -20,7 +20,8 @@ from typing import Mapping, Sequence
 import torch
 
 from trainer.config import VLLM_LORA_RANKS, VLLMConfig
-from trainer.generation.base import BackendError, Completion, SamplingParams, isolated_rng, to_completion
+from trainer.generation.base import (BackendError, Cancel, Cancelled, Completion, SamplingParams, isolated_rng, never,
+                                     to_completion)
 from trainer.policy import Policy, export_weights
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,11 @@ class VLLMGenerator:
             self.llm.sleep(level=1)
             self._asleep = True
 
-    def generate(self, prompt_ids: Sequence[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompt_ids: Sequence[list[int]], params: SamplingParams,
+                 cancel: Cancel = never) -> list[list[Completion]]:
+        """`cancel` is asked before the call only: vLLM's `generate` runs a batch to its end (seconds on a card)."""
+        if cancel():
+            raise Cancelled
         if self._asleep:
             self.llm.wake_up()
             self._asleep = False
