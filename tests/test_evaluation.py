@@ -39,8 +39,8 @@ def test_the_expected_accuracy_scores_k_completions_a_task_sampled_as_the_rounds
     calls = []
     sample = node.generator.generate
 
-    def recorded(prompts, params):
-        out = sample(prompts, params)
+    def recorded(prompts, params, cancel):
+        out = sample(prompts, params, cancel)
         calls.append((params, out))
         return out
 
@@ -98,7 +98,8 @@ def test_a_run_from_the_same_model_reuses_its_starting_evaluation_and_trains_the
     assert main(run_args(cache_dir, tmp_path / "first", 2, *common)) == 0
     assert len(list(cache.glob("*.json"))) == 1
     measured = []
-    monkeypatch.setattr(Node, "evaluate", lambda self, original=Node.evaluate: measured.append(self.round) or original(self))
+    monkeypatch.setattr(Node, "evaluate", lambda self, cancel, original=Node.evaluate: measured.append(self.round)
+                        or original(self, cancel))
     assert main(run_args(cache_dir, tmp_path / "second", 2, *common)) == 0
     assert measured == [2]  # the last round's model is new: it is measured
     assert main(run_args(cache_dir, tmp_path / "uncached", 2, "--tasks.eval_samples", "2")) == 0  # measures 0 and 2
