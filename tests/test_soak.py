@@ -42,6 +42,10 @@ def test_a_brief_soak_restarts_resumes_floods_and_records_every_process(tiny_a, 
         scraped = [x for x in samples if "pool" in x]
         assert scraped and all(x["pool_seen"] is not None and x["seen_messages"] is not None for x in scraped), name
         assert v["slopes_per_hour"]["rss_mb"] is None  # under three 10-minute blocks: no slope, rather than a wrong one
+        assert all(0 < p["cpu_cores"] <= 1.05 * record["cpus"] for p in v["pace"]), (name, v["pace"])  # (sampling jitter)
+    machine = s["machine_by_phase"]  # a phase slower than calm: the soak's own work, or the machine's?
+    assert [m["kind"] for m in machine] == ["calm", "churn", "churn+junk", "churn+length"]
+    assert all(0 < m["busy_cores"] <= 1.05 * record["cpus"] and m["steal_cores"] >= 0 for m in machine), machine
 
 
 def test_the_disk_reading_counts_a_file_rotated_away_while_the_folder_is_walked_as_gone(tmp_path, monkeypatch):

@@ -8,13 +8,13 @@ characters). The bootstrap-only node, every node's first bootstrap peer, is stop
 start of every junk phase. With --smollm2 a SmolLM2-135M node takes part for the whole of the second cycle.
 Nodes 0 and 1 are never killed: the survivors.
 
-Every --sample seconds each live process's RSS, open descriptors and threads are read from /proc and its
-status endpoint is scraped (pool size, the pool's and the message policy's duplicate memories, health); the
-disk used by each run folder every minute. The JSON is rewritten every few minutes while it runs (an
+Every --sample seconds each live process's RSS, open descriptors, threads and CPU time, and the machine's busy
+and stolen CPU time, are read from /proc, and each process's status endpoint is scraped (pool size, the pool's
+and the message policy's duplicate memories, health); the disk used by each run folder every minute. The JSON is rewritten every few minutes while it runs (an
 interrupted soak keeps what it measured) and at the end holds each node's rounds, ERROR lines and
 tracebacks, each restart's resume, and a summary: per-hour slopes after --settle seconds, with 95%
 intervals over 10-minute block means, and the survivors' pace in each phase against the calm phase of the
-same cycle.
+same cycle, beside the cores they and the machine used in it.
 
     .venv/bin/python scripts/bench/bench_soak.py --duration 7200 --smollm2 --out docs/bench/soak-2cpu.json
     .venv/bin/python scripts/bench/bench_soak.py --duration 7200 --metrics-rotate-mb 4 --out docs/bench/soak-rotate-4mb-2cpu.json
@@ -56,6 +56,7 @@ SAVE_EVERY_S = 300.0
 BLOCK_S = 600.0  # slopes are fitted to block means: neighbouring samples are not independent
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
        15: 2.13, 20: 2.09, 30: 2.04}  # two-sided t by degrees of freedom (the nearest lower entry is used)
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 GROWTH = ("rss_mb", "fds", "threads", "disk_mb", "state_mb", "pool", "pool_seen", "seen_messages")  # state: disk less metrics
 DASHBOARD = re.compile(r"status: dashboard at (http://\S+/)")
 
@@ -102,11 +103,22 @@ class Watched(Node):
 def process_stats(pid: int) -> dict:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text()
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return {}
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    return {"rss_mb": round(int(fields["VmRSS"].split()[0]) / 1024, 1), "threads": int(fields["Threads"]), "fds": fds}
+    utime, stime = stat.rsplit(")", 1)[1].split()[11:13]  # fields 14 and 15, after the command's name
+    return {"rss_mb": round(int(fields["VmRSS"].split()[0]) / 1024, 1), "threads": int(fields["Threads"]), "fds": fds,
+            "cpu_s": round((int(utime) + int(stime)) / CLOCK_TICKS, 2)}
+
+
+def machine_cpu() -> dict:
+    """The whole machine's CPU seconds so far, busy and stolen by the hypervisor: a phase slower than its calm one
+    is then charged to the soak's processes, to something else on the machine, or to a neighbour."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
+    return {"t": round(time.time(), 2), "busy_s": round((user + nice + system + irq + softirq) / CLOCK_TICKS, 2),
+            "steal_s": round(steal / CLOCK_TICKS, 2)}
 
 
 def scrape(url: str) -> dict:
@@ -175,6 +187,7 @@ class Soak:
             self.smollm2.args = node_args(args.nodes, self.smollm2.out, self.smollm2.port, first, args) + ["--model", "smollm2-135m", *rotate]
         self.flood: ProbeProcess | None = None
         self.events: list[dict] = []
+        self.machine: list[dict] = []  # machine_cpu at every sample
         self.restarts: list[dict] = []
         self.started = self.ended = None
 
@@ -220,6 +233,7 @@ class Soak:
             if now >= next_sample:
                 for n in self.procs():
                     n.sample(now)
+                self.machine.append(machine_cpu())
                 next_sample += self.args.sample
             if now >= next_save:
                 self.save()
@@ -261,7 +275,7 @@ class Soak:
                       k: str(v) if isinstance(v, Path) else v for k, v in vars(self.args).items() if k != "report"},
                   "started": self.started, "ended": self.ended,  # complete: it ran its duration (not stopped or failed)
                   "complete": self.ended is not None and self.ended >= self.started + self.args.duration,
-                  "events": self.events,
+                  "events": self.events, "machine_cpu": self.machine,
                   "restarts": [restart_outcome(self.nodes[r["node"]], r, ids[f"node{r['node']}"]) for r in self.restarts],
                   "processes": {n.name: {"samples": n.samples, "starts": n.starts, **n.log_problems(),
                                          "exit_code": n.proc.returncode if n.proc else None,
@@ -328,7 +342,28 @@ def pace(rounds: list[list[float]], samples: list[dict], events: list[dict], end
         rate = 60 * (len(times) - 1) / (times[-1] - times[0]) if len(times) > 2 else None
         inside = [s for s in samples if e["t"] <= s["t"] < nxt["t"]]
         means = {k: statistics.mean(v) if (v := [s[k] for s in inside if s.get(k) is not None]) else None for k in GROWTH[:3]}
-        out.append({"phase": e["phase"], "kind": e["kind"], "cycle": e["cycle"], "rounds_per_min": rate, **means})
+        out.append({"phase": e["phase"], "kind": e["kind"], "cycle": e["cycle"], "rounds_per_min": rate, **means,
+                    "cpu_cores": cores([(s["t"], s.get("cpu_s"), s.get("pid")) for s in inside])})
+    return out
+
+
+def cores(series: list[tuple[float, float | None, object]]) -> float | None:
+    """Mean cores used over a span, from samples (time, cumulative CPU seconds, process): a pair of samples across a
+    restart (another process) counts no time."""
+    pairs = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(series, series[1:])
+             if a[1] is not None and b[1] is not None and a[2] == b[2]]
+    span = sum(dt for dt, _ in pairs)
+    return sum(used for _, used in pairs) / span if span else None
+
+
+def machine_by_phase(machine: list[dict], events: list[dict], end: float) -> list[dict]:
+    """The machine's busy and stolen cores in each phase."""
+    phases = [e for e in events if e["event"] == "phase"]
+    out = []
+    for e, nxt in zip(phases, [*phases[1:], {"t": end}]):
+        inside = [m for m in machine if e["t"] <= m["t"] < nxt["t"]]
+        out.append({"phase": e["phase"], "kind": e["kind"], "cycle": e["cycle"],
+                    **{f"{k}_cores": cores([(m["t"], m[f"{k}_s"], 0) for m in inside]) for k in ("busy", "steal")}})
     return out
 
 
@@ -359,6 +394,7 @@ def summarize(record: dict) -> dict:
     survivors = {f"node{k}": survivor_summary(procs[f"node{k}"], record["events"], record["started"], args["settle"], end)
                  for k in range(SURVIVORS)}
     return {"hours": (end - record["started"]) / 3600, "survivors": survivors,
+            "machine_by_phase": machine_by_phase(record.get("machine_cpu", []), record["events"], end),
             "peaks_of_restarted": {n: peaks(p["samples"]) for n, p in procs.items() if n not in survivors},
             "restarts": len(restarts), "resumed_from_checkpoint": sum(bool(r["resumed_from_checkpoint"]) for r in restarts),
             "peer_id_kept": sum(bool(r["peer_id_kept"]) for r in restarts),
@@ -390,7 +426,24 @@ def report(record: dict, console: Console) -> None:
                       "-" if v["pace_vs_calm_min"] is None else f"{v['pace_vs_calm_min']:.2f}",
                       *("-" if sl is None else f"{sl['slope']:+.2f} ± {sl['ci95']:.2f}" for sl in slopes))
     console.print(table)
-    console.print({k: v for k, v in s.items() if k != "survivors"})
+    console.print(phase_table(s))
+    console.print({k: v for k, v in s.items() if k not in ("survivors", "machine_by_phase")})
+
+
+def phase_table(s: dict) -> Table:
+    """Each phase's pace and the CPU behind it: the survivors' own cores, and the machine's busy and stolen ones."""
+    fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
+    table = Table(title="each phase: survivors' rounds a minute (cores they used); the machine's busy and stolen cores")
+    for col in ("phase", "kind", *s["survivors"], "machine busy", "stolen"):
+        table.add_column(col, justify="right")
+    machine = {m["phase"]: m for m in s.get("machine_by_phase", [])}
+    for ph in next(iter(s["survivors"].values()))["pace"]:
+        own = [next(p for p in v["pace"] if p["phase"] == ph["phase"]) for v in s["survivors"].values()]
+        m = machine.get(ph["phase"], {})
+        table.add_row(str(ph["phase"]), ph["kind"],
+                      *(f"{fmt(p['rounds_per_min'], '.0f')} ({fmt(p.get('cpu_cores'), '.2f')})" for p in own),
+                      fmt(m.get("busy_cores"), ".2f"), fmt(m.get("steal_cores"), ".2f"))
+    return table
 
 
 def figure(record: dict, path: Path) -> None:
