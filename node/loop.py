@@ -330,8 +330,7 @@ class Node:
         was given, local and external (the paper's reward counts these)."""
         return RoundMetrics(
             round=r, time=time.time(), reward_mean=mean_reward(groups), accuracy_train=accuracy(groups),
-            batch_reward_mean=mean_reward(batch), eval_accuracy=evaluation.accuracy, eval_by_dataset=evaluation.by_dataset,
-            eval_expected=evaluation.expected, eval_expected_by_dataset=evaluation.expected_by_dataset,
+            batch_reward_mean=mean_reward(batch), **evaluation.row_fields(),
             n_local=len(groups), n_external=len(pick.groups), n_peer_tasks=pick.peer_tasks,
             tokens_generated=sum(len(ids) for g in sampled for ids in g.completion_ids or []),
             seconds_generate=seconds["generate"], seconds_train=seconds["train"], seconds_other=seconds["other"],
