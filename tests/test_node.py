@@ -1,6 +1,7 @@
 """The silo node end to end, through the CLI as a user runs it."""
 
 import json
+import re
 import shutil
 import os
 import signal
@@ -308,4 +309,4 @@ def test_a_round_that_cannot_fit_in_memory_is_refused_before_it_starts_and_auto_
     assert r.returncode == 0, r.stderr
     ran = json.loads((tmp_path / "auto" / "config.json").read_text())
     assert 1 <= ran["grpo"]["micro_batch"] < 12  # 3 groups x 4 completions per step: the whole step does not fit
-    assert f"micro-batch {ran['grpo']['micro_batch']}; expected peak" in r.stderr
+    assert re.search(rf"micro-batch {ran['grpo']['micro_batch']}(, [a-z0-9 ]+)*; expected peak", r.stderr)

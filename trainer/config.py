@@ -102,6 +102,10 @@ class GenerationConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass (1 disables)")
     max_new_tokens: int = Field(16, ge=1, description="completion length cap; longer ones count as truncated")
     stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=lambda: ["</answer>"], description="stop strings, kept in the output (an empty one would stop every completion at its start)")
+    sampling_dtype: Literal["auto", "model", "bfloat16"] = Field(
+        "auto", description="transformers backend: model samples the trainer's own weights; bfloat16 keeps a bfloat16 copy "
+        "(half the weights' memory) for the prompts and every decoding step of more than 4 rows; auto: bfloat16 on a CPU "
+        "with AMX tiles when the model trains in float32 (sampling measured about twice as fast there), else model")
     batch_size: int = Field(256, ge=1, description="sequences per generation forward pass (transformers backend; vLLM batches itself); "
                             "left unset, the memory plan lowers it where all of a round's sequences would not fit")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from trainer import memory
+from trainer.generation import WIDE_MIN_HIDDEN, amx_available
 from trainer.memory import GB, MemoryPlanError, ModelShape, RoundShape
 
 DeviceKind = Literal["cuda", "mps", "cpu"]
@@ -46,7 +47,7 @@ class Device:
     name: str
     free_bytes: float  # what the node may use
     total_bytes: float
-    bf16: bool = False
+    bf16: bool = False  # a card with bfloat16 support; a CPU with AMX tiles (bfloat16 products faster than float32)
 
     @classmethod
     def card(cls, gb: float, name: str | None = None, bf16: bool = True) -> "Device":
@@ -69,6 +70,7 @@ class Wants:
     generation_batch: bool = False  # the user set generation.batch_size: the transformers generator's rows stand
     vllm_share: float | None = None
     vllm_sleep: bool = True
+    sampling_dtype: str | None = None  # generation.sampling_dtype: "model" or "bfloat16"; None: the planner's
     lora_r: int = 16
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     vllm_installed: bool = False
@@ -88,12 +90,17 @@ class Plan:
     generation_rows: int  # sequences the generator decodes at once (transformers: generation.batch_size)
     vllm_share: float | None  # of the card's total memory; None off CUDA or without vLLM
     vllm_sleep: bool
+    sampling_copy: bool  # the transformers generator keeps a bfloat16 copy of the weights to sample with
     parts: dict[str, float]  # what the peak is made of
     peak_bytes: float
     budget_bytes: float
     model: ModelShape
     round: RoundShape  # as the generator decodes it
     why: list[str] = field(default_factory=list)
+
+    @property
+    def sampling_dtype(self) -> str:
+        return "bfloat16" if self.sampling_copy else "model"
 
     @property
     def training(self) -> str:
@@ -107,7 +114,8 @@ class Plan:
         # decoding the round's own rows (the window a node compares holds no evaluation)
         decoding = replace(self.round, generation_rows=min(self.round.generation_rows, self.round.rows),
                            completion_tokens=completion_tokens)
-        parts = estimate(self.device, self.model, decoding, self.backend, self.micro_batch, self.vllm_share, self.vllm_sleep)
+        parts = estimate(self.device, self.model, decoding, self.backend, self.micro_batch, self.vllm_share, self.vllm_sleep,
+                         self.sampling_copy)
         step = replace(self.round, prompt_tokens=0, completion_tokens=max(1, round(positions / rows)))
         parts["training"] = estimate(self.device, self.model, step, self.backend, rows, self.vllm_share,
                                      self.vllm_sleep)["training"]
@@ -118,6 +126,8 @@ class Plan:
         extra = [f"vLLM share {self.vllm_share:.2f}{' with sleep mode' if self.vllm_sleep else ''}"] if self.vllm_share else []
         if self.checkpointing:
             extra.append("gradient checkpointing")
+        if self.sampling_copy:
+            extra.append("a bfloat16 copy samples")
         return (f"{self.device}: {self.backend} backend, {self.dtype} weights, {how}, micro-batch {self.micro_batch}"
                 + "".join(f", {e}" for e in extra) + f"; expected peak {self.peak_bytes / GB:.1f} GB of "
                 f"{self.budget_bytes / GB:.1f} GB usable")
@@ -126,6 +136,7 @@ class Plan:
         """What the plan chose and expected, in GB, for a run folder's plan.json and `sapo doctor --bench`."""
         return {"summary": self.summary(), "device": str(self.device), "backend": self.backend, "dtype": self.dtype,
                 "lora": self.lora, "nf4": self.nf4, "micro_batch": self.micro_batch, "generation_rows": self.generation_rows,
+                "sampling_dtype": self.sampling_dtype,
                 "peak_gb": round(self.peak_bytes / GB, 3), "budget_gb": round(self.budget_bytes / GB, 3),
                 "parts_gb": {k: round(v / GB, 3) for k, v in self.parts.items()}}
 
@@ -151,8 +162,9 @@ def choose_dtype(device: Device, lora: bool, wants: Wants) -> tuple[str, str | N
 
 
 def estimate(device: Device, m: ModelShape, r: RoundShape, backend: str, micro: int, share: float | None,
-             sleep: bool) -> dict[str, float]:
-    """The peak's parts: what stays resident, plus the larger of training's and generation's extra."""
+             sleep: bool, sampling_copy: bool = False) -> dict[str, float]:
+    """The peak's parts: what stays resident, plus the larger of training's and generation's extra. The KV cache
+    is counted in the weights' dtype, also where a bfloat16 sampling copy writes it in half that."""
     parts = {"weights": memory.weights_bytes(m), "optimizer": memory.optimizer_bytes(m),
              "overhead": memory.HOST_OVERHEAD if device.kind == "cpu" else CUDA_RESERVE}
     training = memory.activation_bytes(m, r, micro)
@@ -160,8 +172,9 @@ def estimate(device: Device, m: ModelShape, r: RoundShape, backend: str, micro: 
         engine = (share or 0.0) * device.total_bytes
         generation, training = engine, training + (0.0 if sleep else engine)
         parts["generator"] = 0.0
-    else:  # the transformers generator samples the trainer's own model; vLLM's CPU build holds a copy
-        parts["generator"] = memory.weights_bytes(m) if backend == "vllm" else 0.0
+    else:  # the transformers generator samples the trainer's own model or its bfloat16 copy; vLLM's CPU build holds a copy
+        parts["generator"] = (memory.weights_bytes(m) if backend == "vllm"
+                              else m.parameters * DTYPE_BYTES["bfloat16"] if sampling_copy else 0.0)
         generation = memory.kv_cache_bytes(m, r) * (CUDA_CACHE_GROWTH if device.kind == "cuda" else 1.0)
     parts["training"], parts["generation"] = training, generation
     return parts
@@ -198,20 +211,40 @@ def plan(device: Device, config: dict, r: RoundShape, wants: Wants) -> Plan:
     raise MemoryPlanError(_smallest_change(device, config, r, wants, found))
 
 
-def candidates(device: Device, wants: Wants) -> list[tuple[str, bool, bool, bool]]:
-    """(backend, LoRA, checkpointing, NF4 base) in order of preference, within what the user set: first the
-    backend of choice, then vLLM's own copy of the weights given up for the transformers generator, which
-    samples the trainer's model, last an NF4 base under LoRA (on transformers: vLLM would load a 16-bit copy)."""
-    backend = wants.backend or ("vllm" if device.kind == "cuda" and wants.vllm_installed else "transformers")
+def candidates(device: Device, wants: Wants) -> list[tuple[str, bool, bool, bool, bool]]:
+    """(backend, LoRA, checkpointing, NF4 base, bfloat16 sampling copy) in order of preference, within what the
+    user set: first the backend of choice, then vLLM's own copy of the weights given up for the transformers
+    generator, which samples the trainer's model, last an NF4 base under LoRA (on transformers: vLLM would load
+    a 16-bit copy). On a CPU with AMX tiles the transformers generator samples from a bfloat16 copy where it
+    fits, else from the trainer's weights; a float32 policy is all it copies (see `_fit`)."""
     loras = [wants.lora] if wants.lora is not None else [False, True] if wants.peft_installed else [False]
     ckpts = [wants.checkpointing] if wants.checkpointing is not None else [False, True]
     if wants.quantize == "nf4":
-        return [("transformers", True, ckpt, True) for ckpt in ckpts]
-    backends = [backend, "transformers"] if backend == "vllm" and wants.backend is None else [backend]
-    out = [(b, lora, ckpt, False) for b in backends for lora in loras for ckpt in ckpts]
+        return [("transformers", True, ckpt, True, False) for ckpt in ckpts]
+    out = [(b, lora, ckpt, False, copy) for b, copies in _backends(device, wants) for lora in loras for ckpt in ckpts
+           for copy in copies]
     if wants.quantize is None and wants.bnb_installed and True in loras and wants.backend != "vllm":
-        out += [("transformers", True, ckpt, True) for ckpt in ckpts]
+        out += [("transformers", True, ckpt, True, False) for ckpt in ckpts]
     return out
+
+
+def _backends(device: Device, wants: Wants) -> list[tuple[str, list[bool]]]:
+    """The backends to try, each with whether its generator keeps a bfloat16 sampling copy, in order of preference:
+    the user's choice, else a copy first on a CPU with AMX tiles (measured about twice as fast there), never unasked
+    elsewhere; vLLM holds its own weights."""
+    backend = wants.backend or ("vllm" if device.kind == "cuda" and wants.vllm_installed else "transformers")
+    backends = [backend, "transformers"] if backend == "vllm" and wants.backend is None else [backend]
+    if wants.sampling_dtype is not None:
+        copies = [wants.sampling_dtype == "bfloat16"]
+    else:
+        copies = [True, False] if device.kind == "cpu" and device.bf16 else [False]
+    return [(b, copies if b == "transformers" else [False]) for b in backends]
+
+
+def _copies(dtype: str, m: ModelShape, wants: Wants) -> bool:
+    """Whether a candidate that may keep a bfloat16 sampling copy does for this policy: a 16-bit policy samples
+    itself, and unasked a narrow model samples its own float32 weights faster than a copy."""
+    return dtype == "float32" and (wants.sampling_dtype == "bfloat16" or m.hidden >= WIDE_MIN_HIDDEN)
 
 
 def _first_fit(device: Device, config: dict, r: RoundShape, wants: Wants) -> Plan | tuple[Plan, int]:
@@ -232,7 +265,7 @@ def shape(config: dict, lora: bool, ckpt: bool, dtype: str, wants: Wants, nf4: b
 
 
 def _fit(device: Device, config: dict, r: RoundShape, wants: Wants, backend: str, lora: bool,
-         ckpt: bool, nf4: bool) -> tuple[Plan, int]:
+         ckpt: bool, nf4: bool, copy: bool) -> tuple[Plan, int]:
     """This candidate at the micro-batch it would run (the user's, else the fastest that fits), and the
     largest that fits (0: not even one sequence)."""
     dtype, why = choose_dtype(device, lora, wants)
@@ -240,6 +273,7 @@ def _fit(device: Device, config: dict, r: RoundShape, wants: Wants, backend: str
         why = (f"LoRA on an NF4 base: the projections in 4 bits a weight, the rest of the base in {dtype}, the adapters "
                "in float32" + (": a 16-bit base does not fit" if wants.quantize is None else ""))
     m = shape(config, lora, ckpt, dtype, wants, nf4)
+    copy &= _copies(dtype, m, wants)
     on_vllm_gpu = backend == "vllm" and device.kind == "cuda"
     sleep = wants.vllm_sleep and on_vllm_gpu
     budget = budget_of(device)
@@ -250,19 +284,19 @@ def _fit(device: Device, config: dict, r: RoundShape, wants: Wants, backend: str
         decoding = replace(r, generation_rows=rows)
         share = (wants.vllm_share or vllm_share_needed(device, m, decoding)) if on_vllm_gpu else None
         best = next((b for b in range(max(r.rows, wants.micro_batch), 0, -1)
-                     if peak(estimate(device, m, decoding, backend, b, share, sleep)) <= budget), 0)
+                     if peak(estimate(device, m, decoding, backend, b, share, sleep, copy)) <= budget), 0)
         if best:
             break
     micro = wants.micro_batch or min(best, r.rows, FASTEST_MICRO.get(device.kind, r.rows)) or 1
-    parts = estimate(device, m, decoding, backend, micro, share, sleep)
+    parts = estimate(device, m, decoding, backend, micro, share, sleep, copy)
     reasons = [why] if why else []
     if on_vllm_gpu and wants.vllm_share is None:
         reasons.append(f"vLLM gets {share:.2f} of the card: its weights, the KV cache of {rows} sequences "
                        f"of {r.tokens} tokens at once, and {VLLM_OVERHEAD / GB:.1f} GB for its own work")
     elif rows < r.generation_rows:
         reasons.append(f"the generator decodes {rows} sequences at a time, not all {r.generation_rows}: more would not fit")
-    return Plan(device, backend, dtype, lora, ckpt, nf4, micro, rows, share, sleep, parts, peak(parts), budget, m, decoding,
-                reasons), best
+    return Plan(device, backend, dtype, lora, ckpt, nf4, micro, rows, share, sleep, copy, parts, peak(parts), budget, m,
+                decoding, reasons), best
 
 
 def _smallest_change(device: Device, config: dict, r: RoundShape, wants: Wants, tried: tuple[Plan, int]) -> str:
@@ -345,7 +379,7 @@ def probe(kind: str = "auto", memory_gb: float | None = None) -> Device:
     if device.type == "mps":  # unified memory: what Metal recommends, within what the host allows
         metal = torch.mps.recommended_max_memory()
         return Device("mps", "Apple GPU", min(host, metal), metal)
-    return Device("cpu", f"{torch.get_num_threads()} threads", host, total)
+    return Device("cpu", f"{torch.get_num_threads()} threads", host, total, amx_available())
 
 
 def _missing(device) -> str | None:

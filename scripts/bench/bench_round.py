@@ -19,8 +19,11 @@ estimated peak for that micro-batch: run one variant per process to compare it w
 Samplers side by side: `--baseline REV` also samples the round with the transformers generator as it was at
 git revision REV, and `--continuous` with transformers' own continuous batching (`generate_batch`, a paged
 cache; it has no stop strings, so its completions run to EOS or the cap); the samplers take turns for
-`--repeats` rounds on the same tasks and seed, so that the machine's noise falls on all of them. Each one's
-median seconds, the rows its decode steps ran (against the tokens generated: what finished rows cost),
+`--repeats` rounds on the same tasks and seed, so that the machine's noise falls on all of them. The current
+sampler is what a node here samples with (`generation.sampling_dtype` auto: a bfloat16 copy on a CPU with AMX
+tiles). Each one's median seconds, its seconds against the current sampler's in the same turn (the median of
+those ratios: a machine that drifts during the run moves both), the rows its decode steps ran (against the
+tokens generated: what finished rows cost),
 generated tokens per second and rounds per minute (its sampling plus the first variant's
 step) are saved beside the sampling FLOPs (2 x parameters per prompt and generated token) and their share
 of the matmul peak.
@@ -58,7 +61,7 @@ from rewards import TaskSource
 from trainer.groups import RolloutGroup
 from trainer import plan
 from trainer.config import GRPOConfig, LoraConfig, ModelConfig
-from trainer.generation import Completion, SamplingParams, to_completion
+from trainer.generation import Completion, SamplingParams, amx_available, to_completion, wide_dtype
 from trainer.generation.hf import TransformersGenerator
 from trainer.grpo import GRPOTrainer
 from trainer.memory import GB, shape_from_config
@@ -223,7 +226,9 @@ def compare_samplers(policy, node, sampling: SamplingParams, params: int, gflops
                      args: argparse.Namespace) -> tuple[Round, list[dict]]:
     """Each sampler samples the same round `args.repeats` times, taking turns. Returns the current sampler's
     last round, timed at its median (the round the training variants step on), and each sampler's figures."""
-    samplers = {"current": TransformersGenerator(policy)}
+    wide = wide_dtype(node.generation, policy)  # what a node here samples with (generation.sampling_dtype auto)
+    samplers = {"current" + (f" ({str(wide).removeprefix('torch.')} copy)" if wide else ""):
+                TransformersGenerator(policy, wide_dtype=wide)}
     if args.baseline:
         samplers[f"at {args.baseline}"] = generator_at(args.baseline, policy)
     if args.continuous:
@@ -232,21 +237,27 @@ def compare_samplers(policy, node, sampling: SamplingParams, params: int, gflops
     decoded = dict.fromkeys(samplers, 0)  # rows the model ran in one-position (decode) forwards
     for _ in range(args.repeats):
         for name, generator in samplers.items():
-            hook = policy.model.register_forward_pre_hook(
+            models = [m for m in (policy.model, getattr(generator, "wide", None)) if m is not None]  # and its copy
+            hooks = [m.register_forward_pre_hook(
                 lambda _, a, kw, name=name: decoded.__setitem__(name, decoded[name] + _decode_rows(kw)), with_kwargs=True)
+                for m in models]
             rounds[name].append(sample_round(generator, policy, node, sampling, args))
-            hook.remove()
+            for hook in hooks:
+                hook.remove()
     rows = []
+    current = next(iter(rounds.values()))
     for name, sampled in rounds.items():
         seconds = statistics.median(r.generate_s for r in sampled)
+        # each turn's seconds against the current sampler's in the same turn: what the machine's drift leaves alone
+        paired = statistics.median(r.generate_s / c.generate_s for r, c in zip(sampled, current))
         last = sampled[-1]
         flops = 2 * params * (last.prompt_tokens + last.completion_tokens)
         rows.append({"sampler": name, "generate_s": round(seconds, 2), "each_s": [round(r.generate_s, 2) for r in sampled],
                      "completion_tokens": last.completion_tokens,
                      "decoded_rows": decoded[name] // args.repeats if name != "continuous batching" else None,
                      "generated_tokens_per_s": round(last.completion_tokens / seconds, 1),
+                     "seconds_vs_current_paired": round(paired, 3),
                      "sampling_gflop": round(flops / 1e9, 1), "share_of_matmul_peak": round(flops / 1e9 / gflops / seconds, 3)})
-    current = rounds["current"]
     return Round(current[-1].groups, rows[0]["generate_s"], current[-1].prompt_tokens, current[-1].completion_tokens), rows
 
 
@@ -309,7 +320,7 @@ def main() -> None:
             "max_new_tokens": args.max_new_tokens, "temperature": temperature, "top_p": top_p,
             "prompt_tokens": sampled.prompt_tokens, "completion_tokens": sampled.completion_tokens,
             "matmul_gflops": round(gflops, 1), "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-            "machine": platform.machine(), "rows": rows, "samplers": samplers, "repeats": args.repeats,
+            "machine": platform.machine(), "amx": amx_available(), "rows": rows, "samplers": samplers, "repeats": args.repeats,
             "command": " ".join(sys.argv[1:]), "support_gate_s": round(gate_s, 2), "support_gate_groups": gated,
         }, indent=2))
         console.print(f"saved {args.out}")

@@ -88,6 +88,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=[], help="dataset names to keep (default: every candidate)")
     parser.add_argument("--mix", choices=sorted(MIXES), help="measure a named task mix's datasets instead of the candidates")
     parser.add_argument("--no-example", action="store_true", help="send the task alone (model.chat_example = null)")
+    parser.add_argument("--sampling-dtype", choices=["model", "bfloat16"], default="model",
+                        help="sample the model's own weights, or a bfloat16 copy as a node on a CPU with AMX tiles does")
     parser.add_argument("--seed", type=bounded(int, ge=0), default=0)
     parser.add_argument("--out", type=Path, help="save the JSON here")
     args = parser.parse_args()
@@ -103,7 +105,7 @@ def main() -> None:
         parser.error(f"argument --accept-license: {e.errors()[0]['msg'].removeprefix('Value error, ')}")
     except ModelLoadError as e:
         parser.error(f"argument --model: {e}")
-    generator = TransformersGenerator(policy)
+    generator = TransformersGenerator(policy, wide_dtype=torch.bfloat16 if args.sampling_dtype == "bfloat16" else None)
     rows = []
     for setting in args.sampling:
         temperature, top_p = map(float, setting.split(":"))
@@ -122,6 +124,7 @@ def main() -> None:
                 args.out.write_text(json.dumps({
                     "model": args.model, "mix": args.mix, "tasks": args.tasks, "completions": args.completions,
                     "max_new_tokens": args.max_new_tokens, "chat_example": cfg.chat_example, "seed": args.seed,
+                    "sampling_dtype": args.sampling_dtype,
                     "threads": torch.get_num_threads(), "rows": rows}, indent=2))
 
     table = Table(title=f"{args.model}: {args.tasks} tasks x {args.completions} completions, <= {args.max_new_tokens} "

@@ -12,17 +12,46 @@ from trainer.generation.base import (BackendError, Cancel, Cancelled, Completion
                                      never, to_completion)
 
 if TYPE_CHECKING:
+    import torch
+
     from trainer.config import GenerationConfig
     from trainer.policy import Policy
 
 __all__ = ["BackendError", "Cancel", "Cancelled", "never", "Completion", "Generator", "SamplingParams", "isolated_rng",
-           "to_completion", "vllm_available", "resolve_backend", "make_generator"]
+           "to_completion", "vllm_available", "WIDE_MIN_HIDDEN", "amx_available", "resolve_backend", "wide_dtype", "make_generator"]
 
 log = logging.getLogger(__name__)
 
 
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
+
+
+# a bfloat16 sampling copy pays on models at least this wide: a CPU's bfloat16 products carry a fixed cost a call
+# that float32's small ones do not (a 128-wide tiny preset samples slower from a copy; SmolLM2's 576, faster)
+WIDE_MIN_HIDDEN = 512
+
+
+def amx_available() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in AMX tiles (Intel Xeon since Sapphire Rapids), where
+    a bfloat16 copy of the weights samples about twice as fast as float32 (docs/bench/README.md, "Sampling on
+    the CPU"); elsewhere a CPU's bfloat16 products are slower than its float32 ones."""
+    import torch
+
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)  # torch's own test; absent from older builds
+    return bool(probe and probe())
+
+
+def wide_dtype(cfg: "GenerationConfig", policy: "Policy") -> "torch.dtype | None":
+    """The dtype of the transformers backend's sampling copy (`generation.sampling_dtype`), or None to sample
+    the trainer's weights themselves."""
+    import torch
+
+    if cfg.sampling_dtype != "auto":
+        return torch.bfloat16 if cfg.sampling_dtype == "bfloat16" else None
+    own = next(policy.model.parameters()).dtype
+    wide = getattr(policy.model.config, "hidden_size", 0) >= WIDE_MIN_HIDDEN
+    return torch.bfloat16 if policy.device.type == "cpu" and own == torch.float32 and wide and amx_available() else None
 
 
 def resolve_backend(cfg: "GenerationConfig", policy: "Policy") -> str:
@@ -41,4 +70,7 @@ def make_generator(cfg: "GenerationConfig", policy: "Policy") -> Generator:
         return VLLMGenerator(policy, cfg.vllm)
     from trainer.generation.hf import TransformersGenerator
 
-    return TransformersGenerator(policy, batch_size=cfg.batch_size)
+    wide = wide_dtype(cfg, policy)
+    if wide is not None:
+        log.info("generation: a %s copy of the weights samples the prompts and wide decoding steps", str(wide).removeprefix("torch."))
+    return TransformersGenerator(policy, batch_size=cfg.batch_size, wide_dtype=wide)

@@ -7,11 +7,16 @@ round lives on:
   prompt's own tail once, and its n completions decode on copies of that KV cache;
 - rows leave the batch as they finish (`generate` keeps every row until the longest one stops);
 - the cache is allocated once for the whole completion and written in place (`GrowingLayer`), which is
-  also what the memory planner counts (trainer/memory.py `kv_cache_bytes`).
+  also what the memory planner counts (trainer/memory.py `kv_cache_bytes`);
+- optionally (`wide_dtype`, on CPUs with AMX tiles: trainer/generation/__init__.py) a bfloat16 copy of the
+  weights runs the prompts and every decoding step of more than `NARROW_ROWS` rows, where its matrix products
+  are 2-4x faster than float32's; the trainer's own weights take the narrow steps of a batch's tail, where a
+  CPU's bfloat16 products are slower than float32's (docs/bench/README.md, "Sampling on the CPU").
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import torch
@@ -25,6 +30,7 @@ from trainer.policy import Policy
 COMPACT_SHARE = 0.25  # drop finished rows from the batch once they are this share of it (a copy of the cache)
 SHARED_HEAD_MIN = 8  # prompts that begin with this many equal tokens run them once, for all of them
 NUCLEUS_K = 64  # top-p looks at this many most likely tokens first; a row whose nucleus is wider sorts the vocabulary
+NARROW_ROWS = 4  # decoding steps of at most this many rows run on the trainer's own weights, never a wide copy
 
 
 class TransformersGenerator:
@@ -32,8 +38,10 @@ class TransformersGenerator:
     generates, then trains, never both at once, so nothing disturbs an in-flight batch; each step leaves
     the model in eval mode (dropout off, LoRA's included)."""
 
-    def __init__(self, policy: Policy, batch_size: int = 256):
+    def __init__(self, policy: Policy, batch_size: int = 256, wide_dtype: torch.dtype | None = None):
         self.model = policy.model
+        own = next(self.model.parameters()).dtype
+        self.wide = _cast_copy(self.model, wide_dtype) if wide_dtype not in (None, own) else None
         self.tokenizer = policy.tokenizer
         self.device = policy.device
         self.batch_size = batch_size
@@ -44,8 +52,10 @@ class TransformersGenerator:
         self.shares_heads = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
 
     def set_weights(self, model: torch.nn.Module) -> None:
-        """Nothing to copy: the model is sampled in place from now on."""
+        """The model is sampled in place from now on; a wide copy takes its weights (about 0.2 s for 135M)."""
         self.model = model
+        if self.wide is not None:
+            self.wide = _refreshed(self.wide, model)
         self.weight_version += 1
 
     def release(self) -> None:
@@ -64,7 +74,8 @@ class TransformersGenerator:
 
     def _sample(self, prompts: list[list[int]], params: SamplingParams, cancel: Cancel) -> list[Completion]:
         """`params.n` completions of each prompt, in prompt order."""
-        cache, logits, attn = self._prefill(prompts, params)
+        model = self.wide or self.model  # the wide copy, if any, until the batch narrows
+        cache, logits, attn = self._prefill(model, prompts, params)
         name = kv_cache_name(self.model)
         copies = torch.arange(len(prompts), device=self.device).repeat_interleave(params.n)
         logits, attn = logits[copies], attn[copies]
@@ -93,33 +104,36 @@ class TransformersGenerator:
                 cache.batch_select_indices(index)
                 attn, chosen = attn[index], chosen[index]
                 rows, finished = [rows[i] for i in keep], [False] * len(keep)
+            if model is not self.model and len(rows) <= NARROW_ROWS:
+                model = self.model
+                _cast_cache(cache, next(model.parameters()).dtype)
             attn = torch.cat([attn, attn.new_ones(len(attn), 1)], dim=1)
-            out = self.model(input_ids=chosen[:, None], attention_mask=attn, position_ids=attn.sum(-1, keepdim=True) - 1,
-                             use_cache=True, **{name: cache})
-            logits = out.logits[:, -1]
+            out = model(input_ids=chosen[:, None], attention_mask=attn, position_ids=attn.sum(-1, keepdim=True) - 1,
+                        use_cache=True, **{name: cache})
+            logits = out.logits[:, -1].float()
         return [to_completion(self.tokenizer, self.terminators, t, lp, params.stop, self.weight_version)
                 for t, lp in zip(tokens, logprobs)]
 
-    def _prefill(self, prompts: list[list[int]], params: SamplingParams):
-        """Runs the prompts: their shared head once, then each one's tail (left-padded, so that every row's
+    def _prefill(self, model: torch.nn.Module, prompts: list[list[int]], params: SamplingParams):
+        """Runs the prompts on `model`: their shared head once, then each one's tail (left-padded, so that every row's
         next token lands in the same column). Returns the KV cache, sized for the completions to come, the
         logits of each prompt's next token and the attention mask over the cache."""
         name = kv_cache_name(self.model)
         head = _shared_head(prompts) if self.shares_heads else 0
         extra = {}
         if head:
-            out = self.model(input_ids=torch.tensor([prompts[0][:head]], device=self.device), use_cache=True, logits_to_keep=1)
+            out = model(input_ids=torch.tensor([prompts[0][:head]], device=self.device), use_cache=True, logits_to_keep=1)
             extra[name] = getattr(out, name)
             extra[name].batch_repeat_interleave(len(prompts))
         enc = self.tokenizer.pad({"input_ids": [p[head:] for p in prompts]}, return_tensors="pt").to(self.device)
         attn = torch.cat([enc["attention_mask"].new_ones(len(prompts), head), enc["attention_mask"]], dim=1)
-        out = self.model(input_ids=enc["input_ids"], attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)[:, head:],
-                         use_cache=True, logits_to_keep=1, **extra)
+        out = model(input_ids=enc["input_ids"], attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)[:, head:],
+                    use_cache=True, logits_to_keep=1, **extra)
         cache = getattr(out, name)
         for i, layer in enumerate(cache.layers):
             if type(layer) is DynamicLayer:  # sliding-window layers keep their own bounded storage
                 cache.layers[i] = GrowingLayer(layer, params.max_new_tokens)
-        return cache, out.logits[:, -1], attn
+        return cache, out.logits[:, -1].float(), attn
 
     def _stopped(self, tail: list[int], stop: Sequence[str]) -> bool:
         text = self.tokenizer.decode(tail, skip_special_tokens=True)
@@ -175,6 +189,41 @@ class GrowingLayer(DynamicLayer):
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
         self._view()
+
+    def cast(self, dtype: torch.dtype) -> None:
+        self.key_buffer, self.value_buffer = self.key_buffer.to(dtype), self.value_buffer.to(dtype)
+        self._view()
+
+
+def _cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A copy of `model` whose parameters are in `dtype` (tied ones stay tied) and whose buffers (rotary
+    frequencies) keep theirs, built without a second full-precision copy on the way."""
+    memo = {id(p): torch.nn.Parameter(p.detach().to(dtype), requires_grad=False) for p in model.parameters()}
+    wide = copy.deepcopy(model, memo).eval()
+    # the prefill's last positions are a strided view: a bfloat16 linear layer on a CPU would multiply them
+    # as a batch, copying the output weights once per prompt (0.7 s of a 1.2 s prefill on SmolLM2-135M)
+    wide.get_output_embeddings().register_forward_pre_hook(lambda _, args: (args[0].clone(memory_format=torch.contiguous_format), *args[1:]))
+    return wide
+
+
+def _refreshed(wide: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:
+    """`wide` holding `model`'s weights now: copied in place, or a new copy if `model` is another architecture."""
+    ours, theirs = dict(wide.named_parameters()), dict(model.named_parameters())
+    if ours.keys() != theirs.keys():
+        return _cast_copy(model, next(iter(ours.values())).dtype)
+    with torch.no_grad():
+        for name, p in ours.items():
+            p.copy_(theirs[name])
+    return wide
+
+
+def _cast_cache(cache, dtype: torch.dtype) -> None:
+    """A KV cache written by the wide copy, in the dtype of the weights that decode on from it."""
+    for layer in cache.layers:
+        if isinstance(layer, GrowingLayer):
+            layer.cast(dtype)
+        else:
+            layer.keys, layer.values = layer.keys.to(dtype), layer.values.to(dtype)
 
 
 def _shared_head(prompts: list[list[int]]) -> int:
