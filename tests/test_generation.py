@@ -282,13 +282,13 @@ def test_tied_embeddings_stay_consistent_after_pushes(backend):
         assert_logprobs_match(gen, other, policy, sample(gen, policy))
 
 
-def nudge_adapters(model, seed: int) -> None:
+def nudge_adapters(model, seed: int, scale: float = 0.5) -> None:
     """Random LoRA B matrices (peft starts them at zero, where the adapters change nothing)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
 
 
 def test_the_vllm_engine_is_told_the_adapters_rank_and_a_model_without_adapters_has_none(model_dir):
@@ -358,6 +358,22 @@ def test_a_bfloat16_copy_runs_the_prompts_and_wide_steps_and_the_trainers_weight
     assert all((name == "copy") == (rows > NARROW_ROWS) for name, rows in steps), steps
     assert {name for name, _ in steps} == {"copy", "own"}  # the batch narrowed within the call
     assert_logprobs_match(gen, policy.model, policy, out)
+
+
+def test_a_bfloat16_copy_of_a_lora_model_follows_each_push_of_its_adapters(model_dir):
+    from trainer.generation.hf import TransformersGenerator
+
+    policy = load_policy(ModelConfig(name=str(model_dir), device="cpu", dtype="float32", lora={"enabled": True, "r": 4}))
+    gen = TransformersGenerator(policy, wide_dtype=torch.bfloat16)
+    before = sample(gen, policy)
+    # adapters at nudge_adapters' usual 0.5 dwarf this random model's own weights: its attention saturates, and
+    # bfloat16's rounding moves log-probs by up to 0.72 (float32's sampler: 3e-6); at 0.05, by up to 0.006
+    nudge_adapters(policy.model, seed=1, scale=0.05)
+    gen.set_weights(policy.model)
+    after = sample(gen, policy)
+    assert ids(after) != ids(before)  # the copy samples the new adapters, not those it was made with
+    assert_logprobs_match(gen, policy.model, policy, after)
+    assert all(p.dtype == torch.bfloat16 for name, p in gen.wide.named_parameters() if "lora_" in name)
 
 
 def test_auto_samples_from_a_bfloat16_copy_only_on_a_cpu_with_amx_for_a_wide_float32_model(model_dir, monkeypatch):

@@ -52,7 +52,7 @@ class TransformersGenerator:
         self.shares_heads = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
 
     def set_weights(self, model: torch.nn.Module) -> None:
-        """The model is sampled in place from now on; a wide copy takes its weights (about 0.2 s for 135M)."""
+        """The model is sampled in place from now on; a wide copy takes its weights (0.04-0.12 s for 135M on 2 cores)."""
         self.model = model
         if self.wide is not None:
             self.wide = _refreshed(self.wide, model)
@@ -74,7 +74,7 @@ class TransformersGenerator:
 
     def _sample(self, prompts: list[list[int]], params: SamplingParams, cancel: Cancel) -> list[Completion]:
         """`params.n` completions of each prompt, in prompt order."""
-        model = self.wide or self.model  # the wide copy, if any, until the batch narrows
+        model = self.model if self.wide is None else self.wide  # the wide copy, if any, until the batch narrows
         cache, logits, attn = self._prefill(model, prompts, params)
         name = kv_cache_name(self.model)
         copies = torch.arange(len(prompts), device=self.device).repeat_interleave(params.n)
@@ -202,7 +202,8 @@ def _cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     wide = copy.deepcopy(model, memo).eval()
     # the prefill's last positions are a strided view: a bfloat16 linear layer on a CPU would multiply them
     # as a batch, copying the output weights once per prompt (0.7 s of a 1.2 s prefill on SmolLM2-135M)
-    wide.get_output_embeddings().register_forward_pre_hook(lambda _, args: (args[0].clone(memory_format=torch.contiguous_format), *args[1:]))
+    wide.get_output_embeddings().register_forward_pre_hook(
+        lambda _, args: (args[0].clone(memory_format=torch.contiguous_format), *args[1:]))
     return wide
 
 
