@@ -43,7 +43,9 @@ DOCKERD_PID=$(cat "$STATE/dockerd.pid" 2>/dev/null || true)
 [ -n "$DOCKERD_PID" ] && [ "$(cat "/proc/$DOCKERD_PID/comm" 2>/dev/null)" != dockerd ] && DOCKERD_PID=""
 
 say() { echo "test_docker: $*" >&2; }
+FAILED=""
 fail() {
+  FAILED=$*
   say "FAIL: $*"
   exit 1
 }
@@ -66,6 +68,10 @@ cleanup() {
   if [ "$rc" != 0 ] && docker info >/dev/null 2>&1; then
     say "container logs (last 40 lines each):"
     compose logs --no-color --tail 40 >&2 2>/dev/null || true
+    docker logs --tail 20 "$SMOL" 2>&1 | sed "s/^/$SMOL | /" >&2 || true
+    # CI keeps only the end of its output: any traceback, then the reason, come last
+    { compose logs --no-color 2>/dev/null; docker logs "$SMOL" 2>&1; } | grep -B2 -A25 "Traceback" | head -60 >&2 || true
+    [ -z "$FAILED" ] || say "FAIL: $FAILED"
   fi
   if [ "$KEEP" = 0 ] && docker info >/dev/null 2>&1; then
     compose down -v --remove-orphans -t 5 >/dev/null 2>&1 || true

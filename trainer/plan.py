@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from trainer import memory
-from trainer.generation import WIDE_MIN_HIDDEN, amx_available
+from trainer.generation import amx_available, copy_pays
 from trainer.memory import GB, MemoryPlanError, ModelShape, RoundShape
 
 DeviceKind = Literal["cuda", "mps", "cpu"]
@@ -53,6 +53,10 @@ class Device:
     def card(cls, gb: float, name: str | None = None, bf16: bool = True) -> "Device":
         """A described CUDA card with `gb` GB free (tests, `sapo doctor --card`)."""
         return cls("cuda", name or f"{article(gb)} {gb:g} GB CUDA card", gb * GB, gb * GB, bf16)
+
+    @property
+    def amx(self) -> bool:
+        return self.kind == "cpu" and self.bf16
 
     def __str__(self) -> str:
         return f"{self.kind} ({self.name}, {self.free_bytes / GB:.1f} GB free)"
@@ -237,14 +241,16 @@ def _backends(device: Device, wants: Wants) -> list[tuple[str, list[bool]]]:
     if wants.sampling_dtype is not None:
         copies = [wants.sampling_dtype == "bfloat16"]
     else:
-        copies = [True, False] if device.kind == "cpu" and device.bf16 else [False]
+        copies = [True, False] if device.amx else [False]
     return [(b, copies if b == "transformers" else [False]) for b in backends]
 
 
-def _copies(dtype: str, m: ModelShape, wants: Wants) -> bool:
+def _copies(device: Device, dtype: str, m: ModelShape, wants: Wants) -> bool:
     """Whether a candidate that may keep a bfloat16 sampling copy does for this policy: a 16-bit policy samples
-    itself, and unasked a narrow model samples its own float32 weights faster than a copy."""
-    return dtype == "float32" and (wants.sampling_dtype == "bfloat16" or m.hidden >= WIDE_MIN_HIDDEN)
+    itself, and unasked the generator's own rule (`copy_pays`) decides."""
+    if wants.sampling_dtype == "bfloat16":
+        return dtype == "float32"
+    return copy_pays(device.amx, dtype == "float32", m.hidden)
 
 
 def _first_fit(device: Device, config: dict, r: RoundShape, wants: Wants) -> Plan | tuple[Plan, int]:
@@ -273,7 +279,7 @@ def _fit(device: Device, config: dict, r: RoundShape, wants: Wants, backend: str
         why = (f"LoRA on an NF4 base: the projections in 4 bits a weight, the rest of the base in {dtype}, the adapters "
                "in float32" + (": a 16-bit base does not fit" if wants.quantize is None else ""))
     m = shape(config, lora, ckpt, dtype, wants, nf4)
-    copy &= _copies(dtype, m, wants)
+    copy &= _copies(device, dtype, m, wants)
     on_vllm_gpu = backend == "vllm" and device.kind == "cuda"
     sleep = wants.vllm_sleep and on_vllm_gpu
     budget = budget_of(device)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from trainer.policy import Policy
 
 __all__ = ["BackendError", "Cancel", "Cancelled", "never", "Completion", "Generator", "SamplingParams", "isolated_rng",
-           "to_completion", "vllm_available", "WIDE_MIN_HIDDEN", "amx_available", "resolve_backend", "wide_dtype", "make_generator"]
+           "to_completion", "vllm_available", "WIDE_MIN_HIDDEN", "amx_available", "resolve_backend", "copy_pays", "wide_dtype", "make_generator"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,12 @@ def amx_available() -> bool:
     return bool(probe and probe())
 
 
+def copy_pays(amx_cpu: bool, float32: bool, hidden: int) -> bool:
+    """`generation.sampling_dtype: auto`'s one rule, for the generator and the planner alike: a bfloat16 sampling
+    copy only where it was measured faster, a float32 model at least `WIDE_MIN_HIDDEN` wide on a CPU with AMX."""
+    return amx_cpu and float32 and hidden >= WIDE_MIN_HIDDEN
+
+
 def wide_dtype(cfg: "GenerationConfig", policy: "Policy") -> "torch.dtype | None":
     """The dtype of the transformers backend's sampling copy (`generation.sampling_dtype`), or None to sample
     the trainer's weights themselves."""
@@ -49,9 +55,9 @@ def wide_dtype(cfg: "GenerationConfig", policy: "Policy") -> "torch.dtype | None
 
     if cfg.sampling_dtype != "auto":
         return torch.bfloat16 if cfg.sampling_dtype == "bfloat16" else None
-    own = next(policy.model.parameters()).dtype
-    wide = getattr(policy.model.config, "hidden_size", 0) >= WIDE_MIN_HIDDEN
-    return torch.bfloat16 if policy.device.type == "cpu" and own == torch.float32 and wide and amx_available() else None
+    float32 = next(policy.model.parameters()).dtype == torch.float32
+    hidden = getattr(policy.model.config, "hidden_size", 0)
+    return torch.bfloat16 if copy_pays(policy.device.type == "cpu" and amx_available(), float32, hidden) else None
 
 
 def resolve_backend(cfg: "GenerationConfig", policy: "Policy") -> str:
