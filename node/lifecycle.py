@@ -66,13 +66,15 @@ class StopSignal:
             signal.signal(sig, handler)
 
 
-def exit_on_sigterm() -> None:
-    """SIGTERM exits with status 143 through `finally` blocks (SystemExit), so a harness stops the processes it
-    started instead of leaving them running; a repeated SIGTERM during that cleanup is ignored (its waits are
-    bounded)."""
+def exit_on_stop_signals() -> None:
+    """SIGTERM and Ctrl-C (SIGINT) exit with status 143 and 130 through `finally` blocks (SystemExit, which prints
+    no traceback), so a harness stops the processes it started instead of leaving them running; a repeated signal
+    during that cleanup is ignored (its waits are bounded)."""
 
     def handle(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, handle)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handle)

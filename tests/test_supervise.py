@@ -3,6 +3,9 @@ with a clear message and a checkpoint it resumes from."""
 
 import json
 import logging
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -11,6 +14,7 @@ from node.lifecycle import StopSignal
 from node.supervise import ComponentFailed, retrying
 from trainer import checkpoint
 from trainer.generation.hf import TransformersGenerator
+from tests.conftest import ROOT
 
 
 def flaky(failures: int, exc=RuntimeError("CUDA error: an illegal memory access")):
@@ -47,6 +51,25 @@ def test_a_stop_during_the_backoff_returns_at_once():
     fn, calls = flaky(10)
     assert retrying("generation", fn, retries=5, backoff_s=30.0, stop=stop) is None
     assert calls["n"] == 1
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_harness_stopped_by_ctrl_c_or_sigterm_runs_its_cleanup_and_exits_without_a_traceback(sig, code):
+    harness = ("import os, signal, time\n"
+               "from node.lifecycle import exit_on_stop_signals\n"
+               "exit_on_stop_signals()\n"
+               "try:\n"
+               "    print('running', flush=True)\n"
+               "    time.sleep(60)\n"
+               "finally:\n"
+               "    os.kill(os.getpid(), signal.SIGINT)  # a second signal during the cleanup is ignored\n"
+               "    print('cleaned up', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", harness], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline() == "running\n"
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, out, err) == (code, "cleaned up\n", "")
 
 
 def rounds_in(out):
@@ -180,12 +203,8 @@ sys.exit(main(sys.argv[1:]))
 
 @pytest.mark.slow
 def test_a_stop_that_never_reaches_a_safe_point_still_exits_within_the_deadline(tiny_a, cache_dir, tmp_path):
-    import signal
-    import subprocess
-    import sys
     import time
 
-    from tests.conftest import ROOT
 
     log = tmp_path / "node.log"
     args = [*node_args(cache_dir, tmp_path / "out", 5), "--run.stop_timeout_s", "3"]

@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from node.argtypes import bounded, count, positive
-from node.lifecycle import exit_on_sigterm
+from node.lifecycle import exit_on_stop_signals
 from node.metrics import MetricsLog
 from node.swarm import free_port, wait_listening
 from p2p.config import PoolConfig
@@ -237,7 +237,7 @@ def survivors_table(survivors: list[dict], args: argparse.Namespace) -> Table:
 
 def main() -> None:
     args = parse_args()
-    exit_on_sigterm()
+    exit_on_stop_signals()
     console = Console(width=160)
     nodes, groups = plan_nodes(args)
     ids = {n.k: peer_id(load_or_create(n.out / "node.key")) for n in nodes}

@@ -32,7 +32,7 @@ from rich.table import Table
 from libp2p.peer.id import ID
 
 from node.argtypes import bounded, count, json_of, positive
-from node.lifecycle import exit_on_sigterm
+from node.lifecycle import exit_on_stop_signals
 from p2p.config import P2PConfig, ShardConfig
 from p2p.shards import publish_topics, shard_key, shard_topic
 
@@ -183,7 +183,7 @@ def main() -> None:
     args = p.parse_args()
     if args.path and args.path[1] >= 1:
         p.error(f"argument --path: LOSS must be < 1 (got {args.path[1]:g})")
-    exit_on_sigterm()
+    exit_on_stop_signals()
 
     console = Console(width=160)
     rows = []

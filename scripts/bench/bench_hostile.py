@@ -77,7 +77,7 @@ from rich.console import Console
 from rich.table import Table
 
 from node.argtypes import bounded, count, positive
-from node.lifecycle import exit_on_sigterm
+from node.lifecycle import exit_on_stop_signals
 from node.progress import print_table
 from node.selection_config import RULES
 from node.swarm import free_port
@@ -661,7 +661,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    exit_on_sigterm()
+    exit_on_stop_signals()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.code, capture_output=True,
                             text=True).stdout.strip()
     attacks = relay_attacks if args.attack in RELAY_ATTACKS else swarm_attacks if args.attack in SWARM_ATTACKS else floods

@@ -43,7 +43,7 @@ from rich.table import Table
 
 from bench_churn import Node, node_args, restart, restart_outcome
 from node.argtypes import bounded, positive
-from node.lifecycle import exit_on_sigterm
+from node.lifecycle import exit_on_stop_signals
 from node.swarm import free_port, wait_listening
 from p2p.identity import load_or_create, peer_id
 
@@ -218,6 +218,8 @@ class Soak:
             for n in self.procs():
                 stop(n)
             self.save()
+            if self.ended < (self.started or self.ended) + self.args.duration:
+                self.console.print(f"stopped early: the partial record is in {self.args.out} (--report prints it)")
 
     def _loop(self) -> None:
         self.started = now = time.time()
@@ -274,7 +276,7 @@ class Soak:
                   "machine": platform.platform(), "python": platform.python_version(), "args": {
                       k: str(v) if isinstance(v, Path) else v for k, v in vars(self.args).items() if k != "report"},
                   "started": self.started, "ended": self.ended,  # complete: it ran its duration (not stopped or failed)
-                  "complete": self.ended is not None and self.ended >= self.started + self.args.duration,
+                  "complete": None not in (self.started, self.ended) and self.ended >= self.started + self.args.duration,
                   "events": self.events, "machine_cpu": self.machine,
                   "restarts": [restart_outcome(self.nodes[r["node"]], r, ids[f"node{r['node']}"]) for r in self.restarts],
                   "processes": {n.name: {"samples": n.samples, "starts": n.starts, **n.log_problems(),
@@ -491,7 +493,7 @@ def main() -> None:
         report(record, console)
         figure(record, args.report.with_suffix(".png"))
         return
-    exit_on_sigterm()
+    exit_on_stop_signals()
     soak = Soak(args, console)
     soak.run()
     record = json.loads(args.out.read_text())
