@@ -45,7 +45,7 @@ def machine() -> list[tuple[str, str]]:
         rows.append(("cuda", "none" + ("" if torch.version.cuda else " (this torch is a CPU build)")))
     from trainer.generation import amx_available
 
-    rows.append(("cpu sampling", "AMX tiles: a CPU node samples from a bfloat16 copy of its weights, faster than float32 "
+    rows.append(("cpu sampling", "AMX tiles: a CPU node samples from bfloat16 and int8 copies of its weights, faster than float32 "
                                  "(docs/bench/README.md, \"Sampling on the CPU\")" if amx_available() else
                  "no AMX tiles: a CPU node samples its float32 weights (bfloat16 products are slower without them)"))
     mps = getattr(torch.backends, "mps", None)

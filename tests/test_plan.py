@@ -210,11 +210,14 @@ def test_what_the_user_set_stands_and_a_refusal_names_the_one_change_that_fits()
     assert plan(cpu(3.3), SMOLLM2, huge, Wants()).generation_rows < 4096  # left to it, the planner decodes in turns
 
 
-def test_a_cpu_with_amx_samples_a_wide_model_from_a_bfloat16_copy_counted_in_the_plan_where_it_fits():
+def test_a_cpu_with_amx_samples_a_wide_model_from_its_copies_counted_in_the_plan_where_they_fit():
     amx = replace(CPU, bf16=True)
     with_copy, without = plan(amx, SMOLLM2, BENCH_ROUND, Wants()), plan(CPU, SMOLLM2, BENCH_ROUND, Wants())
     assert with_copy.sampling_dtype == "bfloat16" and without.sampling_dtype == "model"
-    assert with_copy.parts["generator"] == pytest.approx(2 * shape_from_config(SMOLLM2).parameters)
+    shape = shape_from_config(SMOLLM2)  # a bfloat16 copy, and an int8 one with bfloat16 embeddings
+    assert with_copy.parts["generator"] == pytest.approx(3 * shape.parameters + 2 * shape.vocab * shape.hidden)
+    lora = plan(amx, SMOLLM2, BENCH_ROUND, Wants(lora=True))  # adapters: the trainer's weights take the narrow tail
+    assert lora.sampling_dtype == "bfloat16" and lora.parts["generator"] == pytest.approx(2 * lora.model.parameters)
     assert without.parts["generator"] == 0 and with_copy.peak_bytes > without.peak_bytes
     assert "a bfloat16 copy samples" in with_copy.summary() and with_copy.record()["sampling_dtype"] == "bfloat16"
     # where the copy alone does not fit, the plan samples the trainer's weights rather than lose its micro-batch

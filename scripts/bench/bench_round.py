@@ -237,7 +237,8 @@ def compare_samplers(policy, node, sampling: SamplingParams, params: int, gflops
     decoded = dict.fromkeys(samplers, 0)  # rows the model ran in one-position (decode) forwards
     for _ in range(args.repeats):
         for name, generator in samplers.items():
-            models = [m for m in (policy.model, getattr(generator, "wide", None)) if m is not None]  # and its copy
+            models = [m for m in (policy.model, getattr(generator, "wide", None), getattr(generator, "narrow", None))
+                      if m is not None]  # and its copies
             hooks = [m.register_forward_pre_hook(
                 lambda _, a, kw, name=name: decoded.__setitem__(name, decoded[name] + _decode_rows(kw)), with_kwargs=True)
                 for m in models]

@@ -34,7 +34,7 @@ WIDE_MIN_HIDDEN = 512
 
 def amx_available() -> bool:
     """Whether this CPU multiplies bfloat16 matrices in AMX tiles (Intel Xeon since Sapphire Rapids), where
-    a bfloat16 copy of the weights sampled a round 1.5x as fast as float32 (docs/bench/README.md, "Sampling on
+    bfloat16 and int8 copies of the weights sampled a round 1.8x as fast as float32 (docs/bench/README.md, "Sampling on
     the CPU"); elsewhere a CPU's bfloat16 products are slower than its float32 ones."""
     import torch
 
