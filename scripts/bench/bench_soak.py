@@ -218,8 +218,13 @@ class Soak:
             for n in self.procs():
                 stop(n)
             self.save()
-            if self.ended < (self.started or self.ended) + self.args.duration:
+            if not self.complete:
                 self.console.print(f"stopped early: the partial record is in {self.args.out} (--report prints it)")
+
+    @property
+    def complete(self) -> bool:
+        """It ran its duration (not stopped or failed)."""
+        return None not in (self.started, self.ended) and self.ended >= self.started + self.args.duration
 
     def _loop(self) -> None:
         self.started = now = time.time()
@@ -276,7 +281,7 @@ class Soak:
                   "machine": platform.platform(), "python": platform.python_version(), "args": {
                       k: str(v) if isinstance(v, Path) else v for k, v in vars(self.args).items() if k != "report"},
                   "started": self.started, "ended": self.ended,  # complete: it ran its duration (not stopped or failed)
-                  "complete": None not in (self.started, self.ended) and self.ended >= self.started + self.args.duration,
+                  "complete": self.complete,
                   "events": self.events, "machine_cpu": self.machine,
                   "restarts": [restart_outcome(self.nodes[r["node"]], r, ids[f"node{r['node']}"]) for r in self.restarts],
                   "processes": {n.name: {"samples": n.samples, "starts": n.starts, **n.log_problems(),
