@@ -32,7 +32,7 @@ from trainer.policy import Policy
 COMPACT_SHARE = 0.25  # drop finished rows from the batch once they are this share of it (a copy of the cache)
 SHARED_HEAD_MIN = 8  # prompts that begin with this many equal tokens run them once, for all of them
 NUCLEUS_K = 64  # top-p looks at this many most likely tokens first; a row whose nucleus is wider sorts the vocabulary
-NARROW_ROWS = 4  # decoding steps of at most this many rows run on the trainer's own weights, never a wide copy
+NARROW_ROWS = 4  # decoding steps of at most this many rows run on the int8 copy (or the trainer's own weights), never the wide one
 
 
 class TransformersGenerator:
@@ -252,7 +252,7 @@ def _int8_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A bfloat16 copy of `model` whose linear layers hold int8 weights (`Int8Linear`)."""
     linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     tied = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
-    memo = {id(m.weight): None for m in linears.values() if id(m.weight) not in tied}  # not copied: replaced below
+    memo = {id(p): None for m in linears.values() for p in m.parameters() if id(p) not in tied}  # replaced below
     memo.update({id(p): torch.nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=False)
                  for p in model.parameters() if id(p) not in memo})
     narrow = copy.deepcopy(model, memo).eval()
@@ -268,24 +268,26 @@ def _refreshed_int8(narrow: torch.nn.Module, model: torch.nn.Module) -> torch.nn
     linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     if not all(isinstance(ours.get(name), Int8Linear) for name in linears):
         return _int8_copy(model)
-    with torch.no_grad():
-        for name, linear in linears.items():
-            ours[name].load(linear)
-        theirs = dict(model.named_parameters())
-        for name, p in narrow.named_parameters():
-            p.copy_(theirs[name])
+    for name, linear in linears.items():
+        ours[name].load(linear)
+    _copy_parameters(narrow, model)
     return narrow
 
 
 def _refreshed(wide: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:
     """`wide` holding `model`'s weights now: copied in place, or a new copy if `model` is another architecture."""
-    ours, theirs = dict(wide.named_parameters()), dict(model.named_parameters())
-    if ours.keys() != theirs.keys():
-        return _cast_copy(model, next(iter(ours.values())).dtype)
-    with torch.no_grad():
-        for name, p in ours.items():
-            p.copy_(theirs[name])
+    if dict(wide.named_parameters()).keys() != dict(model.named_parameters()).keys():
+        return _cast_copy(model, next(wide.parameters()).dtype)
+    _copy_parameters(wide, model)
     return wide
+
+
+@torch.no_grad()
+def _copy_parameters(copy_: torch.nn.Module, model: torch.nn.Module) -> None:
+    """Every parameter of `copy_` takes the value of `model`'s of the same name, in its own dtype."""
+    theirs = dict(model.named_parameters())
+    for name, p in copy_.named_parameters():
+        p.copy_(theirs[name])
 
 
 def _cast_cache(cache, dtype: torch.dtype) -> None:
