@@ -128,9 +128,10 @@ def scrape(url: str) -> dict:
     except (OSError, ValueError) as e:
         return {"scrape_failed": type(e).__name__}
     p2p = s.get("p2p") or {}
-    pool = p2p.get("pool") or {}
-    return {"healthy": s.get("healthy"), "peers": p2p.get("peers"), "pool": pool.get("size"),
-            "pool_seen": pool.get("seen"), "seen_messages": p2p.get("seen_messages")}
+    row = {"healthy": s.get("healthy"), "peers": p2p.get("peers")}
+    if "pool" in p2p:  # a node serves its status before its gossip has started: no counters yet
+        row.update(pool=p2p["pool"].get("size"), pool_seen=p2p["pool"].get("seen"), seen_messages=p2p.get("seen_messages"))
+    return row
 
 
 def folder_mb(path: Path) -> float:
