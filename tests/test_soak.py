@@ -32,6 +32,7 @@ def test_a_brief_soak_restarts_resumes_floods_and_records_every_process(tiny_a, 
     assert s["restarts"] >= 4 and s["resumed_from_checkpoint"] == s["peer_id_kept"] == s["restarts"], s
     assert s["bootstrap_restarts"] == 1 and record["processes"]["bootstrap"]["exit_code"] == 0
     assert set(s["flood_messages"]) == {"junk2", "length3"} and all(s["flood_messages"].values()), s
+    assert all(e["cpu_s"] > 0 for e in record["events"] if e["event"] == "flood_end"), record["events"]
     assert s["error_lines"] == {"bootstrap": 0, "node0": 0, "node1": 0, "node2": 0} and not any(s["tracebacks"].values()), s
     for name, v in s["survivors"].items():
         assert v["exit_code"] == 0 and v["rounds_contiguous"] and v["rounds"] > 0, (name, v)
@@ -43,9 +44,28 @@ def test_a_brief_soak_restarts_resumes_floods_and_records_every_process(tiny_a, 
         assert scraped and all(x["pool_seen"] is not None and x["seen_messages"] is not None for x in scraped), name
         assert v["slopes_per_hour"]["rss_mb"] is None  # under three 10-minute blocks: no slope, rather than a wrong one
         assert all(0 < p["cpu_cores"] <= 1.05 * record["cpus"] for p in v["pace"]), (name, v["pace"])  # (sampling jitter)
+        assert {k: r["cycles"] for k, r in v["vs_calm"].items()} == {"churn": 1, "churn+junk": 1, "churn+length": 1}, v
     machine = s["machine_by_phase"]  # a phase slower than calm: the soak's own work, or the machine's?
     assert [m["kind"] for m in machine] == ["calm", "churn", "churn+junk", "churn+length"]
     assert all(0 < m["busy_cores"] <= 1.05 * record["cpus"] and m["steal_cores"] >= 0 for m in machine), machine
+
+
+def test_each_kind_of_phase_is_compared_with_its_own_cycles_calm_phase_pace_and_pace_per_core():
+    """`--phases calm length` alternates the flood with calm so that a run's drift cancels in each cycle's ratio."""
+    sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+    import bench_soak
+
+    def phase(kind: str, cycle: int, rate: float, cores: float) -> dict:
+        return {"kind": kind, "cycle": cycle, "rounds_per_min": rate, "cpu_cores": cores}
+
+    phases = [phase("calm", 0, 100, 0.5), phase("length", 0, 50, 0.5),  # half the pace on the same cores
+              phase("calm", 1, 300, 0.5), phase("length", 1, 240, 0.4),  # 0.8 of the pace, all of it per core
+              phase("calm", 2, None, 0.5), phase("length", 2, 10, 0.5)]  # a cycle without a calm pace counts nothing
+    r = bench_soak.vs_calm(phases)["length"]
+    assert r["cycles"] == 2
+    assert r["pace"]["mean"] == pytest.approx(0.65) and r["per_core"]["mean"] == pytest.approx(0.75)
+    assert r["pace"]["ci95"] == pytest.approx(12.71 * 0.15)  # t(1) x stdev / sqrt(2): two cycles say little
+    assert bench_soak.vs_calm(phases[:2])["length"]["pace"] == {"mean": 0.5, "ci95": None}
 
 
 def test_the_disk_reading_counts_a_file_rotated_away_while_the_folder_is_walked_as_gone(tmp_path, monkeypatch):

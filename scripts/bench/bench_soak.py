@@ -1,11 +1,13 @@
 """Soak benchmark: a swarm of tiny-a nodes on 127.0.0.1 left running for hours under churn and hostile
 stretches, each process watched for growth.
 
-Phases of --phase seconds repeat in this order: calm (nothing happens), churn (one of the churned nodes
-SIGKILLed and restarted every --kill-every seconds, same --out: same key, same checkpoints), churn with a
+Phases of --phase seconds repeat, by default in this order: calm (nothing happens), churn (one of the churned
+nodes SIGKILLed and restarted every --kill-every seconds, same --out: same key, same checkpoints), churn with a
 stranger flooding junk, churn with a stranger sending the length flood (right answers padded to 2,000
-characters). The bootstrap-only node, every node's first bootstrap peer, is stopped and started again at the
-start of every junk phase. With --smollm2 a SmolLM2-135M node takes part for the whole of the second cycle.
+characters). --phases sets another cycle; `junk` and `length` flood without churn, so that `--phases calm length`
+alternates a flood with calm and the drift of a long run cancels in each cycle's ratio. The bootstrap-only node,
+every node's first bootstrap peer, is stopped and started again at the start of every junk phase. With --smollm2
+a SmolLM2-135M node takes part for the whole of the second cycle.
 Nodes 0 and 1 are never killed: the survivors.
 
 Every --sample seconds each live process's RSS, open descriptors, threads and CPU time, and the machine's busy
@@ -49,7 +51,8 @@ from p2p.identity import load_or_create, peer_id
 
 from lab.probe import FLOOD_ARGS, ProbeProcess
 
-PHASES = ("calm", "churn", "churn+junk", "churn+length")
+PHASES = ("calm", "churn", "churn+junk", "churn+length")  # one cycle, by default
+KINDS = (*PHASES, "junk", "length")  # a flood without churn: an A/B against calm that churn does not confound
 SURVIVORS = 2  # nodes 0 and 1 are never killed
 DISK_EVERY_S = 60.0
 SAVE_EVERY_S = 300.0
@@ -152,7 +155,9 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=bounded(int, ge=SURVIVORS + 1), default=5, help="tiny-a nodes (the first two survive)")
     p.add_argument("--duration", type=positive, default=7200.0, help="seconds of soak")
-    p.add_argument("--phase", type=positive, default=600.0, help="seconds of each phase (calm, churn, junk, length)")
+    p.add_argument("--phase", type=positive, default=600.0, help="seconds of each phase")
+    p.add_argument("--phases", nargs="+", choices=KINDS, default=list(PHASES),
+                   help="one cycle's phases, in order (default: %(default)s); `junk` and `length` flood without churn")
     p.add_argument("--kill-every", type=positive, default=120.0, help="seconds between kills in a churn phase")
     p.add_argument("--settle", type=bounded(float, ge=0), default=1800.0, help="seconds left out of the slopes")
     p.add_argument("--sample", type=positive, default=10.0, help="seconds between samples")
@@ -234,7 +239,7 @@ class Soak:
             if (index := int((now - self.started) // self.args.phase)) != phase:
                 phase = index
                 self._enter(phase, now)
-                next_kill = now + self.args.kill_every if PHASES[phase % len(PHASES)] != "calm" else math.inf
+                next_kill = now + self.args.kill_every if self._kind(phase)[0].startswith("churn") else math.inf
             if now >= next_kill:
                 self.restarts.append({**restart(self.nodes[SURVIVORS + turn % (len(self.nodes) - SURVIVORS)]), "phase": phase})
                 turn, next_kill = turn + 1, next_kill + self.args.kill_every
@@ -251,28 +256,34 @@ class Soak:
 
     def _enter(self, phase: int, now: float) -> None:
         """Start phase number `phase`: the flood of its kind, the bootstrap restart, the SmolLM2 node's turn."""
-        kind, cycle = PHASES[phase % len(PHASES)], phase // len(PHASES)
+        kind, cycle = self._kind(phase)
         self._end_flood()
-        if kind == "churn+junk":
+        flood = kind.split("+")[-1] if kind.endswith(("junk", "length")) else None
+        if flood == "junk":
             code = stop(self.bootstrap)
             self.bootstrap.start()
             self.events.append({"t": now, "event": "bootstrap_restart", "exit_code": code})
-        if kind in ("churn+junk", "churn+length"):
-            flood = kind.split("+")[1]
+        if flood:
             self.flood = ProbeProcess(self.args.workdir / "floods", f"{flood}{phase}", "--bootstrap", self.flood_target,
                                       "--rate", "2", "--groups", "8", "--completions", "8", "--chars", "200", "--unpaced",
                                       *FLOOD_ARGS[flood])
-        if self.smollm2 and cycle == 1 and phase % len(PHASES) == 0:
+        first = phase % len(self.args.phases) == 0
+        if self.smollm2 and cycle == 1 and first:
             self.smollm2.start()
             self.events.append({"t": now, "event": "smollm2_start"})
-        if self.smollm2 and cycle == 2 and phase % len(PHASES) == 0:
+        if self.smollm2 and cycle == 2 and first:
             self.events.append({"t": now, "event": "smollm2_stop", "exit_code": stop(self.smollm2)})
         self.events.append({"t": now, "event": "phase", "phase": phase, "kind": kind, "cycle": cycle})
         self.console.log(f"phase {phase}: {kind} (cycle {cycle})")
 
+    def _kind(self, phase: int) -> tuple[str, int]:
+        """Phase number `phase`'s kind and cycle."""
+        return self.args.phases[phase % len(self.args.phases)], phase // len(self.args.phases)
+
     def _end_flood(self) -> None:
         if self.flood is not None:
-            self.events.append({"t": time.time(), "event": "flood_end", "flood": self.flood.name,
+            cpu_s = process_stats(self.flood.proc.pid).get("cpu_s")  # the cores the attacker took from the swarm here
+            self.events.append({"t": time.time(), "event": "flood_end", "flood": self.flood.name, "cpu_s": cpu_s,
                                 "published": len(self.flood.events("published")), "exit_code": self.flood.stop()})
             self.flood = None
 
@@ -384,7 +395,29 @@ def survivor_summary(p: dict, events: list[dict], start: float, settle: float, e
     return {"rounds": len(rounds), "exit_code": p["exit_code"], "error_lines": p["n_error_lines"], "tracebacks": p["tracebacks"],
             "rounds_contiguous": rounds == list(range(rounds[0], rounds[0] + len(rounds))) if rounds else False,
             "pace": phases, "pace_vs_calm_min": min(ratios, default=None), "pace_vs_calm_mean": statistics.mean(ratios) if ratios else None,
+            "vs_calm": vs_calm(phases),
             "slopes_per_hour": slopes(p["samples"], start + settle, GROWTH)}
+
+
+def vs_calm(phases: list[dict]) -> dict:
+    """Each kind of phase against the calm phase of its cycle, over cycles: the pace and the pace per core used
+    (rounds a minute over the survivor's cores), each a mean ratio with its 95% interval (None with one cycle)."""
+    calm = {ph["cycle"]: ph for ph in phases if ph["kind"] == "calm" and ph["rounds_per_min"] and ph["cpu_cores"]}
+    out = {}
+    for kind in dict.fromkeys(ph["kind"] for ph in phases if ph["kind"] != "calm"):
+        pairs = [(ph, calm[ph["cycle"]]) for ph in phases
+                 if ph["kind"] == kind and ph["cycle"] in calm and ph["rounds_per_min"] and ph["cpu_cores"]]
+        pace = [ph["rounds_per_min"] / c["rounds_per_min"] for ph, c in pairs]
+        core = [ph["rounds_per_min"] / ph["cpu_cores"] / (c["rounds_per_min"] / c["cpu_cores"]) for ph, c in pairs]
+        out[kind] = {"cycles": len(pairs), "pace": mean_ci(pace), "per_core": mean_ci(core)}
+    return out
+
+
+def mean_ci(xs: list[float]) -> dict:
+    if not xs:
+        return {"mean": None, "ci95": None}
+    ci = T95[max(k for k in T95 if k <= len(xs) - 1)] * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
+    return {"mean": statistics.mean(xs), "ci95": ci}
 
 
 def rejoined(events: list[dict], samples: list[dict]) -> list[float | None]:
@@ -435,6 +468,7 @@ def report(record: dict, console: Console) -> None:
                       *("-" if sl is None else f"{sl['slope']:+.2f} ± {sl['ci95']:.2f}" for sl in slopes))
     console.print(table)
     console.print(phase_table(s))
+    console.print(against_calm_table(s))
     console.print({k: v for k, v in s.items() if k not in ("survivors", "machine_by_phase")})
 
 
@@ -451,6 +485,17 @@ def phase_table(s: dict) -> Table:
         table.add_row(str(ph["phase"]), ph["kind"],
                       *(f"{fmt(p['rounds_per_min'], '.0f')} ({fmt(p.get('cpu_cores'), '.2f')})" for p in own),
                       fmt(m.get("busy_cores"), ".2f"), fmt(m.get("steal_cores"), ".2f"))
+    return table
+
+
+def against_calm_table(s: dict) -> Table:
+    table = Table(title="each kind of phase against its cycle's calm one: pace, and pace per core used (mean, 95% interval)")
+    for col in ("survivor", "kind", "cycles", "pace", "per core"):
+        table.add_column(col, justify="right")
+    fmt = lambda m: "-" if m["mean"] is None else f"{m['mean']:.2f}" + ("" if m["ci95"] is None else f" ± {m['ci95']:.2f}")  # noqa: E731
+    for name, v in s["survivors"].items():
+        for kind, r in v.get("vs_calm", {}).items():
+            table.add_row(name, kind, str(r["cycles"]), fmt(r["pace"]), fmt(r["per_core"]))
     return table
 
 
@@ -483,7 +528,8 @@ def figure(record: dict, path: Path) -> None:
 
 
 def shade_phases(ax, record: dict) -> None:
-    shade = {"churn": "0.93", "churn+junk": "mistyrose", "churn+length": "moccasin"}
+    shade = {"churn": "0.93", "churn+junk": "mistyrose", "churn+length": "moccasin", "junk": "mistyrose",
+             "length": "moccasin"}
     phases = [e for e in record["events"] if e["event"] == "phase"]
     for e, nxt in zip(phases, [*phases[1:], {"t": record["ended"] or phases[-1]["t"]}]):
         if e["kind"] in shade:
