@@ -35,19 +35,24 @@ def test_a_brief_soak_restarts_resumes_floods_and_records_every_process(tiny_a, 
     assert all(e["cpu_s"] > 0 for e in record["events"] if e["event"] == "flood_end"), record["events"]
     assert s["error_lines"] == {"bootstrap": 0, "node0": 0, "node1": 0, "node2": 0} and not any(s["tracebacks"].values()), s
     for name, v in s["survivors"].items():
-        assert v["exit_code"] == 0 and v["rounds_contiguous"] and v["rounds"] > 0, (name, v)
-        assert list((tmp_path / "swarm" / name).glob("metrics.*-*.jsonl.gz")), name
-        samples = record["processes"][name]["samples"]
-        assert all(x["rss_mb"] > 0 and x["fds"] > 0 and x["threads"] > 0 for x in samples), name
-        assert not any("scrape_failed" in x for x in samples), name
-        scraped = [x for x in samples if "pool" in x]
-        assert scraped and all(x["pool_seen"] is not None and x["seen_messages"] is not None for x in scraped), name
-        assert v["slopes_per_hour"]["rss_mb"] is None  # under three 10-minute blocks: no slope, rather than a wrong one
-        assert all(0 < p["cpu_cores"] <= 1.05 * record["cpus"] for p in v["pace"]), (name, v["pace"])  # (sampling jitter)
-        assert {k: r["cycles"] for k, r in v["vs_calm"].items()} == {"churn": 1, "churn+junk": 1, "churn+length": 1}, v
+        check_survivor(name, v, record, tmp_path / "swarm")
     machine = s["machine_by_phase"]  # a phase slower than calm: the soak's own work, or the machine's?
     assert [m["kind"] for m in machine] == ["calm", "churn", "churn+junk", "churn+length"]
     assert all(0 < m["busy_cores"] <= 1.05 * record["cpus"] and m["steal_cores"] >= 0 for m in machine), machine
+
+
+def check_survivor(name: str, v: dict, record: dict, swarm) -> None:
+    """A survivor of the brief soak: every round there, metrics archived, every sample whole, each phase compared."""
+    assert v["exit_code"] == 0 and v["rounds_contiguous"] and v["rounds"] > 0, (name, v)
+    assert list((swarm / name).glob("metrics.*-*.jsonl.gz")), name
+    samples = record["processes"][name]["samples"]
+    assert all(x["rss_mb"] > 0 and x["fds"] > 0 and x["threads"] > 0 for x in samples), name
+    assert not any("scrape_failed" in x for x in samples), name
+    scraped = [x for x in samples if "pool" in x]
+    assert scraped and all(x["pool_seen"] is not None and x["seen_messages"] is not None for x in scraped), name
+    assert v["slopes_per_hour"]["rss_mb"] is None  # under three 10-minute blocks: no slope, rather than a wrong one
+    assert all(0 < p["cpu_cores"] <= 1.05 * record["cpus"] for p in v["pace"]), (name, v["pace"])  # (sampling jitter)
+    assert {k: r["cycles"] for k, r in v["vs_calm"].items()} == {"churn": 1, "churn+junk": 1, "churn+length": 1}, v
 
 
 def test_each_kind_of_phase_is_compared_with_its_own_cycles_calm_phase_pace_and_pace_per_core():

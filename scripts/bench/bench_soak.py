@@ -505,8 +505,8 @@ def figure(record: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 7), sharex=True)
-    for ax, key, label in zip(axes.flat, ("rss_mb", "fds", "threads", "disk_mb", "pool", "seen_messages"),
+    fig, axes = plt.subplots(2, 4, figsize=(20, 7), sharex=True)
+    for ax, key, label in zip(axes[:, :3].flat, ("rss_mb", "fds", "threads", "disk_mb", "pool", "seen_messages"),
                               ("RSS (MB, log)", "open descriptors", "threads", "run folder (MB, log)", "pool groups",
                                "message hashes remembered")):
         log_scale = key in ("rss_mb", "disk_mb")  # a SmolLM2 node's gigabytes beside tiny nodes' hundreds of MB
@@ -520,6 +520,7 @@ def figure(record: dict, path: Path) -> None:
                     ax.plot(*zip(*pts), color=f"C{color}", lw=1.4 if survivor else 0.7, alpha=1.0 if survivor else 0.5,
                             label=name if i == 0 else None)
         ax.set(title=label, xlabel="minutes", yscale="log" if log_scale else "linear")
+    phase_panels(axes[:, 3], record)
     axes.flat[0].legend(fontsize=7)
     fig.suptitle("soak: survivors bold; shading: churn (grey), junk flood (red), length flood (orange)")
     fig.tight_layout()
@@ -527,13 +528,33 @@ def figure(record: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def phase_panels(axes, record: dict) -> None:
+    """The survivors' pace and cores, one level a phase: what the phase tables say, in time."""
+    spans = phase_spans(record)
+    for ax, key, label in zip(axes, ("rounds_per_min", "cpu_cores"), ("survivors' rounds a minute, by phase",
+                                                                    "survivors' cores used, by phase")):
+        shade_phases(ax, record)
+        for k, (name, v) in enumerate(record.get("summary", {}).get("survivors", {}).items()):
+            for ph in v["pace"]:
+                if ph[key] is not None and ph["phase"] in spans:
+                    ax.hlines(ph[key], *spans[ph["phase"]][1:], color=f"C{k + 1}", lw=1.6, label=name if ph["phase"] == 0 else None)
+        ax.set(title=label, xlabel="minutes")
+    axes[0].legend(fontsize=7)
+
+
+def phase_spans(record: dict) -> dict[int, tuple[str, float, float]]:
+    """Each phase's kind and its first and last minute into the soak."""
+    phases = [e for e in record["events"] if e["event"] == "phase"]
+    return {e["phase"]: (e["kind"], (e["t"] - record["started"]) / 60, (nxt["t"] - record["started"]) / 60)
+            for e, nxt in zip(phases, [*phases[1:], {"t": record["ended"] or phases[-1]["t"]}])}
+
+
 def shade_phases(ax, record: dict) -> None:
     shade = {"churn": "0.93", "churn+junk": "mistyrose", "churn+length": "moccasin", "junk": "mistyrose",
              "length": "moccasin"}
-    phases = [e for e in record["events"] if e["event"] == "phase"]
-    for e, nxt in zip(phases, [*phases[1:], {"t": record["ended"] or phases[-1]["t"]}]):
-        if e["kind"] in shade:
-            ax.axvspan((e["t"] - record["started"]) / 60, (nxt["t"] - record["started"]) / 60, color=shade[e["kind"]], lw=0)
+    for kind, start, end in phase_spans(record).values():
+        if kind in shade:
+            ax.axvspan(start, end, color=shade[kind], lw=0)
 
 
 def main() -> None:
