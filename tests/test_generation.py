@@ -506,6 +506,36 @@ def test_the_transformers_nucleus_draws_from_exactly_the_top_p_tokens_in_proport
     assert (seen - expected).abs().max() < 0.01
 
 
+def test_the_samplers_log_normalizer_is_logsumexp_including_rows_of_infinities():
+    """The sampler's own log-sum-exp (faster than torch's on a CPU) must be the same number, row by row."""
+    from trainer.generation.hf import log_normalizer
+
+    torch.manual_seed(0)
+    inf = float("inf")
+    logits = torch.cat([torch.randn(6, 4096) * 20, torch.tensor([[1e4] + [-1e4] * 4095]),
+                        torch.full((1, 4096), -inf), torch.tensor([[inf] + [0.0] * 4095])])
+    logits[0, :100] = -inf  # masked tokens
+    got, want = log_normalizer(logits), logits.logsumexp(-1, keepdim=True)
+    assert got.shape == want.shape == (9, 1)
+    assert torch.allclose(got[:7], want[:7], rtol=0, atol=1e-4)
+    assert got[7, 0] == -inf and got[8, 0] == inf
+
+
+def test_bench_rounds_baseline_generator_samples_with_the_same_copy_as_todays(policy):
+    """`bench_round.py --baseline REV` compares samplers, not sampling dtypes: a revision's generator that takes a
+    sampling copy gets today's."""
+    import sys
+
+    from tests.conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+    import bench_round
+
+    with_copy = bench_round.generator_at("HEAD", policy, torch.bfloat16).inner
+    assert with_copy.wide is not None and next(with_copy.wide.parameters()).dtype == torch.bfloat16
+    assert bench_round.generator_at("HEAD", policy, None).inner.wide is None
+
+
 def test_the_transformers_backend_runs_a_shared_head_once_and_a_lone_prompt_whole(model_dir):
     """What the test above relies on: its prompts share a head long enough to run once, prompts that differ
     from their first tokens share none, and one prompt alone shares none."""

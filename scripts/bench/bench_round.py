@@ -35,6 +35,7 @@ of the matmul peak.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import os
@@ -121,13 +122,15 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def generator_at(rev: str, policy) -> "Uncancellable":
-    """The transformers generator as it was at git revision `rev` (its imports resolve to today's modules)."""
+def generator_at(rev: str, policy, wide: torch.dtype | None) -> "Uncancellable":
+    """The transformers generator as it was at git revision `rev` (its imports resolve to today's modules), given
+    today's sampling copy `wide` where it takes one (a revision from before it samples as it did)."""
     source = subprocess.run(["git", "show", f"{rev}:trainer/generation/hf.py"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout
     module = types.ModuleType(f"hf_at_{rev}")
     exec(compile(source, f"{rev}:trainer/generation/hf.py", "exec"), module.__dict__)
-    return Uncancellable(module.TransformersGenerator(policy))
+    takes_copy = "wide_dtype" in inspect.signature(module.TransformersGenerator).parameters
+    return Uncancellable(module.TransformersGenerator(policy, **({"wide_dtype": wide} if takes_copy else {})))
 
 
 @dataclass
@@ -230,14 +233,15 @@ def compare_samplers(policy, node, sampling: SamplingParams, params: int, gflops
     samplers = {"current" + (f" ({str(wide).removeprefix('torch.')} copy)" if wide else ""):
                 TransformersGenerator(policy, wide_dtype=wide)}
     if args.baseline:
-        samplers[f"at {args.baseline}"] = generator_at(args.baseline, policy)
+        samplers[f"at {args.baseline}"] = generator_at(args.baseline, policy, wide)
     if args.continuous:
         samplers["continuous batching"] = ContinuousBatching(policy)
     rounds: dict[str, list[Round]] = {name: [] for name in samplers}
     decoded = dict.fromkeys(samplers, 0)  # rows the model ran in one-position (decode) forwards
     for _ in range(args.repeats):
         for name, generator in samplers.items():
-            models = [m for m in (policy.model, getattr(generator, "wide", None), getattr(generator, "narrow", None))
+            inner = getattr(generator, "inner", generator)
+            models = [m for m in (policy.model, getattr(inner, "wide", None), getattr(inner, "narrow", None))
                       if m is not None]  # and its copies
             hooks = [m.register_forward_pre_hook(
                 lambda _, a, kw, name=name: decoded.__setitem__(name, decoded[name] + _decode_rows(kw)), with_kwargs=True)

@@ -97,7 +97,7 @@ class TransformersGenerator:
             if cancel():
                 raise Cancelled
             chosen = self._choose(logits, params)
-            chosen_logps = logits.gather(-1, chosen[:, None])[:, 0] - logits.logsumexp(-1)
+            chosen_logps = logits.gather(-1, chosen[:, None])[:, 0] - log_normalizer(logits)[:, 0]
             for i, (row, tok, lp) in enumerate(zip(rows, chosen.tolist(), chosen_logps.tolist())):
                 if finished[i]:
                     continue
@@ -166,7 +166,7 @@ class TransformersGenerator:
         if params.top_p >= 1:
             return torch.multinomial(scaled.softmax(-1), 1)[:, 0]
         top, order = scaled.topk(min(NUCLEUS_K, scaled.shape[-1]), dim=-1)
-        ranked = (top - scaled.logsumexp(-1, keepdim=True)).exp()  # the true probabilities of the top tokens
+        ranked = (top - log_normalizer(scaled)).exp()  # the true probabilities of the top tokens
         chosen = order.gather(-1, _nucleus_draw(ranked, params.top_p))[:, 0]
         wide = ranked.sum(-1) <= params.top_p  # the nucleus reaches past the top tokens: sort them all
         if wide.any():
@@ -309,6 +309,15 @@ def _shared_head(prompts: list[list[int]]) -> int:
     for p in prompts[1:]:
         head = next((i for i in range(head) if p[i] != first[i]), head)
     return head if head >= SHARED_HEAD_MIN else 0
+
+
+def log_normalizer(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's log-sum-exp over the vocabulary (keeping the dimension), twice a decoding step. On 2 cores torch's
+    `logsumexp` took three times as long for 64 rows of 49,152 float32 logits (5.2-6.9 ms) as its max, shift, exp and
+    sum as four operations (1.7-2.2 ms). A row of -inf stays -inf, one holding +inf is +inf, as in `logsumexp`."""
+    top = logits.amax(-1, keepdim=True)
+    top = torch.where(top.isinf(), 0.0, top)
+    return top + (logits - top).exp_().sum(-1, keepdim=True).log_()
 
 
 def _nucleus_draw(ranked: torch.Tensor, top_p: float) -> torch.Tensor:
