@@ -337,8 +337,13 @@ def slope_per_hour(points: list[tuple[float, float]], start: float) -> dict | No
     residual = sum((y - fit.intercept - fit.slope * x) ** 2 for x, y in zip(xs, ys)) / (len(xs) - 2)
     se = math.sqrt(residual / sum((x - statistics.mean(xs)) ** 2 for x in xs))
     df = len(xs) - 2
-    t = T95[max(k for k in T95 if k <= df)]
+    t = t95(df)
     return {"slope": fit.slope, "ci95": t * se, "mean": statistics.mean(ys), "blocks": len(xs)}
+
+
+def t95(df: int) -> float:
+    """The two-sided 95% t value for `df` degrees of freedom (the nearest lower table entry)."""
+    return T95[max(k for k in T95 if k <= df)]
 
 
 def slopes(samples: list[dict], start: float, keys: tuple[str, ...]) -> dict:
@@ -416,7 +421,7 @@ def vs_calm(phases: list[dict]) -> dict:
 def mean_ci(xs: list[float]) -> dict:
     if not xs:
         return {"mean": None, "ci95": None}
-    ci = T95[max(k for k in T95 if k <= len(xs) - 1)] * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
+    ci = t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
     return {"mean": statistics.mean(xs), "ci95": ci}
 
 
