@@ -220,24 +220,24 @@ def test_what_the_user_set_stands_and_a_refusal_names_the_one_change_that_fits()
     assert plan(cpu(3.3), SMOLLM2, huge, Wants()).generation_rows < 4096  # left to it, the planner decodes in turns
 
 
-def test_a_cpu_with_amx_samples_a_wide_model_from_its_copies_counted_in_the_plan_where_they_fit():
-    amx = replace(CPU, bf16=True)
-    with_copy, without = plan(amx, SMOLLM2, BENCH_ROUND, Wants()), plan(CPU, SMOLLM2, BENCH_ROUND, Wants())
+def test_a_bf16_cpu_samples_a_wide_model_from_its_copies_counted_in_the_plan_where_they_fit():
+    bf16_cpu = replace(CPU, bf16=True)
+    with_copy, without = plan(bf16_cpu, SMOLLM2, BENCH_ROUND, Wants()), plan(CPU, SMOLLM2, BENCH_ROUND, Wants())
     assert with_copy.sampling_dtype == "bfloat16" and without.sampling_dtype == "model"
     shape = shape_from_config(SMOLLM2)  # a bfloat16 copy, and an int8 one with bfloat16 embeddings
     assert with_copy.parts["generator"] == pytest.approx(3 * shape.parameters + 2 * shape.vocab * shape.hidden)
-    lora = plan(amx, SMOLLM2, BENCH_ROUND, Wants(lora=True))  # adapters: the trainer's weights take the narrow tail
+    lora = plan(bf16_cpu, SMOLLM2, BENCH_ROUND, Wants(lora=True))  # adapters: the trainer's weights take the narrow tail
     assert lora.sampling_dtype == "bfloat16" and lora.parts["generator"] == pytest.approx(2 * lora.model.parameters)
     assert without.parts["generator"] == 0 and with_copy.peak_bytes > without.peak_bytes
     assert "a bfloat16 copy samples" in with_copy.summary() and with_copy.record()["sampling_dtype"] == "bfloat16"
     # where the copy alone does not fit, the plan samples the trainer's weights rather than lose its micro-batch
-    tight = replace(amx, free_bytes=without.peak_bytes + with_copy.parts["generator"] / 2)
+    tight = replace(bf16_cpu, free_bytes=without.peak_bytes + with_copy.parts["generator"] / 2)
     assert plan(tight, SMOLLM2, BENCH_ROUND, Wants()).sampling_dtype == "model"
-    assert plan(amx, SMOLLM2, BENCH_ROUND, Wants(sampling_dtype="model")).sampling_dtype == "model"  # the user's stands
+    assert plan(bf16_cpu, SMOLLM2, BENCH_ROUND, Wants(sampling_dtype="model")).sampling_dtype == "model"  # the user's stands
     assert plan(CPU, SMOLLM2, BENCH_ROUND, Wants(sampling_dtype="bfloat16")).sampling_dtype == "bfloat16"
     narrow = dict(SMOLLM2, hidden_size=128, intermediate_size=256, num_hidden_layers=2, vocab_size=270)  # tiny-a's widths
-    assert plan(amx, narrow, BENCH_ROUND, Wants()).sampling_dtype == "model"
-    assert plan(amx, narrow, BENCH_ROUND, Wants(sampling_dtype="bfloat16")).sampling_dtype == "bfloat16"
+    assert plan(bf16_cpu, narrow, BENCH_ROUND, Wants()).sampling_dtype == "model"
+    assert plan(bf16_cpu, narrow, BENCH_ROUND, Wants(sampling_dtype="bfloat16")).sampling_dtype == "bfloat16"
     on_card = plan(Device.card(24), SMOLLM2, BENCH_ROUND, Wants(backend="transformers", lora=True))
     assert on_card.sampling_dtype == "model"  # a bfloat16 policy samples itself; cards are not measured
 

@@ -106,7 +106,8 @@ class GenerationConfig(Section):
         "auto", description="transformers backend: model samples the trainer's own weights; bfloat16 keeps a bfloat16 copy "
         "(half the weights' memory) for the prompts and every decoding step of more than 4 rows and, on a CPU without LoRA, "
         "an int8 copy (a quarter) for the narrower steps; auto: bfloat16 on a CPU "
-        "with AMX tiles when the model trains in float32 (a round's sampling measured 1.8x on 2 cores), else model")
+        "with bfloat16 matrix instructions (AMX tiles or AVX512-BF16) when the model trains in float32 (a round's sampling "
+        "measured 1.8-2.8x on 2 cores), else model")
     batch_size: int = Field(256, ge=1, description="sequences per generation forward pass (transformers backend; vLLM batches itself); "
                             "left unset, the memory plan lowers it where all of a round's sequences would not fit")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)

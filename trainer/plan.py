@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from trainer import memory
-from trainer.generation import amx_available, copy_pays
+from trainer.generation import bf16_cpu, copy_pays
 from trainer.memory import GB, MemoryPlanError, ModelShape, RoundShape
 
 DeviceKind = Literal["cuda", "mps", "cpu"]
@@ -47,7 +47,7 @@ class Device:
     name: str
     free_bytes: float  # what the node may use
     total_bytes: float
-    bf16: bool = False  # a card with bfloat16 support; a CPU with AMX tiles (bfloat16 products faster than float32)
+    bf16: bool = False  # a card with bfloat16 support; a CPU with AMX tiles or AVX512-BF16 (bfloat16 products faster than float32)
 
     @classmethod
     def card(cls, gb: float, name: str | None = None, bf16: bool = True) -> "Device":
@@ -55,7 +55,7 @@ class Device:
         return cls("cuda", name or f"{article(gb)} {gb:g} GB CUDA card", gb * GB, gb * GB, bf16)
 
     @property
-    def amx(self) -> bool:
+    def bf16_cpu(self) -> bool:
         return self.kind == "cpu" and self.bf16
 
     def __str__(self) -> str:
@@ -219,7 +219,7 @@ def candidates(device: Device, wants: Wants) -> list[tuple[str, bool, bool, bool
     """(backend, LoRA, checkpointing, NF4 base, bfloat16 sampling copy) in order of preference, within what the
     user set: first the backend of choice, then vLLM's own copy of the weights given up for the transformers
     generator, which samples the trainer's model, last an NF4 base under LoRA (on transformers: vLLM would load
-    a 16-bit copy). On a CPU with AMX tiles the transformers generator samples from a bfloat16 copy where it
+    a 16-bit copy). On a CPU with bfloat16 matrix instructions the transformers generator samples from a bfloat16 copy where it
     fits, else from the trainer's weights; a float32 policy is all it copies (see `_fit`)."""
     loras = [wants.lora] if wants.lora is not None else [False, True] if wants.peft_installed else [False]
     ckpts = [wants.checkpointing] if wants.checkpointing is not None else [False, True]
@@ -234,14 +234,14 @@ def candidates(device: Device, wants: Wants) -> list[tuple[str, bool, bool, bool
 
 def _backends(device: Device, wants: Wants) -> list[tuple[str, list[bool]]]:
     """The backends to try, each with whether its generator keeps a bfloat16 sampling copy, in order of preference:
-    the user's choice, else a copy first on a CPU with AMX tiles (a round's sampling measured 1.5x there), never unasked
+    the user's choice, else a copy first on a CPU with bfloat16 matrix instructions (a round's sampling measured 1.5-2x there), never unasked
     elsewhere; vLLM holds its own weights."""
     backend = wants.backend or ("vllm" if device.kind == "cuda" and wants.vllm_installed else "transformers")
     backends = [backend, "transformers"] if backend == "vllm" and wants.backend is None else [backend]
     if wants.sampling_dtype is not None:
         copies = [wants.sampling_dtype == "bfloat16"]
     else:
-        copies = [True, False] if device.amx else [False]
+        copies = [True, False] if device.bf16_cpu else [False]
     return [(b, copies if b == "transformers" else [False]) for b in backends]
 
 
@@ -258,7 +258,7 @@ def _copies(device: Device, dtype: str, m: ModelShape, wants: Wants) -> bool:
     itself, and unasked the generator's own rule (`copy_pays`) decides."""
     if wants.sampling_dtype == "bfloat16":
         return dtype == "float32"
-    return copy_pays(device.amx, dtype == "float32", m.hidden)
+    return copy_pays(device.bf16_cpu, dtype == "float32", m.hidden)
 
 
 def _first_fit(device: Device, config: dict, r: RoundShape, wants: Wants) -> Plan | tuple[Plan, int]:
@@ -393,7 +393,7 @@ def probe(kind: str = "auto", memory_gb: float | None = None) -> Device:
     if device.type == "mps":  # unified memory: what Metal recommends, within what the host allows
         metal = torch.mps.recommended_max_memory()
         return Device("mps", "Apple GPU", min(host, metal), metal)
-    return Device("cpu", f"{torch.get_num_threads()} threads", host, total, amx_available())
+    return Device("cpu", f"{torch.get_num_threads()} threads", host, total, bf16_cpu())
 
 
 def _missing(device) -> str | None:

@@ -21,7 +21,7 @@ git revision REV, and `--continuous` with transformers' own continuous batching 
 cache; it has no stop strings, so its completions run to EOS or the cap); the samplers take turns for
 `--repeats` rounds on the same tasks and seed, so that the machine's noise falls on all of them. The current
 sampler is what a node here samples with (`generation.sampling_dtype` auto: a bfloat16 copy on a CPU with AMX
-tiles). Each one's median seconds, its seconds against the current sampler's in the same turn (the median of
+tiles or AVX512-BF16). Each one's median seconds, its seconds against the current sampler's in the same turn (the median of
 those ratios: a machine that drifts during the run moves both), the rows its decode steps ran (against the
 tokens generated: what finished rows cost),
 generated tokens per second and rounds per minute (its sampling plus the first variant's
@@ -62,7 +62,7 @@ from rewards import TaskSource
 from trainer.groups import RolloutGroup
 from trainer import plan
 from trainer.config import GRPOConfig, LoraConfig, ModelConfig
-from trainer.generation import Completion, SamplingParams, amx_available, to_completion, wide_dtype
+from trainer.generation import Completion, SamplingParams, to_completion, wide_dtype
 from trainer.generation.hf import TransformersGenerator
 from trainer.grpo import GRPOTrainer
 from trainer.memory import GB, shape_from_config
@@ -325,7 +325,8 @@ def main() -> None:
             "max_new_tokens": args.max_new_tokens, "temperature": temperature, "top_p": top_p,
             "prompt_tokens": sampled.prompt_tokens, "completion_tokens": sampled.completion_tokens,
             "matmul_gflops": round(gflops, 1), "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-            "machine": platform.machine(), "amx": amx_available(), "rows": rows, "samplers": samplers, "repeats": args.repeats,
+            "machine": platform.machine(), "amx": torch.cpu._is_amx_tile_supported(),
+            "avx512_bf16": torch.cpu._is_avx512_bf16_supported(), "rows": rows, "samplers": samplers, "repeats": args.repeats,
             "command": " ".join(sys.argv[1:]), "support_gate_s": round(gate_s, 2), "support_gate_groups": gated,
         }, indent=2))
         console.print(f"saved {args.out}")

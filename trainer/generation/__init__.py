@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from trainer.policy import Policy
 
 __all__ = ["BackendError", "Cancel", "Cancelled", "never", "Completion", "Generator", "SamplingParams", "isolated_rng",
-           "to_completion", "vllm_available", "WIDE_MIN_HIDDEN", "amx_available", "resolve_backend", "copy_pays", "wide_dtype", "make_generator"]
+           "to_completion", "vllm_available", "WIDE_MIN_HIDDEN", "bf16_cpu", "resolve_backend", "copy_pays", "wide_dtype", "make_generator"]
 
 log = logging.getLogger(__name__)
 
@@ -32,20 +32,23 @@ def vllm_available() -> bool:
 WIDE_MIN_HIDDEN = 512
 
 
-def amx_available() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices in AMX tiles (Intel Xeon since Sapphire Rapids), where
-    bfloat16 and int8 copies of the weights sampled a round 1.8x as fast as float32 (docs/bench/README.md, "Sampling on
-    the CPU"); elsewhere a CPU's bfloat16 products are slower than its float32 ones."""
+def bf16_cpu() -> bool:
+    """Whether this CPU has bfloat16 matrix instructions: AMX tiles (Intel Xeon since Sapphire Rapids) or AVX512-BF16
+    (AMD Zen 4 and later, Intel Cooper Lake). On both, bfloat16 and int8 copies of the weights sampled a round about
+    twice as fast as float32 (docs/bench/README.md, "Sampling on the CPU"); without them a CPU's bfloat16 products are
+    slower than its float32 ones."""
     import torch
 
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)  # torch's own test; absent from older builds
-    return bool(probe and probe())
+    # torch's own tests; absent from older builds
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
+    return any(probe and probe() for probe in probes)
 
 
-def copy_pays(amx_cpu: bool, float32: bool, hidden: int) -> bool:
+def copy_pays(bf16_cpu: bool, float32: bool, hidden: int) -> bool:
     """`generation.sampling_dtype: auto`'s one rule, for the generator and the planner alike: a bfloat16 sampling
-    copy only where it was measured faster, a float32 model at least `WIDE_MIN_HIDDEN` wide on a CPU with AMX."""
-    return amx_cpu and float32 and hidden >= WIDE_MIN_HIDDEN
+    copy only where it was measured faster, a float32 model at least `WIDE_MIN_HIDDEN` wide on a CPU with bfloat16
+    matrix instructions (`bf16_cpu`)."""
+    return bf16_cpu and float32 and hidden >= WIDE_MIN_HIDDEN
 
 
 def wide_dtype(cfg: "GenerationConfig", policy: "Policy") -> "torch.dtype | None":
@@ -57,7 +60,7 @@ def wide_dtype(cfg: "GenerationConfig", policy: "Policy") -> "torch.dtype | None
         return torch.bfloat16 if cfg.sampling_dtype == "bfloat16" else None
     float32 = next(policy.model.parameters()).dtype == torch.float32
     hidden = getattr(policy.model.config, "hidden_size", 0)
-    return torch.bfloat16 if copy_pays(policy.device.type == "cpu" and amx_available(), float32, hidden) else None
+    return torch.bfloat16 if copy_pays(policy.device.type == "cpu" and bf16_cpu(), float32, hidden) else None
 
 
 def resolve_backend(cfg: "GenerationConfig", policy: "Policy") -> str:
