@@ -29,7 +29,7 @@ from p2p.pool import RolloutPool
 from p2p.service import Gossip
 from rewards import TaskSource
 from rewards.scoring import group_carries_signal
-from trainer import checkpoint
+from trainer import allocator, checkpoint
 from trainer.generation import Cancel, SamplingParams, make_generator, never
 from trainer.groups import RolloutGroup
 from trainer.grpo import GRPOTrainer, StepStats
@@ -58,6 +58,7 @@ class Node:
         self._status_socket = status_socket
         if cfg.run.torch_threads:
             torch.set_num_threads(cfg.run.torch_threads)
+        allocator.keep_freed_memory()  # a CPU step's tensors reuse the last step's pages (trainer/allocator.py)
         out = cfg.run.out_dir
         out.mkdir(parents=True, exist_ok=True)
         self.checkpoints = out / "checkpoints"

@@ -60,7 +60,7 @@ from node.recipes import with_recipe
 from node.selection import rows_to_gate
 from rewards import TaskSource
 from trainer.groups import RolloutGroup
-from trainer import plan
+from trainer import allocator, plan
 from trainer.config import GRPOConfig, LoraConfig, ModelConfig
 from trainer.generation import Completion, SamplingParams, to_completion, wide_dtype
 from trainer.generation.hf import TransformersGenerator
@@ -288,6 +288,7 @@ def table_of(rows: list[dict], title: str) -> Table:
 def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.WARNING)
+    allocator.keep_freed_memory()  # as a node does
     console = Console(width=None if sys.stdout.isatty() else 200)
 
     node = with_recipe(load_config(overrides={"model": {"name": args.model, **({"chat_example": None} if args.no_example else {})}}))
