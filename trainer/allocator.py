@@ -11,7 +11,6 @@ past 2 GB lets them be reused. Torch's CUDA allocator caches on its own; elsewhe
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import platform
 
@@ -27,7 +26,7 @@ def keep_freed_memory() -> bool:
     """Sets glibc's mmap and trim thresholds for this process; whether it did (False off glibc)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc = ctypes.CDLL(None)  # the process's own symbols, glibc's among them
     done = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     if not done:
         log.warning("allocator: glibc refused the mmap and trim thresholds; each CPU step will fault its memory in afresh")
