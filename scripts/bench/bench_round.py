@@ -62,7 +62,7 @@ from rewards import TaskSource
 from trainer.groups import RolloutGroup
 from trainer import allocator, plan
 from trainer.config import GRPOConfig, LoraConfig, ModelConfig
-from trainer.generation import Completion, SamplingParams, to_completion, wide_dtype
+from trainer.generation import Completion, SamplingParams, bf16_features, to_completion, wide_dtype
 from trainer.generation.hf import TransformersGenerator
 from trainer.grpo import GRPOTrainer
 from trainer.memory import GB, shape_from_config
@@ -326,8 +326,7 @@ def main() -> None:
             "max_new_tokens": args.max_new_tokens, "temperature": temperature, "top_p": top_p,
             "prompt_tokens": sampled.prompt_tokens, "completion_tokens": sampled.completion_tokens,
             "matmul_gflops": round(gflops, 1), "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-            "machine": platform.machine(), "amx": torch.cpu._is_amx_tile_supported(),
-            "avx512_bf16": torch.cpu._is_avx512_bf16_supported(), "rows": rows, "samplers": samplers, "repeats": args.repeats,
+            "machine": platform.machine(), **bf16_features(), "rows": rows, "samplers": samplers, "repeats": args.repeats,
             "command": " ".join(sys.argv[1:]), "support_gate_s": round(gate_s, 2), "support_gate_groups": gated,
         }, indent=2))
         console.print(f"saved {args.out}")

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from trainer.policy import Policy
 
 __all__ = ["BackendError", "Cancel", "Cancelled", "never", "Completion", "Generator", "SamplingParams", "isolated_rng",
-           "to_completion", "vllm_available", "WIDE_MIN_HIDDEN", "bf16_cpu", "resolve_backend", "copy_pays", "wide_dtype", "make_generator"]
+           "to_completion", "vllm_available", "WIDE_MIN_HIDDEN", "BF16_PROBES", "bf16_features", "bf16_cpu", "resolve_backend", "copy_pays", "wide_dtype", "make_generator"]
 
 log = logging.getLogger(__name__)
 
@@ -32,16 +32,23 @@ def vllm_available() -> bool:
 WIDE_MIN_HIDDEN = 512
 
 
+# torch's tests for a CPU's bfloat16 matrix instructions, by the name a benchmark's JSON records them under
+BF16_PROBES = {"amx": "_is_amx_tile_supported", "avx512_bf16": "_is_avx512_bf16_supported"}
+
+
+def bf16_features() -> dict[str, bool]:
+    """Which bfloat16 matrix instructions this CPU has, as torch reports them (False where this torch has no probe)."""
+    import torch
+
+    return {name: bool(getattr(torch.cpu, probe, lambda: False)()) for name, probe in BF16_PROBES.items()}
+
+
 def bf16_cpu() -> bool:
     """Whether this CPU has bfloat16 matrix instructions: AMX tiles (Intel Xeon since Sapphire Rapids) or AVX512-BF16
     (AMD Zen 4 and later, Intel Cooper Lake). On both, bfloat16 and int8 copies of the weights sampled a round about
     twice as fast as float32 (docs/bench/README.md, "Sampling on the CPU"); without them a CPU's bfloat16 products are
     slower than its float32 ones."""
-    import torch
-
-    # torch's own tests; absent from older builds
-    probes = [getattr(torch.cpu, name, None) for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
-    return any(probe and probe() for probe in probes)
+    return any(bf16_features().values())
 
 
 def copy_pays(bf16_cpu: bool, float32: bool, hidden: int) -> bool:
