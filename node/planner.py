@@ -40,7 +40,8 @@ def wants_of(cfg: NodeConfig) -> Wants:
         quantize=None if m.quantize == "auto" else m.quantize,
         micro_batch=cfg.grpo.micro_batch, generation_batch="batch_size" in g.model_fields_set,
         vllm_share=None if g.vllm.gpu_memory_utilization == "auto" else g.vllm.gpu_memory_utilization,
-        vllm_sleep=g.vllm.sleep_mode, sampling_dtype=None if g.sampling_dtype == "auto" else g.sampling_dtype, lora_r=m.lora.r, lora_targets=tuple(m.lora.target_modules),
+        vllm_sleep=g.vllm.sleep_mode, sampling_dtype=None if g.sampling_dtype == "auto" else g.sampling_dtype,
+        compute_dtype=None if cfg.grpo.compute_dtype == "auto" else cfg.grpo.compute_dtype, lora_r=m.lora.r, lora_targets=tuple(m.lora.target_modules),
         vllm_installed=importlib.util.find_spec("vllm") is not None,
         peft_installed=importlib.util.find_spec("peft") is not None,
         bnb_installed=importlib.util.find_spec("bitsandbytes") is not None)
@@ -200,7 +201,7 @@ def applied(cfg: NodeConfig, p: Plan) -> NodeConfig:
     vllm = cfg.generation.vllm.model_copy(update={} if p.vllm_share is None else {"gpu_memory_utilization": p.vllm_share})
     batch = {} if p.backend == "vllm" else {"batch_size": p.generation_rows}
     generation = cfg.generation.model_copy(update={"backend": p.backend, "vllm": vllm, "sampling_dtype": p.sampling_dtype, **batch})
-    grpo = cfg.grpo.model_copy(update={"micro_batch": p.micro_batch})
+    grpo = cfg.grpo.model_copy(update={"micro_batch": p.micro_batch, "compute_dtype": p.compute_dtype})
     return cfg.model_copy(update={"model": model, "generation": generation, "grpo": grpo})
 
 

@@ -398,37 +398,6 @@ def test_a_bfloat16_copy_of_a_lora_model_follows_each_push_of_its_adapters(model
     assert all(p.dtype == torch.bfloat16 for name, p in gen.wide.named_parameters() if "lora_" in name)
 
 
-def test_auto_samples_from_a_bfloat16_copy_only_on_a_bf16_cpu_for_a_wide_float32_model(model_dir, monkeypatch):
-    from trainer import generation
-
-    policy = load_policy(ModelConfig(name=str(model_dir), device="cpu", dtype="float32"))
-    monkeypatch.setattr(generation, "bf16_cpu", lambda: True)
-    assert policy.model.config.hidden_size < generation.WIDE_MIN_HIDDEN
-    assert generation.wide_dtype(GenerationConfig(), policy) is None  # a narrow model samples itself faster
-    monkeypatch.setattr(generation, "WIDE_MIN_HIDDEN", policy.model.config.hidden_size)  # as if it were wide enough
-    for bf16, expected in ((True, torch.bfloat16), (False, None)):
-        monkeypatch.setattr(generation, "bf16_cpu", lambda bf16=bf16: bf16)
-        assert generation.wide_dtype(GenerationConfig(), policy) is expected
-        assert generation.wide_dtype(GenerationConfig(sampling_dtype="model"), policy) is None
-        assert generation.wide_dtype(GenerationConfig(sampling_dtype="bfloat16"), policy) is torch.bfloat16
-    monkeypatch.setattr(generation, "bf16_cpu", lambda: True)
-    half = load_policy(ModelConfig(name=str(model_dir), device="cpu", dtype="bfloat16"))
-    assert generation.wide_dtype(GenerationConfig(), half) is None  # a 16-bit model samples itself
-    assert make_generator(GenerationConfig(backend="transformers", sampling_dtype="bfloat16"), half).wide is None
-
-
-@pytest.mark.parametrize("amx, avx512_bf16", [(True, False), (False, True), (False, False), (None, None)])
-def test_a_bf16_cpu_has_amx_tiles_or_avx512_bf16(monkeypatch, amx, avx512_bf16):
-    from trainer import generation
-
-    for name, has in (("_is_amx_tile_supported", amx), ("_is_avx512_bf16_supported", avx512_bf16)):
-        if has is None:  # an older torch without the probe
-            monkeypatch.delattr(torch.cpu, name, raising=False)
-        else:
-            monkeypatch.setattr(torch.cpu, name, lambda has=has: has)
-    assert generation.bf16_cpu() is bool(amx or avx512_bf16)
-
-
 def test_auto_picks_transformers_without_a_gpu(policy):
     assert resolve_backend(GenerationConfig(), policy) == "transformers"
     assert resolve_backend(GenerationConfig(backend="vllm"), policy) == "vllm"

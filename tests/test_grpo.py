@@ -465,3 +465,49 @@ def test_head_logprobs_apply_a_models_logit_scale_and_soft_cap(monkeypatch):
     want = logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]
     assert torch.allclose(got, want, atol=1e-6)
     assert not torch.allclose(B.head_logprobs(head, hidden, targets), want, atol=1e-3)  # the scale and cap matter
+
+
+def test_head_logprobs_keep_the_weights_dtype_under_a_steps_bfloat16_autocast():
+    from trainer import batch as B
+
+    torch.manual_seed(0)
+    head, hidden = torch.nn.Linear(64, 50, bias=False), torch.randn(2, 3, 64)
+    targets = torch.randint(0, 50, (2, 3))
+    want, logits = B.head_logprobs(head, hidden, targets), head(hidden)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(B.head_logprobs(head, hidden, targets), want)
+        assert not torch.allclose(head(hidden).float(), logits, atol=1e-4)  # what an unguarded head would have given
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+def test_a_bfloat16_compute_step_runs_the_decoder_in_bfloat16_and_follows_the_float32_gradient(policy):
+    """grpo.compute_dtype bfloat16: the decoder's products autocast to bfloat16, the LM head's stay float32; the
+    weights, gradients and AdamW's moments stay float32, and the gradient is float32's up to bfloat16's rounding."""
+    dtypes: list[tuple[str, torch.dtype]] = []
+    first = next(m for m in policy.model.get_decoder().modules() if isinstance(m, torch.nn.Linear))
+    hooks = [module.register_forward_hook(lambda _m, _a, out, name=name: dtypes.append((name, out.dtype)))
+             for name, module in (("decoder", first), ("head", policy.model.get_output_embeddings()))]
+    try:
+        runs = {}
+        for compute in ("model", "bfloat16"):
+            dtypes.clear()
+            runs[compute] = recorded_steps(policy, GRPOConfig(compute_dtype=compute, micro_batch=3))
+            assert set(dtypes) == {("decoder", torch.float32 if compute == "model" else torch.bfloat16), ("head", torch.float32)}
+    finally:
+        for hook in hooks:
+            hook.remove()
+    (f32,), _ = runs["model"]
+    (bf16,), stats = runs["bfloat16"]
+    flat = lambda grads: torch.cat([g.flatten() for g in grads.values()])  # noqa: E731
+    assert all(g.dtype == torch.float32 for g in bf16.values()) and stats.ratio_mean == pytest.approx(1.0)
+    difference = ((flat(bf16) - flat(f32)).norm() / flat(f32).norm()).item()
+    assert 1e-4 < difference < 0.1, difference  # the same gradient to bfloat16's rounding, not the same numbers
+
+
+def test_a_bfloat16_compute_step_takes_its_old_policy_in_bfloat16_too(policy, loss_calls):
+    """A separate old-policy pass (epochs above 1) runs in the step's compute dtype: its first ratio is 1."""
+    trainer = GRPOTrainer(policy, GRPOConfig(epochs=2, lr=1e-3, compute_dtype="bfloat16"), max_new_tokens=16, total_rounds=10)
+    trainer.step([group([1, 0, 0, 1])])
+    (new0, old0), (new1, old1) = loss_calls
+    assert torch.allclose(new0, old0, atol=1e-6) and not torch.allclose(new1, old1, atol=1e-6)
+    assert all(s.dtype == torch.float32 for state in trainer.optimizer.state.values() for s in state.values() if s.numel() > 1)

@@ -242,6 +242,19 @@ def test_a_bf16_cpu_samples_a_wide_model_from_its_copies_counted_in_the_plan_whe
     assert on_card.sampling_dtype == "model"  # a bfloat16 policy samples itself; cards are not measured
 
 
+def test_a_bf16_cpu_trains_a_wide_float32_model_with_bfloat16_products_by_the_samplers_rule():
+    bf16_cpu = replace(CPU, bf16=True)
+    on, off = plan(bf16_cpu, SMOLLM2, BENCH_ROUND, Wants()), plan(CPU, SMOLLM2, BENCH_ROUND, Wants())
+    assert (on.compute_dtype, off.compute_dtype) == ("bfloat16", "model")
+    assert "bfloat16 products train" in on.summary() and on.record()["compute_dtype"] == "bfloat16"
+    assert "bfloat16 products train" not in off.summary()
+    assert plan(bf16_cpu, SMOLLM2, BENCH_ROUND, Wants(compute_dtype="model")).compute_dtype == "model"  # the user's stands
+    assert plan(CPU, SMOLLM2, BENCH_ROUND, Wants(compute_dtype="bfloat16")).compute_dtype == "bfloat16"
+    narrow = dict(SMOLLM2, hidden_size=128, intermediate_size=256, num_hidden_layers=2, vocab_size=270)  # tiny-a's widths
+    assert plan(bf16_cpu, narrow, BENCH_ROUND, Wants()).compute_dtype == "model"
+    assert plan(Device.card(24), SMOLLM2, BENCH_ROUND, Wants(backend="transformers")).compute_dtype == "model"  # unmeasured
+
+
 def test_bfloat16_full_fine_tuning_is_allowed_when_asked_with_the_reason_it_is_not_the_default():
     p = plan(Device.card(80), QWEN["0.5B"], PAPER_ROUND, Wants(dtype="bfloat16", lora=False))
     assert p.dtype == "bfloat16" and any("loses AdamW updates" in w for w in p.why)

@@ -14,6 +14,7 @@ them down spends the step on text it rarely produces; what a peer got right is w
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import operator
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ from trainer.groups import RolloutGroup
 from trainer.config import GRPOConfig
 from trainer.loss import group_advantages, grpo_loss, loss_count
 from trainer.policy import Policy, encode_prompts
+from trainer.precision import bfloat16_or_own
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,6 +85,12 @@ class GRPOTrainer:
     def __init__(self, policy: Policy, cfg: GRPOConfig, max_new_tokens: int, total_rounds: int, stop: Sequence[str] = ()):
         self.policy, self.cfg, self.max_tokens, self.stop = policy, cfg, max_new_tokens, tuple(stop)
         self.params = [p for p in policy.model.parameters() if p.requires_grad]
+        # every forward of the step, its old-policy and reference passes included, in one compute dtype: the ratio
+        # starts at 1 whichever it is
+        self.compute_dtype = bfloat16_or_own(cfg.compute_dtype, policy)
+        if self.compute_dtype is not None:
+            log.info("training: the step's matrix products autocast to %s (grpo.compute_dtype %s)",
+                     str(self.compute_dtype).removeprefix("torch."), cfg.compute_dtype)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, cfg, total_rounds * cfg.epochs * cfg.minibatches)
         # Gradient checkpointing drops the KV cache that a shared prompt passes on (see token_logprobs).
@@ -122,7 +132,8 @@ class GRPOTrainer:
                 parts = []
                 for part in self._micro(rows, batch):  # gradients accumulate; memory is one micro-batch's
                     stats.largest_part = max(stats.largest_part, (self._tokens(part, batch), len(part)))
-                    logps = token_logprobs(model, batch.select(part), self.share_prompts)
+                    with self._autocast():
+                        logps = token_logprobs(model, batch.select(part), self.share_prompts)
                     old = logps.detach() if old_logps is None else old_logps[part]
                     sequence_logps[part] = mean_logprobs(old, batch.completion_mask[part])
                     off_support[part] = external[part] & self._off_support(sequence_logps[part])
@@ -216,8 +227,13 @@ class GRPOTrainer:
         rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
         logps = torch.empty_like(batch.completion_mask)
         for part in self._micro(rows, batch):
-            logps[part] = token_logprobs(model, batch.select(part), share_prompts=True)  # no_grad: nothing checkpointed
+            with self._autocast():
+                logps[part] = token_logprobs(model, batch.select(part), share_prompts=True)  # no_grad: nothing checkpointed
         return logps
+
+    def _autocast(self) -> torch.autocast:
+        """The step's forwards in `grpo.compute_dtype` (trainer/precision.py); the backward follows what they recorded."""
+        return torch.autocast(self.policy.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype is not None)
 
     def _reference_logprobs(self, batch: Batch) -> torch.Tensor:
         if self.reference is not None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from trainer import memory
-from trainer.generation import bf16_cpu, copy_pays
+from trainer.precision import bf16_cpu, bf16_pays
 from trainer.memory import GB, MemoryPlanError, ModelShape, RoundShape
 
 DeviceKind = Literal["cuda", "mps", "cpu"]
@@ -75,6 +75,7 @@ class Wants:
     vllm_share: float | None = None
     vllm_sleep: bool = True
     sampling_dtype: str | None = None  # generation.sampling_dtype: "model" or "bfloat16"; None: the planner's
+    compute_dtype: str | None = None  # grpo.compute_dtype: "model" or "bfloat16"; None: the planner's
     lora_r: int = 16
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     vllm_installed: bool = False
@@ -101,10 +102,15 @@ class Plan:
     model: ModelShape
     round: RoundShape  # as the generator decodes it
     why: list[str] = field(default_factory=list)
+    bf16_step: bool = False  # the training step's products autocast to bfloat16 over float32 weights
 
     @property
     def sampling_dtype(self) -> str:
         return "bfloat16" if self.sampling_copy else "model"
+
+    @property
+    def compute_dtype(self) -> str:
+        return "bfloat16" if self.bf16_step else "model"
 
     @property
     def training(self) -> str:
@@ -132,6 +138,8 @@ class Plan:
             extra.append("gradient checkpointing")
         if self.sampling_copy:
             extra.append("a bfloat16 copy samples")
+        if self.bf16_step:
+            extra.append("bfloat16 products train")
         return (f"{self.device}: {self.backend} backend, {self.dtype} weights, {how}, micro-batch {self.micro_batch}"
                 + "".join(f", {e}" for e in extra) + f"; expected peak {self.peak_bytes / GB:.1f} GB of "
                 f"{self.budget_bytes / GB:.1f} GB usable")
@@ -140,7 +148,7 @@ class Plan:
         """What the plan chose and expected, in GB, for a run folder's plan.json and `sapo doctor --bench`."""
         return {"summary": self.summary(), "device": str(self.device), "backend": self.backend, "dtype": self.dtype,
                 "lora": self.lora, "nf4": self.nf4, "micro_batch": self.micro_batch, "generation_rows": self.generation_rows,
-                "sampling_dtype": self.sampling_dtype,
+                "sampling_dtype": self.sampling_dtype, "compute_dtype": self.compute_dtype,
                 "peak_gb": round(self.peak_bytes / GB, 3), "budget_gb": round(self.budget_bytes / GB, 3),
                 "parts_gb": {k: round(v / GB, 3) for k, v in self.parts.items()}}
 
@@ -255,10 +263,10 @@ def _copies_bytes(m: ModelShape) -> float:
 
 def _copies(device: Device, dtype: str, m: ModelShape, wants: Wants) -> bool:
     """Whether a candidate that may keep a bfloat16 sampling copy does for this policy: a 16-bit policy samples
-    itself, and unasked the generator's own rule (`copy_pays`) decides."""
+    itself, and unasked the generator's own rule (`bf16_pays`) decides."""
     if wants.sampling_dtype == "bfloat16":
         return dtype == "float32"
-    return copy_pays(device.bf16_cpu, dtype == "float32", m.hidden)
+    return bf16_pays(device.bf16_cpu, dtype == "float32", m.hidden)
 
 
 def _first_fit(device: Device, config: dict, r: RoundShape, wants: Wants) -> Plan | tuple[Plan, int]:
@@ -309,8 +317,10 @@ def _fit(device: Device, config: dict, r: RoundShape, wants: Wants, backend: str
                        f"of {r.tokens} tokens at once, and {VLLM_OVERHEAD / GB:.1f} GB for its own work")
     elif rows < r.generation_rows:
         reasons.append(f"the generator decodes {rows} sequences at a time, not all {r.generation_rows}: more would not fit")
+    bf16_step = (wants.compute_dtype == "bfloat16" if wants.compute_dtype is not None
+                 else bf16_pays(device.bf16_cpu, dtype == "float32", m.hidden))
     return Plan(device, backend, dtype, lora, ckpt, nf4, micro, rows, share, sleep, copy, parts, peak(parts), budget, m,
-                decoding, reasons), best
+                decoding, reasons, bf16_step), best
 
 
 def _smallest_change(device: Device, config: dict, r: RoundShape, wants: Wants, tried: tuple[Plan, int]) -> str:

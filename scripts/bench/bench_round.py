@@ -62,7 +62,8 @@ from rewards import TaskSource
 from trainer.groups import RolloutGroup
 from trainer import allocator, plan
 from trainer.config import GRPOConfig, LoraConfig, ModelConfig
-from trainer.generation import Completion, SamplingParams, bf16_features, to_completion, wide_dtype
+from trainer.generation import Completion, SamplingParams, to_completion
+from trainer.precision import bf16_features, bfloat16_or_own
 from trainer.generation.hf import TransformersGenerator
 from trainer.grpo import GRPOTrainer
 from trainer.memory import GB, shape_from_config
@@ -84,6 +85,9 @@ def matmul_gflops(seconds: float = 2.0, n: int = 2048) -> float:
     return 2 * n**3 * count / (time.perf_counter() - started) / 1e9
 
 
+COMPUTE = ("auto", "model", "bfloat16")  # grpo.compute_dtype
+
+
 def variant_model(model: ModelConfig, kind: str) -> ModelConfig:
     return model.model_copy(update={"lora": LoraConfig(enabled=kind != "full"), "quantize": "nf4" if kind == "nf4" else "none"})
 
@@ -100,7 +104,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=count, help="default: the model's recipe")
     parser.add_argument("--variants", nargs="+", default=["full:8"],
                         help="training variants, full:MICRO, lora:MICRO or nf4:MICRO (LoRA on an NF4 base; MICRO 0: the "
-                        "whole batch in one pass); the first variant's model samples the round")
+                        "whole batch in one pass), each optionally :COMPUTE, grpo.compute_dtype (auto, model or bfloat16; "
+                        "default auto); the first variant's model samples the round")
     parser.add_argument("--temperature", type=bounded(float, ge=0), help="default: the model's recipe")
     parser.add_argument("--top-p", type=bounded(float, gt=0, le=1), help="default: the model's recipe")
     parser.add_argument("--no-example", action="store_true", help="no worked exchange in the prompt")
@@ -114,8 +119,9 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     for v in args.variants:
         kind, _, micro = v.partition(":")
-        if kind not in ("full", "lora", "nf4") or not (micro == "" or micro.isdigit()):
-            parser.error(f"--variants: {v!r} is not full:MICRO, lora:MICRO or nf4:MICRO")
+        micro, _, compute = micro.partition(":")
+        if kind not in ("full", "lora", "nf4") or not (micro == "" or micro.isdigit()) or compute not in ("", *COMPUTE):
+            parser.error(f"argument --variants: {v!r} is not full:MICRO, lora:MICRO or nf4:MICRO, optionally :{'|'.join(COMPUTE)}")
     if args.baseline and subprocess.run(["git", "cat-file", "-e", f"{args.baseline}:trainer/generation/hf.py"], cwd=ROOT,
                                          capture_output=True).returncode:
         parser.error(f"--baseline: this checkout has no trainer/generation/hf.py at revision {args.baseline!r}")
@@ -195,7 +201,9 @@ def measure_variant(variant: str, policy, node, config: dict, params: int, sampl
     """The second of two GRPO steps on the round (a running node's steps find AdamW's moments resident: the
     first allocates them), its memory planner estimate and its share of the machine's matmul peak."""
     kind, _, micro = variant.partition(":")
-    trainer = GRPOTrainer(policy, GRPOConfig(lr=1e-7, micro_batch=int(micro or 0)), args.max_new_tokens, total_rounds=1)
+    micro, _, compute = micro.partition(":")
+    trainer = GRPOTrainer(policy, GRPOConfig(lr=1e-7, micro_batch=int(micro or 0), compute_dtype=compute or "auto"),
+                          args.max_new_tokens, total_rounds=1)
     trainer.share_prompts &= not args.own_prompts
     trainer.step(sampled.groups)
     started = time.perf_counter()
@@ -209,6 +217,7 @@ def measure_variant(variant: str, policy, node, config: dict, params: int, sampl
     flops = 2 * params * tokens + (6 if kind == "full" else 4) * params * tokens
     round_s = sampled.generate_s + train_s
     return {"variant": kind, "micro_batch": int(micro or 0), "own_prompts": args.own_prompts,
+            "compute_dtype": str(trainer.compute_dtype or next(policy.model.parameters()).dtype).removeprefix("torch."),
             "generate_s": round(sampled.generate_s, 1), "train_s": round(train_s, 1), "round_s": round(round_s, 1),
             "rounds_per_minute": round(60 / round_s, 3), "peak_rss_gb": round(peak_rss_gb(), 2),
             "round_gflop": round(flops / 1e9, 1), "train_positions": positions,
@@ -229,7 +238,7 @@ def compare_samplers(policy, node, sampling: SamplingParams, params: int, gflops
                      args: argparse.Namespace) -> tuple[Round, list[dict]]:
     """Each sampler samples the same round `args.repeats` times, taking turns. Returns the current sampler's
     last round, timed at its median (the round the training variants step on), and each sampler's figures."""
-    wide = wide_dtype(node.generation, policy)  # what a node here samples with (generation.sampling_dtype auto)
+    wide = bfloat16_or_own(node.generation.sampling_dtype, policy)  # what a node here samples with (generation.sampling_dtype auto)
     samplers = {"current" + (f" ({str(wide).removeprefix('torch.')} copy)" if wide else ""):
                 TransformersGenerator(policy, wide_dtype=wide)}
     if args.baseline:
@@ -314,7 +323,7 @@ def main() -> None:
     console.print(table_of(rows, f"one round on {args.model}: {args.tasks} tasks x {args.completions} completions x "
                                  f"<= {args.max_new_tokens} new tokens ({sampled.completion_tokens} generated)"))
     console.print(table_of(samplers, f"sampling the round, median of {args.repeats} (rounds per minute with the "
-                                     f"{rows[0]['variant']}:{rows[0]['micro_batch']} step)"))
+                                     f"{rows[0]['variant']}:{rows[0]['micro_batch']} step in {rows[0]['compute_dtype']})"))
     console.print(f"{params / 1e6:.1f}M parameters; float32 matrix product: {gflops:.0f} GFLOP/s on "
                   f"{torch.get_num_threads()} threads (peak RSS is the process's, cumulative over the rows); "
                   f"the support gate over {gated} external groups: {gate_s:.2f} s")

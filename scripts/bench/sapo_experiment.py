@@ -41,6 +41,11 @@ frozen NF4 base; the NF4 row's "vs silo" columns compare it with full fine-tunin
 
     .venv/bin/python scripts/bench/sapo_experiment.py --quantized --nodes 1 --rounds 30 --eval-every 10 --seeds 3 --out docs/bench/nf4-check-2cpu --resume
 
+Issue 52's check of the training step's bfloat16 autocast (`--autocast --nodes 1`): the same silo with float32
+products and with bfloat16 ones (`grpo.compute_dtype`), paired at each seed:
+
+    .venv/bin/python scripts/bench/sapo_experiment.py --autocast --nodes 1 --rounds 30 --eval-every 30 --seeds 3 --out docs/bench/autocast-check-2cpu --resume
+
 Issue 55's measurements. Every node records its own reward (the primary measure: its completions on fresh tasks),
 the paper's batch reward (its training batch, the external groups it kept included), the informative groups it
 trained (the dose) and, with `--tasks.eval_samples`, an expected held-out accuracy over k samples a task; the report
@@ -142,6 +147,10 @@ TESTBEDS["specialists"] = {"presets": ["smollm2-135m"],
                            "extra": ["--selection.accept", "any", *SPECIALISTS_EVAL]}
 TESTBEDS["specialists-union"] = {"presets": ["smollm2-135m"], "task_mixes": [json.dumps(ARITHMETIC)], "extra": SPECIALISTS_EVAL,
                                  "silo": "specialists"}
+# issue 52's learning check of the training step's bfloat16 autocast (grpo.compute_dtype): the same silo trained with
+# float32 products and with bfloat16 ones, paired at each seed, on the powered evaluation
+TESTBEDS["smollm2-f32"] = {**TESTBEDS["smollm2"], "extra": POWERED + ["--grpo.compute_dtype", "model"], "silo": "smollm2-f32"}
+TESTBEDS["smollm2-bf16"] = {**TESTBEDS["smollm2-f32"], "extra": POWERED + ["--grpo.compute_dtype", "bfloat16"]}
 REAL = ("smollm2", "smollm2+tiny")  # testbeds of the short real-model grid (--real)
 # issue 53's tiny testbed: the demo's swarm (tiny-a, tiny-b, tiny-a with --nodes 3), every node on the same mix: the
 # weaker tiny-b learns from tiny-a's groups, and the rules that would let a peer of another model teach are compared
@@ -155,7 +164,7 @@ TESTBEDS["demo"] = {"presets": ["tiny-a", "tiny-b"], "task_mixes": [tasks(1, 1)]
 # (--accept-license gemma), never here
 TESTBEDS["gemma+smollm2"] = {"presets": ["gemma3-270m", "smollm2-135m"], "task_mixes": [SMOLLM2], "round_multiples": [1, 2],
                              "extra": ["--tasks.eval_size", "300", *POWERED, "--model.lora.enabled", "false"]}
-GRIDS = ("paper", "quick", "real", "quantized", "lr", "specialists", "hetero", "gemma")
+GRIDS = ("paper", "quick", "real", "quantized", "autocast", "lr", "specialists", "hetero", "gemma")
 EVAL_TASKS = 200  # held-out tasks a node evaluates on, unless its testbed's flags say otherwise
 DEFAULT_RULE = SelectionConfig().rule  # what another rule or channel must beat to become the default
 T80 = {1: 1.376, 2: 1.061, 3: 0.978, 4: 0.941, 5: 0.920, 6: 0.906, 7: 0.896, 8: 0.889, 9: 0.883}  # one-sided t at 80%
@@ -216,6 +225,8 @@ def grid(rules: list[str], kind: str = "paper", groups: int = 4) -> list[Config]
     'silo' is the full fine-tuning one)."""
     if kind == "quantized":
         return [Config("smollm2", 4, 0), Config("smollm2-nf4", 4, 0)]
+    if kind == "autocast":
+        return [Config("smollm2-f32", 4, 0), Config("smollm2-bf16", 4, 0)]
     if kind == "lr":
         return [Config(bed, 4, 0, lr=lr) for bed, lr in SWEEP]
     if kind == "specialists":  # alone, the swarm and the union of their data (issue 55's arms; an over-draw control
@@ -769,6 +780,8 @@ def parse_args() -> argparse.Namespace:
                    "paper's round is 8)")
     p.add_argument("--quantized", action="store_true", help="issue 36's learning check: a SmolLM2 silo (4 groups a "
                    "round) with full fine-tuning against LoRA on an NF4 base; pair it with --nodes 1")
+    p.add_argument("--autocast", action="store_true", help="issue 52's learning check: a SmolLM2 silo (4 groups a "
+                   "round) training with float32 products and under bfloat16 autocast, paired; pair it with --nodes 1")
     p.add_argument("--lr-sweep", action="store_true", help="issue 55's learning-rate sweep: SmolLM2 silos at 1e-5, 3e-5 "
                    "and 1e-4 (full fine-tuning) and 1e-4, 3e-4 (LoRA), paired with 1e-5, on the powered evaluation")
     p.add_argument("--specialists", action="store_true", help="issue 55's swarm of specialists: two SmolLM2 owners "
@@ -793,7 +806,7 @@ def parse_args() -> argparse.Namespace:
 
 def chosen_configs(args: argparse.Namespace) -> list[Config]:
     """The grid asked for (--only narrows it); refused when --out already holds runs of it and --resume is not given."""
-    kind = ("quantized" if args.quantized else "real" if args.real else "quick" if args.quick else "lr" if args.lr_sweep
+    kind = ("quantized" if args.quantized else "autocast" if args.autocast else "real" if args.real else "quick" if args.quick else "lr" if args.lr_sweep
             else "specialists" if args.specialists else "hetero" if args.hetero else "gemma" if args.gemma else "paper")
     configs = grid(args.rules, kind, args.groups or 4)
     if args.only:

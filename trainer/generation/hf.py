@@ -8,7 +8,7 @@ round lives on:
 - rows leave the batch as they finish (`generate` keeps every row until the longest one stops);
 - the cache is allocated once for the whole completion and written in place (`GrowingLayer`), which is
   also what the memory planner counts (trainer/memory.py `kv_cache_bytes`);
-- optionally (`wide_dtype`, on CPUs with bfloat16 matrix instructions: trainer/generation/__init__.py) a bfloat16 copy of the
+- optionally (`wide_dtype`, on CPUs with bfloat16 matrix instructions: trainer/precision.py) a bfloat16 copy of the
   weights runs the prompts and every decoding step of more than `NARROW_ROWS` rows, where its matrix products
   are 2-4x faster than float32's; the narrow steps of a batch's tail, where a CPU's bfloat16 products are
   slower than float32's and every step reads all the weights for a few rows, run on an int8 copy (a byte a
