@@ -269,6 +269,15 @@ def _copies(device: Device, dtype: str, m: ModelShape, wants: Wants) -> bool:
     return bf16_pays(device.bf16_cpu, dtype == "float32", m.hidden)
 
 
+def _bf16_step(device: Device, dtype: str, m: ModelShape, wants: Wants) -> bool:
+    """Whether the training step's products autocast to bfloat16: as the user set it, else by the sampling copies'
+    rule (`bf16_pays`). Its memory is inside the float32 step's estimate: the bfloat16 weights autocast makes are offset
+    by the bfloat16 activations it saves (docs/bench/README.md, "Training with bfloat16 products on the CPU")."""
+    if wants.compute_dtype is not None:
+        return wants.compute_dtype == "bfloat16"
+    return bf16_pays(device.bf16_cpu, dtype == "float32", m.hidden)
+
+
 def _first_fit(device: Device, config: dict, r: RoundShape, wants: Wants) -> Plan | tuple[Plan, int]:
     """The preferred plan that fits, or the most memory-saving one tried and the largest micro-batch it fits."""
     fitted = [_fit(device, config, r, wants, *candidate) for candidate in candidates(device, wants)]
@@ -317,10 +326,8 @@ def _fit(device: Device, config: dict, r: RoundShape, wants: Wants, backend: str
                        f"of {r.tokens} tokens at once, and {VLLM_OVERHEAD / GB:.1f} GB for its own work")
     elif rows < r.generation_rows:
         reasons.append(f"the generator decodes {rows} sequences at a time, not all {r.generation_rows}: more would not fit")
-    bf16_step = (wants.compute_dtype == "bfloat16" if wants.compute_dtype is not None
-                 else bf16_pays(device.bf16_cpu, dtype == "float32", m.hidden))
     return Plan(device, backend, dtype, lora, ckpt, nf4, micro, rows, share, sleep, copy, parts, peak(parts), budget, m,
-                decoding, reasons, bf16_step), best
+                decoding, reasons, _bf16_step(device, dtype, m, wants)), best
 
 
 def _smallest_change(device: Device, config: dict, r: RoundShape, wants: Wants, tried: tuple[Plan, int]) -> str:

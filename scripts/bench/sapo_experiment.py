@@ -219,14 +219,17 @@ class Config:
         return self.external > 0 and not self.control
 
 
+# learning checks: an arm against the SmolLM2 silo it changes one thing of (issue 36's NF4 base, issue 52's autocast)
+CHECKS = {"quantized": (Config("smollm2", 4, 0), Config("smollm2-nf4", 4, 0)),
+          "autocast": (Config("smollm2-f32", 4, 0), Config("smollm2-bf16", 4, 0))}
+
+
 def grid(rules: list[str], kind: str = "paper", groups: int = 4) -> list[Config]:
     """The configurations of one of GRIDS: the paper's (tiny presets), its smoke run, the real-model grid (`groups`
     a round: I + 0 against I/2 + I/2), and the 4-bit base against full fine-tuning (SmolLM2 silos; the NF4 row's
     'silo' is the full fine-tuning one)."""
-    if kind == "quantized":
-        return [Config("smollm2", 4, 0), Config("smollm2-nf4", 4, 0)]
-    if kind == "autocast":
-        return [Config("smollm2-f32", 4, 0), Config("smollm2-bf16", 4, 0)]
+    if kind in CHECKS:
+        return list(CHECKS[kind])
     if kind == "lr":
         return [Config(bed, 4, 0, lr=lr) for bed, lr in SWEEP]
     if kind == "specialists":  # alone, the swarm and the union of their data (issue 55's arms; an over-draw control
