@@ -83,6 +83,8 @@ def summarize(rows: list[dict], plan: dict, completions: int, max_new_tokens: in
         "first_round_s": round(seconds(trained[0]), 2),
         "round_s": round(round_s, 3), "rounds_per_minute": round(60 / round_s, 3),
         "generate_s": round(mean("seconds_generate"), 3), "train_s": round(mean("seconds_train"), 3),
+        # what the training phase is made of: only groups that carry signal train, so runs compare per group
+        "groups_trained_per_round": round(mean("groups_trained"), 2),
         "push_s": round(mean("seconds_push"), 4),
         "generated_tokens_per_s": round(sum(r["tokens_generated"] for r in steady)
                                         / max(sum(r["seconds_generate"] for r in steady), 1e-9), 1),
@@ -156,15 +158,15 @@ def bench(argv: list[str], model: str, rounds: int, out: Path, timeout_s: float,
     rows = machine()  # after the runs: reading a card's free memory opens a CUDA context the runs would share
 
     table = Table(title=f"sapo doctor --bench: {model}", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
-    for column in ("backend", "rounds/min", "gen s", "train s", "push s", "tok/s", "peak GB", "plan GB"):
+    for column in ("backend", "rounds/min", "gen s", "train s", "groups trained", "push s", "tok/s", "peak GB", "plan GB"):
         table.add_column(column, justify="left" if column == "backend" else "right", no_wrap=True, min_width=len(column))
     for r in results:
         if r["ok"]:
             table.add_row(r["backend"], f"{r['rounds_per_minute']:.2f}", f"{r['generate_s']:.2f}", f"{r['train_s']:.2f}",
-                          f"{r['push_s']:.3f}", f"{r['generated_tokens_per_s']:.0f}",
+                          f"{r['groups_trained_per_round']:.2f}", f"{r['push_s']:.3f}", f"{r['generated_tokens_per_s']:.0f}",
                           "-" if r["peak_gb"] is None else f"{r['peak_gb']:.2f}", f"{r['planned_peak_gb']:.2f}")
         else:
-            table.add_row(r["backend"], "failed", *["-"] * 6)
+            table.add_row(r["backend"], "failed", *["-"] * 7)
     print_table(console, table)
     for r in results:
         line = r["verdict_line"] if r["ok"] else f"failed: {r['error']}"

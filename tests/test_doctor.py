@@ -97,6 +97,7 @@ def test_doctor_bench_runs_real_rounds_and_compares_the_peak_with_the_plan(tiny_
     assert b["planned_peak_gb"] == b["plan"]["peak_gb"] > 0 and b["peak_gb"] > 0
     assert b["verdict_line"].startswith(judge(b["peak_gb"], b["planned_peak_gb"]).line)
     assert b["groups_per_round"] == 8 and b["completions_per_group"] == 8  # alone, a node fills the external slots
+    assert 0 <= b["groups_trained_per_round"] <= b["groups_per_round"]
     assert 0 < b["tokens_per_completion"] <= b["max_new_tokens"]
     assert f"transformers: {b['verdict_line']}" in " ".join(r.stdout.split())
     assert f"saved {out}" in r.stdout and "Traceback" not in r.stdout + r.stderr
