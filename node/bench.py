@@ -83,8 +83,10 @@ def summarize(rows: list[dict], plan: dict, completions: int, max_new_tokens: in
         "first_round_s": round(seconds(trained[0]), 2),
         "round_s": round(round_s, 3), "rounds_per_minute": round(60 / round_s, 3),
         "generate_s": round(mean("seconds_generate"), 3), "train_s": round(mean("seconds_train"), 3),
-        # what the training phase is made of: only groups that carry signal train, so runs compare per group
-        "groups_trained_per_round": round(mean("groups_trained"), 2),
+        # what the training phase is made of: only groups that carry signal train, so runs compare per group (None for
+        # metrics written before nodes recorded it)
+        "groups_trained_per_round": (None if any("groups_trained" not in r for r in steady)
+                                     else round(mean("groups_trained"), 2)),
         "push_s": round(mean("seconds_push"), 4),
         "generated_tokens_per_s": round(sum(r["tokens_generated"] for r in steady)
                                         / max(sum(r["seconds_generate"] for r in steady), 1e-9), 1),
@@ -162,8 +164,9 @@ def bench(argv: list[str], model: str, rounds: int, out: Path, timeout_s: float,
         table.add_column(column, justify="left" if column == "backend" else "right", no_wrap=True, min_width=len(column))
     for r in results:
         if r["ok"]:
+            groups = r["groups_trained_per_round"]
             table.add_row(r["backend"], f"{r['rounds_per_minute']:.2f}", f"{r['generate_s']:.2f}", f"{r['train_s']:.2f}",
-                          f"{r['groups_trained_per_round']:.2f}", f"{r['push_s']:.3f}", f"{r['generated_tokens_per_s']:.0f}",
+                          "-" if groups is None else f"{groups:.2f}", f"{r['push_s']:.3f}", f"{r['generated_tokens_per_s']:.0f}",
                           "-" if r["peak_gb"] is None else f"{r['peak_gb']:.2f}", f"{r['planned_peak_gb']:.2f}")
         else:
             table.add_row(r["backend"], "failed", *["-"] * 7)
