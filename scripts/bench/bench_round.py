@@ -47,6 +47,7 @@ import subprocess
 import sys
 import time
 import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,7 +86,14 @@ def matmul_gflops(seconds: float = 2.0, n: int = 2048) -> float:
     return 2 * n**3 * count / (time.perf_counter() - started) / 1e9
 
 
-COMPUTE = ("auto", "model", "bfloat16")  # grpo.compute_dtype
+COMPUTE = typing.get_args(GRPOConfig.model_fields["compute_dtype"].annotation)  # grpo.compute_dtype's values
+
+
+def parse_variant(variant: str) -> tuple[str, str, str]:
+    """KIND:MICRO[:COMPUTE] as (kind, micro, compute), each "" where absent."""
+    kind, _, rest = variant.partition(":")
+    micro, _, compute = rest.partition(":")
+    return kind, micro, compute
 
 
 def variant_model(model: ModelConfig, kind: str) -> ModelConfig:
@@ -118,8 +126,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="save the JSON here")
     args = parser.parse_args()
     for v in args.variants:
-        kind, _, micro = v.partition(":")
-        micro, _, compute = micro.partition(":")
+        kind, micro, compute = parse_variant(v)
         if kind not in ("full", "lora", "nf4") or not (micro == "" or micro.isdigit()) or compute not in ("", *COMPUTE):
             parser.error(f"argument --variants: {v!r} is not full:MICRO, lora:MICRO or nf4:MICRO, optionally :{'|'.join(COMPUTE)}")
     if args.baseline and subprocess.run(["git", "cat-file", "-e", f"{args.baseline}:trainer/generation/hf.py"], cwd=ROOT,
@@ -200,8 +207,7 @@ def measure_variant(variant: str, policy, node, config: dict, params: int, sampl
                     args: argparse.Namespace) -> dict:
     """The second of two GRPO steps on the round (a running node's steps find AdamW's moments resident: the
     first allocates them), its memory planner estimate and its share of the machine's matmul peak."""
-    kind, _, micro = variant.partition(":")
-    micro, _, compute = micro.partition(":")
+    kind, micro, compute = parse_variant(variant)
     trainer = GRPOTrainer(policy, GRPOConfig(lr=1e-7, micro_batch=int(micro or 0), compute_dtype=compute or "auto"),
                           args.max_new_tokens, total_rounds=1)
     trainer.share_prompts &= not args.own_prompts
@@ -305,7 +311,7 @@ def main() -> None:
     top_p = node.generation.top_p if args.top_p is None else args.top_p
     args.max_new_tokens = args.max_new_tokens or node.generation.max_new_tokens
     torch.manual_seed(args.seed)
-    kinds = [v.partition(":")[0] for v in args.variants]
+    kinds = [parse_variant(v)[0] for v in args.variants]
     policy = load(variant_model(node.model, kinds[0]))
     config = json.loads((Path(policy.source) / "config.json").read_text())
     params = shape_from_config(config).parameters  # an NF4 model's tensors hold two weights a byte

@@ -44,7 +44,7 @@ frozen NF4 base; the NF4 row's "vs silo" columns compare it with full fine-tunin
 Issue 52's check of the training step's bfloat16 autocast (`--autocast --nodes 1`): the same silo with float32
 products and with bfloat16 ones (`grpo.compute_dtype`), paired at each seed:
 
-    .venv/bin/python scripts/bench/sapo_experiment.py --autocast --nodes 1 --rounds 30 --eval-every 30 --seeds 3 --out docs/bench/autocast-check-2cpu --resume
+    .venv/bin/python scripts/bench/sapo_experiment.py --autocast --nodes 1 --rounds 30 --eval-every 30 --seeds 6 --out docs/bench/autocast-check-2cpu --resume
 
 Issue 55's measurements. Every node records its own reward (the primary measure: its completions on fresh tasks),
 the paper's batch reward (its training batch, the external groups it kept included), the informative groups it
