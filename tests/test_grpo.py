@@ -511,3 +511,27 @@ def test_a_bfloat16_compute_step_takes_its_old_policy_in_bfloat16_too(policy, lo
     (new0, old0), (new1, old1) = loss_calls
     assert torch.allclose(new0, old0, atol=1e-6) and not torch.allclose(new1, old1, atol=1e-6)
     assert all(s.dtype == torch.float32 for state in trainer.optimizer.state.values() for s in state.values() if s.numel() > 1)
+
+
+def test_a_cpu_step_uses_the_fused_adamw_and_moves_the_weights_as_the_reference_adamw(policy):
+    """The trainer's AdamW is torch's fused kernel on a CPU; two of its steps move every weight as the per-tensor
+    reference implementation does from the same gradients, and it takes over the reference's saved state (a
+    checkpoint written before it resumes)."""
+    trainer = GRPOTrainer(policy, GRPOConfig(lr=1e-3, weight_decay=0.1), max_new_tokens=16, total_rounds=10)
+    assert trainer.optimizer.defaults["fused"] is True
+    start = [p.detach().clone() for p in trainer.params]
+    weights = [p.clone().requires_grad_() for p in start]
+    reference = torch.optim.AdamW(weights, lr=1e-3, betas=trainer.cfg.adam_betas, weight_decay=0.1, foreach=False)
+    torch.manual_seed(0)
+    for _ in range(2):
+        for p, w in zip(trainer.params, weights):
+            p.grad = torch.randn_like(p)
+            w.grad = p.grad.clone()
+        trainer.optimizer.step()
+        reference.step()
+    assert all(torch.allclose(p, w, rtol=1e-5, atol=1e-7) for p, w in zip(trainer.params, weights))
+    assert all(not torch.allclose(p, s, atol=1e-5) for p, s in zip(trainer.params, start))  # the steps moved every weight
+    resumed = GRPOTrainer(policy, GRPOConfig(lr=1e-3), max_new_tokens=16, total_rounds=10)
+    resumed.optimizer.load_state_dict(reference.state_dict())
+    resumed.step([group([1, 0, 0, 1])])
+    assert all(int(s["step"]) == 3 for s in resumed.optimizer.state.values())
