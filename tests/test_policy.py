@@ -1,5 +1,6 @@
 """Device, dtype and prompt formatting choices of the policy loader."""
 
+import pytest
 import torch
 
 from trainer import policy as policy_module
@@ -92,3 +93,17 @@ def test_a_model_with_no_chat_template_gets_the_worked_example_as_plain_text_onl
     assert text == f"{task_prompt('What is 12 + 9?')}12 + 9 = 21.\n<answer>21</answer>\n\n{task}"
     assert prompt_example(ModelConfig(), use_chat_template=True) == ModelConfig().chat_example
     assert prompt_example(ModelConfig(chat_example=None, plain_example=True), use_chat_template=False) is None
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_finite_weights_finds_one_bad_element_and_passes_weights_whose_sum_alone_overflows(bad):
+    from trainer.policy import finite_weights
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    with torch.no_grad():
+        model[0].weight.fill_(3e38)  # finite, but its sum is not
+        assert finite_weights(model)
+        model[1].bias[2] = bad
+        assert not finite_weights(model)
+        model[1].requires_grad_(False)  # only trained weights are checked
+        assert finite_weights(model)
