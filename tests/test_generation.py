@@ -517,6 +517,28 @@ def test_bench_rounds_baseline_generator_samples_with_the_same_copy_as_todays(po
     assert bench_round.generator_at("HEAD", policy, None).inner.wide is None
 
 
+def test_bench_rounds_sampler_figures_sum_the_seeds_and_pair_each_turn_with_the_current_samplers():
+    """`bench_round.py --seeds`: a sampler's tokens/s is the seeds' tokens over their median seconds (not a mean of
+    rates), and its paired ratio the median over every (seed, turn) of its seconds against the current sampler's."""
+    import sys
+
+    from tests.conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+    import bench_round
+
+    def rounds(seconds, tokens):
+        return [bench_round.Round([], s, 100, tokens) for s in seconds]
+
+    current = {0: rounds([1.0, 3.0, 2.0], 100), 1: rounds([4.0, 4.0, 4.0], 300)}
+    old = {0: rounds([2.0, 9.0, 6.0], 120), 1: rounds([8.0, 10.0, 8.0], 280)}
+    mine = bench_round.sampler_row("old", old, current, 40, params=1000, gflops=1.0)
+    assert mine["generated_tokens_per_s"] == round(400 / (6.0 + 8.0), 1) and mine["generate_s"] == 7.0
+    assert mine["seconds_vs_current_paired"] == 2.25  # the median of 2, 3, 3 and 2, 2.5, 2
+    assert [(s["seed"], s["generate_s"], s["completion_tokens"]) for s in mine["per_seed"]] == [(0, 6.0, 120), (1, 8.0, 280)]
+    assert bench_round.sampler_row("current", current, current, 40, 1000, 1.0)["seconds_vs_current_paired"] == 1.0
+
+
 def test_the_transformers_backend_runs_a_shared_head_once_and_a_lone_prompt_whole(model_dir):
     """What the test above relies on: its prompts share a head long enough to run once, prompts that differ
     from their first tokens share none, and one prompt alone shares none."""

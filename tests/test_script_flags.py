@@ -44,6 +44,7 @@ def test_json_of_a_model_returns_the_object_and_names_a_bad_knob():
     ("bench_churn.py", "--period", "0"), ("bench_hostile.py", "--hostile", "-1"),
     ("bench_hostile.py", "--rule", "best"),
     ("sapo_experiment.py", "--seeds", "0"), ("bench_round.py", "--top-p", "0"), ("bench_round.py", "--variants", "full:8:fp8"),
+    ("bench_round.py", "--seeds", "0"), ("bench_round.py", "--baseline-step", "full:4"),
     ("bench_generation.py", "--n", "x"), ("pass_rates.py", "--tasks", "0"), ("bench_silo.py", "--minutes", "-1"),
     ("bench_logprobs.py", "--rows", "0"), ("pass_rates.py", "--accept-license", "apache"),
     ("sapo_experiment.py", "--accept-license", "apache"),

@@ -19,22 +19,27 @@ estimated peak for that micro-batch: run one variant per process to compare it w
 Samplers side by side: `--baseline REV` also samples the round with the transformers generator as it was at
 git revision REV, and `--continuous` with transformers' own continuous batching (`generate_batch`, a paged
 cache; it has no stop strings, so its completions run to EOS or the cap); the samplers take turns for
-`--repeats` rounds on the same tasks and seed, so that the machine's noise falls on all of them. The current
+`--repeats` rounds on the same tasks and seed, so that the machine's noise falls on all of them. `--seeds N` samples
+N rounds of different tasks and seeds in each turn: a round's time hangs on its few longest completions (each
+sampler draws its own), so one seed's ratio moves with them; the figures then sum the seeds' tokens and median seconds. The current
 sampler is what a node here samples with (`generation.sampling_dtype` auto: a bfloat16 copy on a CPU with AMX
 tiles or AVX512-BF16). Each one's median seconds, its seconds against the current sampler's in the same turn (the median of
 those ratios: a machine that drifts during the run moves both), the rows its decode steps ran (against the
 tokens generated: what finished rows cost),
 generated tokens per second and rounds per minute (its sampling plus the first variant's
-step) are saved beside the sampling FLOPs (2 x parameters per prompt and generated token) and their share
+step; the baseline's plus `--baseline-step`'s, a revision from before bfloat16 training products stepping in
+float32, `full:8:model`) are saved beside the sampling FLOPs (2 x parameters per prompt and generated token) and their share
 of the matmul peak.
 
     .venv/bin/python scripts/bench/bench_round.py --variants full:8 full:16 lora:16 --out docs/bench/round-smollm2-135m-2cpu.json
     .venv/bin/python scripts/bench/bench_round.py --baseline 1e47067 --continuous --repeats 5 --out docs/bench/sampling-smollm2-135m-2cpu.json
+    .venv/bin/python scripts/bench/bench_round.py --variants full:8 full:8:model --baseline 1e47067 --baseline-step full:8:model --seeds 4 --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import logging
@@ -120,7 +125,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--own-prompts", action="store_true", help="every row runs its own prompt in training (no shared "
                         "prompt KV cache): the worst case the memory planner assumes (trainer/memory.py)")
     parser.add_argument("--seed", type=bounded(int, ge=0), default=0)
+    parser.add_argument("--seeds", type=count, default=1, help="rounds of different tasks and seeds (seed, seed + 1, ...) "
+                        "each sampler samples in every turn")
     parser.add_argument("--baseline", metavar="REV", help="also sample with trainer/generation/hf.py as it was at this git revision")
+    parser.add_argument("--baseline-step", metavar="VARIANT", help="the training variant (one of --variants) of the "
+                        "baseline's round, as its revision trained (default: the first)")
     parser.add_argument("--continuous", action="store_true", help="also sample with transformers' continuous batching")
     parser.add_argument("--repeats", type=count, default=1, help="rounds each sampler samples, taking turns")
     parser.add_argument("--out", type=Path, help="save the JSON here")
@@ -129,6 +138,8 @@ def parse_args() -> argparse.Namespace:
         kind, micro, compute = parse_variant(v)
         if kind not in ("full", "lora", "nf4") or not (micro == "" or micro.isdigit()) or compute not in ("", *COMPUTE):
             parser.error(f"argument --variants: {v!r} is not full:MICRO, lora:MICRO or nf4:MICRO, optionally :{'|'.join(COMPUTE)}")
+    if args.baseline_step is not None and args.baseline_step not in args.variants:
+        parser.error(f"argument --baseline-step: {args.baseline_step!r} is not one of --variants {' '.join(args.variants)}")
     if args.baseline and subprocess.run(["git", "cat-file", "-e", f"{args.baseline}:trainer/generation/hf.py"], cwd=ROOT,
                                          capture_output=True).returncode:
         parser.error(f"--baseline: this checkout has no trainer/generation/hf.py at revision {args.baseline!r}")
@@ -189,13 +200,14 @@ class Round:
     completion_tokens: int
 
 
-def sample_round(generator, policy, node, sampling: SamplingParams, args: argparse.Namespace) -> Round:
-    tasks = TaskSource(node.tasks.mix(), seed=args.seed).draw(args.tasks)
+def sample_round(generator, policy, node, sampling: SamplingParams, args: argparse.Namespace, seed: int) -> Round:
+    """The round of `seed`: its tasks and its sampling seed."""
+    tasks = TaskSource(node.tasks.mix(), seed=seed).draw(args.tasks)
     started = time.perf_counter()
-    groups = rollout(generator, policy, tasks, sampling)
+    groups = rollout(generator, policy, tasks, dataclasses.replace(sampling, seed=seed))
     generate_s = time.perf_counter() - started
     prompt_tokens = sum(len(ids) for ids in encode_prompts(policy, [t.prompt for t in tasks]))
-    coin = random.Random(args.seed)
+    coin = random.Random(seed)
     for g in groups:
         g.rewards = [float(coin.random() < 0.5) for _ in g.rewards]
         g.rewards[0], g.rewards[1] = 0.0, 1.0  # never a group without signal
@@ -242,8 +254,9 @@ def _decode_rows(kwargs: dict) -> int:
 
 def compare_samplers(policy, node, sampling: SamplingParams, params: int, gflops: float,
                      args: argparse.Namespace) -> tuple[Round, list[dict]]:
-    """Each sampler samples the same round `args.repeats` times, taking turns. Returns the current sampler's
-    last round, timed at its median (the round the training variants step on), and each sampler's figures."""
+    """Each sampler samples the round of each seed `args.repeats` times, taking turns. Returns the current sampler's
+    last round of the first seed, timed at its median (the round the training variants step on), and each sampler's
+    figures: the seeds' tokens over their median seconds, and each seed's own."""
     wide = bfloat16_or_own(node.generation.sampling_dtype, policy)  # what a node here samples with (generation.sampling_dtype auto)
     samplers = {"current" + (f" ({str(wide).removeprefix('torch.')} copy)" if wide else ""):
                 TransformersGenerator(policy, wide_dtype=wide)}
@@ -251,34 +264,48 @@ def compare_samplers(policy, node, sampling: SamplingParams, params: int, gflops
         samplers[f"at {args.baseline}"] = generator_at(args.baseline, policy, wide)
     if args.continuous:
         samplers["continuous batching"] = ContinuousBatching(policy)
-    rounds: dict[str, list[Round]] = {name: [] for name in samplers}
+    seeds = range(args.seed, args.seed + args.seeds)
+    rounds: dict[str, dict[int, list[Round]]] = {name: {seed: [] for seed in seeds} for name in samplers}
     decoded = dict.fromkeys(samplers, 0)  # rows the model ran in one-position (decode) forwards
     for _ in range(args.repeats):
-        for name, generator in samplers.items():
-            inner = getattr(generator, "inner", generator)
-            models = [m for m in (policy.model, getattr(inner, "wide", None), getattr(inner, "narrow", None))
-                      if m is not None]  # and its copies
-            hooks = [m.register_forward_pre_hook(
-                lambda _, a, kw, name=name: decoded.__setitem__(name, decoded[name] + _decode_rows(kw)), with_kwargs=True)
-                for m in models]
-            rounds[name].append(sample_round(generator, policy, node, sampling, args))
-            for hook in hooks:
-                hook.remove()
-    rows = []
+        for seed in seeds:
+            for name, generator in samplers.items():
+                inner = getattr(generator, "inner", generator)
+                models = [m for m in (policy.model, getattr(inner, "wide", None), getattr(inner, "narrow", None))
+                          if m is not None]  # and its copies
+                hooks = [m.register_forward_pre_hook(
+                    lambda _, a, kw, name=name: decoded.__setitem__(name, decoded[name] + _decode_rows(kw)), with_kwargs=True)
+                    for m in models]
+                rounds[name][seed].append(sample_round(generator, policy, node, sampling, args, seed))
+                for hook in hooks:
+                    hook.remove()
     current = next(iter(rounds.values()))
-    for name, sampled in rounds.items():
-        seconds = statistics.median(r.generate_s for r in sampled)
-        # each turn's seconds against the current sampler's in the same turn: what the machine's drift leaves alone
-        paired = statistics.median(r.generate_s / c.generate_s for r, c in zip(sampled, current))
-        last = sampled[-1]
-        flops = 2 * params * (last.prompt_tokens + last.completion_tokens)
-        rows.append({"sampler": name, "generate_s": round(seconds, 2), "each_s": [round(r.generate_s, 2) for r in sampled],
-                     "completion_tokens": last.completion_tokens,
-                     "decoded_rows": decoded[name] // args.repeats if name != "continuous batching" else None,
-                     "generated_tokens_per_s": round(last.completion_tokens / seconds, 1),
-                     "seconds_vs_current_paired": round(paired, 3),
-                     "sampling_gflop": round(flops / 1e9, 1), "share_of_matmul_peak": round(flops / 1e9 / gflops / seconds, 3)})
-    return Round(current[-1].groups, rows[0]["generate_s"], current[-1].prompt_tokens, current[-1].completion_tokens), rows
+    rows = [sampler_row(name, by_seed, current, decoded[name] // args.repeats if name != "continuous batching" else None,
+                        params, gflops)  # continuous batching's paged forwards are not one position a row
+            for name, by_seed in rounds.items()]
+    first = current[args.seed]
+    return Round(first[-1].groups, statistics.median(r.generate_s for r in first), first[-1].prompt_tokens,
+                 first[-1].completion_tokens), rows
+
+
+def sampler_row(name: str, by_seed: dict[int, list[Round]], current: dict[int, list[Round]], decoded: int | None, params: int,
+                gflops: float) -> dict:
+    """One sampler's figures over the seeds: their tokens over their median seconds (a round's seconds: the seeds'
+    mean), each turn's seconds against the current sampler's in the same turn (the median of those ratios: what the
+    machine's drift leaves alone), and each seed's own figures."""
+    medians = {seed: statistics.median(r.generate_s for r in sampled) for seed, sampled in by_seed.items()}
+    tokens = {seed: sampled[-1].completion_tokens for seed, sampled in by_seed.items()}
+    seconds, generated = sum(medians.values()), sum(tokens.values())
+    prompt = sum(sampled[-1].prompt_tokens for sampled in by_seed.values())
+    paired = [r.generate_s / c.generate_s for seed in by_seed for r, c in zip(by_seed[seed], current[seed])]
+    flops = 2 * params * (prompt + generated)
+    return {"sampler": name, "generate_s": round(seconds / len(by_seed), 2), "completion_tokens": generated,
+            "decoded_rows": decoded, "generated_tokens_per_s": round(generated / seconds, 1),
+            "seconds_vs_current_paired": round(statistics.median(paired), 3),
+            "sampling_gflop": round(flops / 1e9, 1), "share_of_matmul_peak": round(flops / 1e9 / gflops / seconds, 3),
+            "per_seed": [{"seed": seed, "generate_s": round(medians[seed], 2), "completion_tokens": tokens[seed],
+                          "generated_tokens_per_s": round(tokens[seed] / medians[seed], 1),
+                          "each_s": [round(r.generate_s, 2) for r in by_seed[seed]]} for seed in by_seed]}
 
 
 def gate_seconds(policy, node, groups: list[RolloutGroup], args: argparse.Namespace) -> tuple[float, int]:
@@ -322,14 +349,17 @@ def main() -> None:
     rows = [measure_variant(variant, policy if kind == kinds[0] else load(variant_model(node.model, kind)), node,
                             config, params, sampled, gflops, args)
             for variant, kind in zip(args.variants, kinds)]
-    for sampler in samplers:  # a round is its sampling and the first variant's step
-        sampler["rounds_per_minute"] = round(60 / (sampler["generate_s"] + rows[0]["train_s"]), 2)
+    for sampler in samplers:  # a round is its sampling and the first variant's step (the baseline's: --baseline-step)
+        step = args.baseline_step if sampler["sampler"] == f"at {args.baseline}" and args.baseline_step else args.variants[0]
+        sampler["step"], sampler["step_s"] = step, rows[args.variants.index(step)]["train_s"]
+        sampler["rounds_per_minute"] = round(60 / (sampler["generate_s"] + sampler["step_s"]), 2)
     gate_s, gated = gate_seconds(policy, node, sampled.groups, args)
 
     console.print(table_of(rows, f"one round on {args.model}: {args.tasks} tasks x {args.completions} completions x "
                                  f"<= {args.max_new_tokens} new tokens ({sampled.completion_tokens} generated)"))
-    console.print(table_of(samplers, f"sampling the round, median of {args.repeats} (rounds per minute with the "
-                                     f"{rows[0]['variant']}:{rows[0]['micro_batch']} step in {rows[0]['compute_dtype']})"))
+    console.print(table_of([{k: v for k, v in r.items() if k != "per_seed"} for r in samplers],
+                           f"sampling the round, median of {args.repeats} of each of {args.seeds} seeds (rounds per "
+                           "minute with the step named)"))
     console.print(f"{params / 1e6:.1f}M parameters; float32 matrix product: {gflops:.0f} GFLOP/s on "
                   f"{torch.get_num_threads()} threads (peak RSS is the process's, cumulative over the rows); "
                   f"the support gate over {gated} external groups: {gate_s:.2f} s")
@@ -342,6 +372,7 @@ def main() -> None:
             "prompt_tokens": sampled.prompt_tokens, "completion_tokens": sampled.completion_tokens,
             "matmul_gflops": round(gflops, 1), "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
             "machine": platform.machine(), **bf16_features(), "rows": rows, "samplers": samplers, "repeats": args.repeats,
+            "seeds": list(range(args.seed, args.seed + args.seeds)),
             "command": " ".join(sys.argv[1:]), "support_gate_s": round(gate_s, 2), "support_gate_groups": gated,
         }, indent=2))
         console.print(f"saved {args.out}")
