@@ -553,14 +553,10 @@ def test_the_transformers_backend_runs_a_shared_head_once_and_a_lone_prompt_whol
 
 
 def test_the_grown_cache_writes_in_place_keeps_selected_rows_and_refuses_to_overflow():
-    from transformers.cache_utils import DynamicLayer
-
     from trainer.generation.hf import GrowingLayer
 
-    layer = DynamicLayer()
     first = torch.randn(3, 2, 4, 5)
-    layer.update(first, -first)
-    grown = GrowingLayer(layer, room=2)
+    grown = GrowingLayer(first, -first, room=2)
     step = torch.randn(3, 2, 1, 5)
     keys, values = grown.update(step, -step)
     assert torch.equal(keys, torch.cat([first, step], dim=2)) and torch.equal(values, -keys)
@@ -570,6 +566,72 @@ def test_the_grown_cache_writes_in_place_keeps_selected_rows_and_refuses_to_over
     assert torch.equal(keys, torch.cat([first[[2, 0]], step[[2, 0]], step[:2]], dim=2))
     with pytest.raises(RuntimeError, match="do not fit"):
         grown.update(step[:2], -step[:2])
+
+
+def test_the_split_cache_returns_the_completions_part_and_hands_over_the_whole_cache_in_the_new_dtype():
+    from trainer.generation.hf import GrowingLayer, SplitLayer
+
+    prompt = torch.randn(3, 2, 4, 5)
+    split = SplitLayer(prompt, -prompt, room=2)
+    assert split.get_seq_length() == 4 and split.get_mask_sizes(1) == (5, 0)
+    split.batch_select_indices(torch.tensor([2, 0, 0]))  # before the first completion token: the prompts' rows alone
+    step = torch.randn(3, 2, 1, 5)
+    keys, values = split.update(step, -step)
+    assert torch.equal(keys, step) and torch.equal(values, -step) and split.get_seq_length() == 5
+    split.batch_select_indices(torch.tensor([0, 2]))
+    grown = split.grown(torch.bfloat16)
+    whole = torch.cat([prompt[[2, 0]], step[[0, 2]]], dim=2)
+    assert isinstance(grown, GrowingLayer) and grown.keys.dtype == torch.bfloat16
+    assert torch.equal(grown.keys, whole.bfloat16()) and torch.equal(grown.values, -whole.bfloat16())
+    grown.update(step[:2].bfloat16(), step[:2].bfloat16())  # the room that was left: one position
+    with pytest.raises(RuntimeError, match="do not fit"):
+        grown.update(step[:2].bfloat16(), step[:2].bfloat16())
+    split.update(step[:2], step[:2])
+    with pytest.raises(RuntimeError, match="do not fit"):
+        split.update(step[:2], step[:2])
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_split_attention_is_sdpas_attention_over_the_whole_cache(dtype, atol):
+    """One query a row over a `SplitLayer` (prompts left-padded, 3 query heads a key-value head): what SDPA gives
+    over the prompt's and completion's keys together; a prompt's forward (several queries) is SDPA's own."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from trainer.generation.hf import SplitLayer, split_attention
+
+    g = torch.Generator().manual_seed(0)
+    rows, heads, kv_heads, width, prompt, done = 4, 6, 2, 8, 7, 3
+    keys, values = (torch.randn(rows, kv_heads, prompt + done + 1, width, generator=g).to(dtype) for _ in range(2))
+    layer = SplitLayer(keys[:, :, :prompt], values[:, :, :prompt], room=8)
+    layer.update(keys[:, :, prompt:-1], values[:, :, prompt:-1])
+    new_keys, new_values = layer.update(keys[:, :, -1:], values[:, :, -1:])
+    mask = torch.ones(rows, 1, 1, prompt + done + 1, dtype=torch.bool)
+    mask[1, ..., :2] = mask[3, ..., :4] = False  # left padding
+    module = SimpleNamespace(layer_idx=0, num_key_value_groups=heads // kv_heads, is_causal=True)
+    query = torch.randn(rows, heads, 1, width, generator=g).to(dtype)
+    got, _ = split_attention(module, query, new_keys, new_values, mask, scaling=0.3, split_cache=SimpleNamespace(layers=[layer]))
+    want, _ = sdpa_attention_forward(module, query, keys, values, mask, scaling=0.3)
+    assert got.shape == want.shape == (rows, 1, heads, width) and not layer.unread
+    assert torch.allclose(got.float(), want.float(), atol=atol), (got.float() - want.float()).abs().max()
+    queries = torch.randn(rows, heads, 3, width, generator=g).to(dtype)
+    assert torch.equal(split_attention(module, queries, keys, values, None, scaling=0.3)[0],
+                       sdpa_attention_forward(module, queries, keys, values, None, scaling=0.3)[0])
+
+
+def test_a_copy_whose_attention_never_read_its_prompts_keys_is_an_error_and_the_trainers_attention_is_its_own(model_dir):
+    from types import SimpleNamespace
+
+    from trainer.generation.hf import SPLIT_ATTENTION, SplitLayer, TransformersGenerator, _check_split
+
+    policy = load_policy(ModelConfig(name=str(model_dir), device="cpu", dtype="float32"))
+    gen = TransformersGenerator(policy, wide_dtype=torch.bfloat16)
+    assert gen.wide.config._attn_implementation == SPLIT_ATTENTION and policy.model.config._attn_implementation == "sdpa"
+    layer = SplitLayer(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), room=2)
+    layer.update(torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4))  # written, and no attention read it
+    with pytest.raises(RuntimeError, match="did not read"):
+        _check_split(SimpleNamespace(layers=[layer]))
 
 
 @pytest.mark.parametrize("wide", [None, torch.bfloat16], ids=["own weights", "bfloat16 copy"])
