@@ -592,14 +592,15 @@ def test_the_split_cache_returns_the_completions_part_and_hands_over_the_whole_c
 
 
 @pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_split_attention_is_sdpas_attention_over_the_whole_cache(dtype, atol):
+def test_the_copies_attention_is_sdpas_over_the_whole_cache(dtype, atol):
     """One query a row over a `SplitLayer` (prompts left-padded, 3 query heads a key-value head): what SDPA gives
-    over the prompt's and completion's keys together; a prompt's forward (several queries) is SDPA's own."""
+    over the prompt's and completion's keys together; over one tensor with no mask, SDPA's with the heads folded; a
+    prompt's forward (several queries) is SDPA's own."""
     from types import SimpleNamespace
 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from trainer.generation.hf import SplitLayer, split_attention
+    from trainer.generation.hf import SplitLayer, decode_attention
 
     g = torch.Generator().manual_seed(0)
     rows, heads, kv_heads, width, prompt, done = 4, 6, 2, 8, 7, 3
@@ -611,23 +612,27 @@ def test_split_attention_is_sdpas_attention_over_the_whole_cache(dtype, atol):
     mask[1, ..., :2] = mask[3, ..., :4] = False  # left padding
     module = SimpleNamespace(layer_idx=0, num_key_value_groups=heads // kv_heads, is_causal=True)
     query = torch.randn(rows, heads, 1, width, generator=g).to(dtype)
-    got, _ = split_attention(module, query, new_keys, new_values, mask, scaling=0.3, split_cache=SimpleNamespace(layers=[layer]))
+    got, _ = decode_attention(module, query, new_keys, new_values, mask, scaling=0.3, split_cache=SimpleNamespace(layers=[layer]))
     want, _ = sdpa_attention_forward(module, query, keys, values, mask, scaling=0.3)
     assert got.shape == want.shape == (rows, 1, heads, width) and not layer.unread
     assert torch.allclose(got.float(), want.float(), atol=atol), (got.float() - want.float()).abs().max()
+    unmasked, _ = decode_attention(module, query, keys, values, None, scaling=0.3)
+    assert torch.allclose(unmasked.float(), sdpa_attention_forward(module, query, keys, values, None, scaling=0.3)[0].float(),
+                          atol=atol)
     queries = torch.randn(rows, heads, 3, width, generator=g).to(dtype)
-    assert torch.equal(split_attention(module, queries, keys, values, None, scaling=0.3)[0],
+    assert torch.equal(decode_attention(module, queries, keys, values, None, scaling=0.3)[0],
                        sdpa_attention_forward(module, queries, keys, values, None, scaling=0.3)[0])
 
 
 def test_a_copy_whose_attention_never_read_its_prompts_keys_is_an_error_and_the_trainers_attention_is_its_own(model_dir):
     from types import SimpleNamespace
 
-    from trainer.generation.hf import SPLIT_ATTENTION, SplitLayer, TransformersGenerator, _check_split
+    from trainer.generation.hf import DECODE_ATTENTION, SplitLayer, TransformersGenerator, _check_split
 
     policy = load_policy(ModelConfig(name=str(model_dir), device="cpu", dtype="float32"))
     gen = TransformersGenerator(policy, wide_dtype=torch.bfloat16)
-    assert gen.wide.config._attn_implementation == SPLIT_ATTENTION and policy.model.config._attn_implementation == "sdpa"
+    assert gen.wide.config._attn_implementation == gen.narrow.config._attn_implementation == DECODE_ATTENTION
+    assert policy.model.config._attn_implementation == "sdpa"  # the trainer's own weights: what training runs
     layer = SplitLayer(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), room=2)
     layer.update(torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4))  # written, and no attention read it
     with pytest.raises(RuntimeError, match="did not read"):
