@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 
+from trainer.attention import use_cpu_attention
 from trainer.batch import Batch, collate, token_logprobs
 from trainer.groups import RolloutGroup
 from trainer.config import GRPOConfig
@@ -87,6 +88,8 @@ class GRPOTrainer:
     def __init__(self, policy: Policy, cfg: GRPOConfig, max_new_tokens: int, total_rounds: int, stop: Sequence[str] = ()):
         self.policy, self.cfg, self.max_tokens, self.stop = policy, cfg, max_new_tokens, tuple(stop)
         self.params = [p for p in policy.model.parameters() if p.requires_grad]
+        if policy.device.type == "cpu":
+            use_cpu_attention(policy.model)  # float32 SDPA with shared heads: the CPU kernel's fast case (trainer/attention.py)
         # every forward of the step, its old-policy and reference passes included, in one compute dtype: the ratio
         # starts at 1 whichever it is
         self.compute_dtype = bfloat16_or_own(cfg.compute_dtype, policy)
