@@ -258,9 +258,6 @@ class SplitLayer(DynamicLayer):
         if self.key_buffer is not None:
             self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self.batch_select_indices(torch.arange(self.keys.shape[0], device=self.keys.device).repeat_interleave(repeats))
-
     def grown(self, dtype: torch.dtype) -> GrowingLayer:
         """The whole cache so far in a `GrowingLayer` of `dtype`, with the room that is left: what other weights
         decode on from (their attention reads one tensor)."""
