@@ -260,8 +260,10 @@ def compare_samplers(policy, node, sampling: SamplingParams, params: int, gflops
     wide = bfloat16_or_own(node.generation.sampling_dtype, policy)  # what a node here samples with (generation.sampling_dtype auto)
     samplers = {"current" + (f" ({str(wide).removeprefix('torch.')} copy)" if wide else ""):
                 TransformersGenerator(policy, wide_dtype=wide)}
+    steps = {}
     if args.baseline:
-        samplers[f"at {args.baseline}"] = generator_at(args.baseline, policy, wide)
+        name = f"at {args.baseline}"
+        samplers[name], steps[name] = generator_at(args.baseline, policy, wide), args.baseline_step or args.variants[0]
     if args.continuous:
         samplers["continuous batching"] = ContinuousBatching(policy)
     seeds = range(args.seed, args.seed + args.seeds)
@@ -283,6 +285,8 @@ def compare_samplers(policy, node, sampling: SamplingParams, params: int, gflops
     rows = [sampler_row(name, by_seed, current, decoded[name] // args.repeats if name != "continuous batching" else None,
                         params, gflops)  # continuous batching's paged forwards are not one position a row
             for name, by_seed in rounds.items()]
+    for row in rows:  # the training variant of each sampler's round: the baseline's as its revision trained
+        row["step"] = steps.get(row["sampler"], args.variants[0])
     first = current[args.seed]
     return Round(first[-1].groups, statistics.median(r.generate_s for r in first), first[-1].prompt_tokens,
                  first[-1].completion_tokens), rows
@@ -349,9 +353,8 @@ def main() -> None:
     rows = [measure_variant(variant, policy if kind == kinds[0] else load(variant_model(node.model, kind)), node,
                             config, params, sampled, gflops, args)
             for variant, kind in zip(args.variants, kinds)]
-    for sampler in samplers:  # a round is its sampling and the first variant's step (the baseline's: --baseline-step)
-        step = args.baseline_step if sampler["sampler"] == f"at {args.baseline}" and args.baseline_step else args.variants[0]
-        sampler["step"], sampler["step_s"] = step, rows[args.variants.index(step)]["train_s"]
+    for sampler in samplers:  # a round is its sampling and its step
+        sampler["step_s"] = rows[args.variants.index(sampler["step"])]["train_s"]
         sampler["rounds_per_minute"] = round(60 / (sampler["generate_s"] + sampler["step_s"]), 2)
     gate_s, gated = gate_seconds(policy, node, sampled.groups, args)
 

@@ -124,7 +124,8 @@ class TransformersGenerator:
             split = {"split_cache": cache} if model is self.wide else {}  # what `decode_attention` reads the prompts from
             out = model(input_ids=chosen[:, None], attention_mask=attn, position_ids=attn.sum(-1, keepdim=True) - 1,
                         use_cache=True, **{name: cache}, **split)
-            _check_split(cache)
+            if split:
+                _check_split(cache)
             logits = out.logits[:, -1].float()
         return [to_completion(self.tokenizer, self.terminators, t, lp, params.stop, self.weight_version)
                 for t, lp in zip(tokens, logprobs)]
