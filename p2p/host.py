@@ -32,6 +32,7 @@ from multiaddr import Multiaddr
 from p2p.bucket import Bucket
 from p2p.config import P2PConfig
 from p2p.hints import REMEMBERED, HintBudget
+from p2p.peerstore import OrderedPeerStore
 from p2p.policy import MessagePolicy
 from p2p.pubsub import GuardedPubsub, gossipsub_router
 from p2p.reach import Reach, is_circuit
@@ -101,6 +102,7 @@ class GossipHost:
             muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
             connection_config=ConnectionConfig(max_connections_per_peer=1),  # also skips a 250 ms dial delay
             announce_addrs=announce, addrs_factory=None if announce else self._advertised,
+            peerstore_opt=OrderedPeerStore(),
         )
         # one connection attempt per address dialed: the bootstrap loop keeps its own backoff, a hint is not
         # retried, and py-libp2p's 3 retries made each failed hint 4 connections to a host it may not know
