@@ -351,9 +351,12 @@ def test_a_bfloat16_copy_runs_the_prompts_and_wide_steps_and_an_int8_copy_the_na
     gen.terminators |= set(range(0, len(policy.tokenizer), 3))
     assert next(gen.wide.parameters()).dtype == torch.bfloat16 and next(policy.model.parameters()).dtype == torch.float32
     assert isinstance(gen.narrow.get_output_embeddings(), Int8Linear)
-    ran = []  # (weights, rows, positions) of every forward
+    ran = []  # (weights, rows, positions) of every forward, and of every decode step the copies run themselves
     hooks = [m.register_forward_pre_hook(lambda _, a, kw, name=name: ran.append((name, *kw["input_ids"].shape)), with_kwargs=True)
              for name, m in (("copy", gen.wide), ("int8", gen.narrow), ("own", policy.model))]
+    assert set(gen.steps) == {gen.wide, gen.narrow}
+    gen.steps = {m: lambda ids, attn, cache, step=step, name=name: ran.append((name, len(ids), 1)) or step(ids, attn, cache)
+                 for (m, step), name in zip(gen.steps.items(), ("copy", "int8"))}
     try:
         out = sample(gen, policy, n=8, max_new_tokens=16, stop=())
     finally:
@@ -382,6 +385,93 @@ def test_the_int8_copy_takes_each_push_in_place_as_a_fresh_copy_would(model_dir)
         assert torch.equal(after, _int8_copy(policy.model)(input_ids=ids).logits)
 
 
+@pytest.mark.parametrize("preset", ["tiny-a", "tiny-b"], ids=["qwen2 (query, key, value biases)", "llama"])
+def test_the_copies_own_decode_step_computes_what_their_forward_does_before_and_after_a_push(preset):
+    """`DecodeStep` against transformers' forward of the same copy, from the same cache: the bfloat16 copy over a
+    split cache of left-padded prompts, then the int8 copy over the cache handed to it, with padding and without.
+    After a push both still agree: the joined projections are what the copy's own layers view."""
+    from trainer.generation.hf import TransformersGenerator, _hand_over
+
+    policy = untrained_policy(preset)
+    gen = TransformersGenerator(policy, wide_dtype=torch.bfloat16)
+    assert set(gen.steps) == {gen.wide, gen.narrow}
+    prompts = encode_prompts(policy, HEADED)
+    assert len({len(p) for p in prompts}) > 1  # some rows are padded
+
+    def agree(model, cache, attn, steps=2):
+        mine, theirs = copy.deepcopy(cache), copy.deepcopy(cache)
+        ids = torch.arange(len(attn)) + 5
+        for _ in range(steps):
+            attn = torch.cat([attn, attn.new_ones(len(attn), 1)], dim=1)
+            got, want = gen.steps[model](ids, attn, mine), gen._forward(model, ids, attn, theirs)
+            assert got.dtype == want.dtype == torch.float32 and got.shape == want.shape == (len(ids), len(policy.tokenizer))
+            assert torch.allclose(got, want, atol=1e-3), (got - want).abs().max()
+            ids = got.argmax(-1)
+        return mine, attn
+
+    for push in range(2):
+        with torch.no_grad():
+            cache, _, attn = gen._prefill(gen.wide, prompts, SamplingParams(max_new_tokens=8))
+            cache, attn = agree(gen.wide, cache, attn)
+            _hand_over(cache, torch.bfloat16)
+            agree(gen.narrow, cache, attn)  # padded rows: a mask
+            cache.batch_select_indices(torch.tensor([0, 0]))
+            agree(gen.narrow, cache, torch.ones(2, attn.shape[1], dtype=attn.dtype), steps=1)  # no padding: no mask
+            for p in policy.model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        steps = dict(gen.steps)
+        gen.set_weights(policy.model)
+        assert gen.steps == steps  # the same copies, their steps kept
+
+
+def test_the_joined_projections_are_what_the_copys_own_layers_view():
+    from trainer.generation.hf import Int8Linear, _joined
+
+    parts = [torch.nn.Linear(16, n, bias=True).to(torch.bfloat16) for n in (3, 2)]
+    x = torch.randn(5, 16, dtype=torch.bfloat16)
+    want = torch.cat([part(x) for part in parts], dim=-1)
+    joined = _joined(parts)
+    assert torch.equal(joined(x), want) and torch.equal(torch.cat([part(x) for part in parts], dim=-1), want)
+    with torch.no_grad():
+        parts[1].weight.add_(1)
+        parts[0].bias.zero_()
+    assert torch.equal(joined(x), torch.cat([part(x) for part in parts], dim=-1))
+    assert all(not p.requires_grad for part in parts for p in part.parameters())
+    int8 = [Int8Linear(torch.nn.Linear(16, n, bias=False)) for n in (3, 5)]
+    joined = _joined(int8)
+    assert torch.equal(joined(x), torch.cat([part(x) for part in int8], dim=-1))
+    int8[0].load(torch.nn.Linear(16, 3, bias=False))
+    assert torch.equal(joined(x), torch.cat([part(x) for part in int8], dim=-1))
+    assert _joined(parts[:1]) is parts[0]
+
+
+def test_the_int8_copy_keeps_in_bfloat16_the_layers_whose_inputs_torchs_int8_kernel_cannot_take():
+    """torch's int8 product crashes the process on 24 inputs (it reads them 16 at a time): such layers stay bfloat16
+    in the int8 copy, which still samples what a forward pass gives and takes pushes in place."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trainer.generation.hf import Int8Linear, TransformersGenerator
+    from trainer.policy import Policy
+
+    tokenizer = untrained_policy().tokenizer
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=24, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    policy = Policy(model=LlamaForCausalLM(config).eval(), tokenizer=tokenizer, device=torch.device("cpu"),
+                    use_chat_template=False)
+    gen = TransformersGenerator(policy, wide_dtype=torch.bfloat16)
+    mlp = gen.narrow.model.layers[0].mlp
+    assert isinstance(mlp.down_proj, Int8Linear) and type(mlp.up_proj) is torch.nn.Linear
+    assert mlp.up_proj.weight.dtype == torch.bfloat16
+    narrow = gen.narrow
+    gen.set_weights(policy.model)
+    assert gen.narrow is narrow
+    gen.terminators |= set(range(0, len(tokenizer), 3))  # rows finish early: the tail runs on the int8 copy
+    out = gen.generate(encode_prompts(policy, HEADED), SamplingParams(n=4, max_new_tokens=12, seed=2))
+    assert_logprobs_match(gen, policy.model, policy, out, HEADED)
+
+
 def test_a_bfloat16_copy_of_a_lora_model_follows_each_push_of_its_adapters(model_dir):
     from trainer.generation.hf import TransformersGenerator
 
@@ -396,6 +486,7 @@ def test_a_bfloat16_copy_of_a_lora_model_follows_each_push_of_its_adapters(model
     assert ids(after) != ids(before)  # the copy samples the new adapters, not those it was made with
     assert_logprobs_match(gen, policy.model, policy, after)
     assert all(p.dtype == torch.bfloat16 for name, p in gen.wide.named_parameters() if "lora_" in name)
+    assert gen.steps == {}  # the adapters' layers decode through transformers' forward
 
 
 def test_auto_picks_transformers_without_a_gpu(policy):
@@ -515,6 +606,29 @@ def test_bench_rounds_baseline_generator_samples_with_the_same_copy_as_todays(po
     with_copy = bench_round.generator_at("HEAD", policy, torch.bfloat16).inner
     assert with_copy.wide is not None and next(with_copy.wide.parameters()).dtype == torch.bfloat16
     assert bench_round.generator_at("HEAD", policy, None).inner.wide is None
+
+
+def test_bench_rounds_decode_count_sees_the_copies_own_steps_as_it_sees_forwards(policy):
+    """The rows a sampler decodes, as `bench_round.py` reports them, are the same whether the copies decode through
+    their own step or through transformers' forward, and the generator's steps are its own again afterwards."""
+    import sys
+
+    from tests.conftest import ROOT
+    from trainer.generation.hf import TransformersGenerator
+
+    sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+    import bench_round
+
+    gen = TransformersGenerator(policy, wide_dtype=torch.bfloat16)
+    gen.terminators |= set(range(0, len(policy.tokenizer), 3))  # rows finish early: the tail runs on the int8 copy
+    own, counts = gen.steps, []
+    for steps in (own, {}):
+        gen.steps, rows = steps, []
+        with bench_round.counting_decodes(gen, policy, rows.append):
+            out = sample(gen, policy, n=8, max_new_tokens=16, stop=())
+        assert gen.steps is steps
+        counts.append((sum(rows), ids(out)))
+    assert counts[0] == counts[1] and counts[0][0] > 0
 
 
 def test_bench_rounds_sampler_figures_sum_the_seeds_and_pair_each_turn_with_the_current_samplers():
@@ -660,6 +774,7 @@ def test_a_model_with_sliding_window_layers_samples_what_a_forward_pass_gives(wi
                     use_chat_template=False)
     gen = TransformersGenerator(policy, wide_dtype=wide)
     assert not gen.shares_heads and TransformersGenerator(untrained_policy()).shares_heads
+    assert gen.steps == {}  # Gemma 3 decodes through transformers' forward
     cache, _, _ = gen._prefill(gen.model, encode_prompts(policy, HEADED), SamplingParams(max_new_tokens=4))
     assert [type(layer) is GrowingLayer for layer in cache.layers] == [False, True]
     out = gen.generate(encode_prompts(policy, HEADED), SamplingParams(n=3, max_new_tokens=16, seed=2))

@@ -39,6 +39,7 @@ of the matmul peak.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -252,6 +253,26 @@ def _decode_rows(kwargs: dict) -> int:
     return ids.shape[0] if ids is not None and ids.dim() == 2 and ids.shape[1] == 1 else 0
 
 
+@contextlib.contextmanager
+def counting_decodes(generator, policy, add: typing.Callable[[int], None]) -> typing.Iterator[None]:
+    """Calls `add(rows)` for each decode step `generator` runs: forwards of one position a row on the policy's model and
+    the generator's copies, and the copies' own decode steps (which call no module)."""
+    inner = getattr(generator, "inner", generator)
+    models = [m for m in (policy.model, getattr(inner, "wide", None), getattr(inner, "narrow", None)) if m is not None]
+    hooks = [m.register_forward_pre_hook(lambda _, a, kw: add(_decode_rows(kw)), with_kwargs=True) for m in models]
+    own_steps = getattr(inner, "steps", None)
+    if own_steps is not None:
+        inner.steps = {m: lambda ids, attn, cache, step=step: add(len(ids)) or step(ids, attn, cache)
+                       for m, step in own_steps.items()}
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+        if own_steps is not None:
+            inner.steps = own_steps
+
+
 def compare_samplers(policy, node, sampling: SamplingParams, params: int, gflops: float,
                      args: argparse.Namespace) -> tuple[Round, list[dict]]:
     """Each sampler samples the round of each seed `args.repeats` times, taking turns. Returns the current sampler's
@@ -272,15 +293,8 @@ def compare_samplers(policy, node, sampling: SamplingParams, params: int, gflops
     for _ in range(args.repeats):
         for seed in seeds:
             for name, generator in samplers.items():
-                inner = getattr(generator, "inner", generator)
-                models = [m for m in (policy.model, getattr(inner, "wide", None), getattr(inner, "narrow", None))
-                          if m is not None]  # and its copies
-                hooks = [m.register_forward_pre_hook(
-                    lambda _, a, kw, name=name: decoded.__setitem__(name, decoded[name] + _decode_rows(kw)), with_kwargs=True)
-                    for m in models]
-                rounds[name][seed].append(sample_round(generator, policy, node, sampling, args, seed))
-                for hook in hooks:
-                    hook.remove()
+                with counting_decodes(generator, policy, lambda rows, name=name: decoded.__setitem__(name, decoded[name] + rows)):
+                    rounds[name][seed].append(sample_round(generator, policy, node, sampling, args, seed))
     current = next(iter(rounds.values()))
     rows = [sampler_row(name, by_seed, current, decoded[name] // args.repeats if name != "continuous batching" else None,
                         params, gflops)  # continuous batching's paged forwards are not one position a row

@@ -15,9 +15,10 @@ round lives on:
   weight, one scale per output channel: 1.5x float32's speed there), or for a LoRA model on the trainer's own
   weights (docs/bench/README.md, "Sampling on the CPU");
 - the wide copy's decode steps keep each layer's prompt keys apart from the completion's (`SplitLayer`) and attend
-  over both with batched products, and the narrow tail's unpadded rows run SDPA with the query heads folded
-  (`decode_attention`): SDPA's CPU kernel, one query a row, took over a quarter of a 64-row step and, unmasked, a
-  fifth of a narrow one.
+  over both with batched products, and the narrow tail's rows run SDPA with the query heads folded (`attend`): SDPA's
+  CPU kernel, one query a row, took over a quarter of a 64-row step and, unmasked, a fifth of a narrow one;
+- the copies of Llama and Qwen2 models decode through their own step (trainer/generation/decode_step.py), the same
+  arithmetic without transformers' modules around it, each layer's query, key and value projections one product.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from trainer.batch import kv_cache_name
+from trainer.generation.decode_step import DecodeStep, fits
 from trainer.generation.base import Cancel, Cancelled, Completion, SamplingParams, isolated_rng, never, to_completion
 from trainer.policy import Policy
 
@@ -63,6 +65,8 @@ class TransformersGenerator:
         # a sliding window counts cache slots, padding included: a head shared before left-padded tails would
         # put padding inside the window (Gemma 3, Mistral): such models run each prompt whole
         self.shares_heads = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
+        self.steps: dict[torch.nn.Module, DecodeStep] = {}
+        self._keep_steps()
 
     def set_weights(self, model: torch.nn.Module) -> None:
         """The model is sampled in place from now on; a wide copy takes its weights (0.04-0.12 s for 135M on 2 cores)."""
@@ -71,7 +75,13 @@ class TransformersGenerator:
             self.wide = _refreshed(self.wide, model)
         if self.narrow is not None:
             self.narrow = _refreshed_int8(self.narrow, model)
+        self._keep_steps()
         self.weight_version += 1
+
+    def _keep_steps(self) -> None:
+        """The copies' own decode steps (`DecodeStep`), for the architectures it computes, made once a copy."""
+        copies = [m for m in (self.wide, self.narrow) if m is not None and self.shares_heads and fits(m)]
+        self.steps = {m: self.steps.get(m) or DecodeStep(m, _joined, attend) for m in copies}
 
     def release(self) -> None:
         """Nothing to give back: the weights are the trainer's."""
@@ -91,7 +101,6 @@ class TransformersGenerator:
         """`params.n` completions of each prompt, in prompt order."""
         model = self.model if self.wide is None else self.wide  # the wide copy, if any, until the batch narrows
         cache, logits, attn = self._prefill(model, prompts, params)
-        name = kv_cache_name(self.model)
         copies = torch.arange(len(prompts), device=self.device).repeat_interleave(params.n)
         logits, attn = logits[copies], attn[copies]
         cache.batch_select_indices(copies)
@@ -121,14 +130,22 @@ class TransformersGenerator:
                 rows, finished = [rows[i] for i in keep], [False] * len(keep)
             model = self._narrowed(model, len(rows), cache)
             attn = torch.cat([attn, attn.new_ones(len(attn), 1)], dim=1)
-            split = {"split_cache": cache} if model is self.wide else {}  # what `decode_attention` reads the prompts from
-            out = model(input_ids=chosen[:, None], attention_mask=attn, position_ids=attn.sum(-1, keepdim=True) - 1,
-                        use_cache=True, **{name: cache}, **split)
-            if split:
-                _check_split(cache)
-            logits = out.logits[:, -1].float()
+            if model in self.steps:
+                logits = self.steps[model](chosen, attn, cache)
+            else:
+                logits = self._forward(model, chosen, attn, cache)
         return [to_completion(self.tokenizer, self.terminators, t, lp, params.stop, self.weight_version)
                 for t, lp in zip(tokens, logprobs)]
+
+    def _forward(self, model: torch.nn.Module, chosen: torch.Tensor, attn: torch.Tensor, cache) -> torch.Tensor:
+        """A decode step through transformers' forward (architectures `DecodeStep` does not compute, the trainer's
+        own weights): each row's next-token logits."""
+        split = {"split_cache": cache} if model is self.wide else {}  # what `decode_attention` reads the prompts from
+        out = model(input_ids=chosen[:, None], attention_mask=attn, position_ids=attn.sum(-1, keepdim=True) - 1,
+                    use_cache=True, **{kv_cache_name(self.model): cache}, **split)
+        if split:
+            _check_split(cache)
+        return out.logits[:, -1].float()
 
     def _narrowed(self, model: torch.nn.Module, rows: int, cache) -> torch.nn.Module:
         """The weights of a step of `rows` rows: the wide copy until the batch narrows, then the int8 copy (else the
@@ -270,25 +287,33 @@ class SplitLayer(DynamicLayer):
 def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                      split_cache=None, **kwargs) -> tuple[torch.Tensor, None]:
-    """The sampling copies' attention (registered as `DECODE_ATTENTION`), for decode steps, one query a row:
-    - over a `SplitLayer` (the wide copy's), the prompt's keys and values multiplied where they lie and the
-      completion's beside them, one softmax over both (the scores in float32, as the eager attention does): 1.3x
-      SDPA's CPU kernel at 64 rows;
-    - over any other cache with no padding left (the narrow tail's long rows), SDPA with each key-value head's query
-      heads as rows, as transformers does itself only when a mask is given; with none it asks SDPA for `enable_gqa`,
-      4x slower on a CPU at one query (200 against 46 microseconds a layer for 3 rows of SmolLM2-135M).
-    Everything else (the prompts, a layer with a mask) goes to transformers' SDPA."""
+    """The sampling copies' attention inside transformers' forward (registered as `DECODE_ATTENTION`): decode steps
+    over a `SplitLayer`, or over any other cache with no padding left, go to `attend`. Everything else (the prompts,
+    a layer with a mask) goes to transformers' SDPA."""
     layer = None if split_cache is None else split_cache.layers[module.layer_idx]
     split = isinstance(layer, SplitLayer)
     if query.shape[2] != 1 or dropout or kwargs.get("softcap") is not None or not (split or attention_mask is None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     rows, heads, _, width = query.shape
-    folded = query.reshape(rows, key.shape[1], heads // key.shape[1], width)  # each key-value head's queries as rows
-    if split:
-        out = _split_attention(layer, folded, key, value, attention_mask, width ** -0.5 if scaling is None else scaling)
-    else:
-        out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, scale=scaling)
+    out = attend(layer, query, key, value, attention_mask, width ** -0.5 if scaling is None else scaling)
     return out.reshape(rows, 1, heads, width), None
+
+
+def attend(layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+           scaling: float) -> torch.Tensor:
+    """A decode step's attention, one query a row, each key-value head's query heads folded into rows
+    (rows, key-value heads, their query heads, width):
+    - over a `SplitLayer` (the wide copy's), the prompt's keys and values multiplied where they lie and the
+      completion's beside them, one softmax over both (the scores in float32, as the eager attention does): 1.3x
+      SDPA's CPU kernel at 64 rows;
+    - over any other cache, SDPA on the folded rows, as transformers does itself only when a mask is given; with none
+      it asks SDPA for `enable_gqa`, 4x slower on a CPU at one query (200 against 46 microseconds a layer for 3 rows
+      of SmolLM2-135M)."""
+    rows, heads, _, width = query.shape
+    folded = query.reshape(rows, key.shape[1], heads // key.shape[1], width)
+    if isinstance(layer, SplitLayer):
+        return _split_attention(layer, folded, key, value, mask, scaling)
+    return torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
 
 
 def _split_attention(layer: SplitLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -352,9 +377,37 @@ class Int8Linear(torch.nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+def _joined(parts: list[torch.nn.Module]) -> torch.nn.Module:
+    """One linear layer computing what `parts` (linear layers of one input) compute, their outputs side by side: their
+    weights (int8 scales, biases) concatenated once, each part's own now a view into them, so that writing the parts
+    in place (a refresh) writes this one too and nothing is held twice."""
+    if len(parts) == 1:
+        return parts[0]
+    names = [name for name, t in [*parts[0].named_parameters(recurse=False), *parts[0].named_buffers(recurse=False)]
+             if t is not None]
+    whole = {name: torch.cat([getattr(part, name) for part in parts]) for name in names}
+    params = {name for name, _ in parts[0].named_parameters(recurse=False)}
+    as_kept = {name: torch.nn.Parameter(t, requires_grad=False) if name in params else t for name, t in whole.items()}
+    joined = copy.deepcopy(parts[0], {id(getattr(parts[0], name)): t for name, t in as_kept.items()})
+    start = 0
+    for part in parts:
+        end = start + part.weight.shape[0]
+        for name in names:
+            view = whole[name][start:end]
+            setattr(part, name, torch.nn.Parameter(view, requires_grad=False) if name in params else view)
+        start = end
+    return joined
+
+
+def _int8_linears(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
+    """The linear layers an int8 copy holds in int8: torch's kernel reads inputs 16 at a time (a layer of 4, 8, 24,
+    36 or 40 inputs crashed the process, measured on torch 2.13); the others stay bfloat16."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.in_features % 16 == 0}
+
+
 def _int8_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A bfloat16 copy of `model` whose linear layers hold int8 weights (`Int8Linear`)."""
-    linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    """A bfloat16 copy of `model` whose linear layers hold int8 weights (`Int8Linear`) where the kernel takes them."""
+    linears = _int8_linears(model)
     tied = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
     memo = {id(p): None for m in linears.values() for p in m.parameters() if id(p) not in tied}  # replaced below
     memo.update({id(p): torch.nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=False)
@@ -370,7 +423,7 @@ def _int8_copy(model: torch.nn.Module) -> torch.nn.Module:
 def _refreshed_int8(narrow: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:
     """`narrow` (an `_int8_copy`) holding `model`'s weights now: in place, or a new copy for another architecture."""
     ours = dict(narrow.named_modules())
-    linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    linears = _int8_linears(model)
     if not all(isinstance(ours.get(name), Int8Linear) for name in linears):
         return _int8_copy(model)
     for name, linear in linears.items():
