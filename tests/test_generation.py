@@ -703,13 +703,23 @@ def test_the_split_cache_returns_the_completions_part_and_hands_over_the_whole_c
     split.update(step[:2], step[:2])
     with pytest.raises(RuntimeError, match="do not fit"):
         split.update(step[:2], step[:2])
+    # prompts that share a head keep it once, and hand it over to every row
+    prompt[:, :, :2] = prompt[:1, :, :2]
+    shared = SplitLayer(prompt, -prompt, room=2, head=2)
+    assert shared.head_keys.shape == (2, 2, 5) and shared.keys.shape == (3, 2, 2, 5) and shared.get_seq_length() == 4
+    shared.batch_select_indices(torch.tensor([2, 0, 0]))
+    shared.update(step, -step)
+    shared.batch_select_indices(torch.tensor([0, 2]))
+    assert shared.head_keys.shape == (2, 2, 5)  # rows are chosen from each one's own parts
+    assert torch.equal(shared.grown(torch.float32).keys, torch.cat([prompt[[2, 0]], step[[0, 2]]], dim=2))
 
 
+@pytest.mark.parametrize("head", [0, 3], ids=["no shared head", "a shared head"])
 @pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_the_copies_attention_is_sdpas_over_the_whole_cache(dtype, atol):
-    """One query a row over a `SplitLayer` (prompts left-padded, 3 query heads a key-value head): what SDPA gives
-    over the prompt's and completion's keys together; over one tensor with no mask, SDPA's with the heads folded; a
-    prompt's forward (several queries) is SDPA's own."""
+def test_the_copies_attention_is_sdpas_over_the_whole_cache(dtype, atol, head):
+    """One query a row over a `SplitLayer` (prompts left-padded after the head they share, 3 query heads a key-value
+    head): what SDPA gives over the head's, prompt's and completion's keys together; over one tensor with no mask,
+    SDPA's with the heads folded; a prompt's forward (several queries) is SDPA's own."""
     from types import SimpleNamespace
 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -719,11 +729,14 @@ def test_the_copies_attention_is_sdpas_over_the_whole_cache(dtype, atol):
     g = torch.Generator().manual_seed(0)
     rows, heads, kv_heads, width, prompt, done = 4, 6, 2, 8, 7, 3
     keys, values = (torch.randn(rows, kv_heads, prompt + done + 1, width, generator=g).to(dtype) for _ in range(2))
-    layer = SplitLayer(keys[:, :, :prompt], values[:, :, :prompt], room=8)
+    keys[:, :, :head], values[:, :, :head] = keys[:1, :, :head], values[:1, :, :head]  # the rows' shared head
+    layer = SplitLayer(keys[:, :, :prompt], values[:, :, :prompt], room=8, head=head)
+    assert layer.heads() == head and layer.keys.shape[2] == prompt - head
     layer.update(keys[:, :, prompt:-1], values[:, :, prompt:-1])
     new_keys, new_values = layer.update(keys[:, :, -1:], values[:, :, -1:])
+    assert layer.get_seq_length() == keys.shape[2]
     mask = torch.ones(rows, 1, 1, prompt + done + 1, dtype=torch.bool)
-    mask[1, ..., :2] = mask[3, ..., :4] = False  # left padding
+    mask[1, ..., head : head + 2] = mask[3, ..., head : head + 3] = False  # left padding of each row's own prompt
     module = SimpleNamespace(layer_idx=0, num_key_value_groups=heads // kv_heads, is_causal=True)
     query = torch.randn(rows, heads, 1, width, generator=g).to(dtype)
     got, _ = decode_attention(module, query, new_keys, new_values, mask, scaling=0.3, split_cache=SimpleNamespace(layers=[layer]))

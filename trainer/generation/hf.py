@@ -14,9 +14,10 @@ round lives on:
   slower than float32's and every step reads all the weights for a few rows, run on an int8 copy (a byte a
   weight, one scale per output channel: 1.5x float32's speed there), or for a LoRA model on the trainer's own
   weights (docs/bench/README.md, "Sampling on the CPU");
-- the wide copy's decode steps keep each layer's prompt keys apart from the completion's (`SplitLayer`) and attend
-  over both with batched products, and the narrow tail's rows run SDPA with the query heads folded (`attend`): SDPA's
-  CPU kernel, one query a row, took over a quarter of a 64-row step and, unmasked, a fifth of a narrow one;
+- the wide copy's cache keeps the prompts' shared head once and each row's own prompt and completion in one buffer
+  with room (`SplitLayer`), its decode steps attend over them with batched products (the head's for every row at
+  once), and the narrow tail's rows run SDPA with the query heads folded (`attend`): SDPA's CPU kernel, one query a
+  row, took over a quarter of a 64-row step and, unmasked, a fifth of a narrow one;
 - the copies of Llama and Qwen2 models decode through their own step (trainer/generation/decode_step.py), the same
   arithmetic without transformers' modules around it, each layer's query, key and value projections one product.
 """
@@ -172,10 +173,11 @@ class TransformersGenerator:
         out = model(input_ids=enc["input_ids"], attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)[:, head:],
                     use_cache=True, logits_to_keep=1, **extra)
         cache = getattr(out, name)
-        grown = SplitLayer if model is self.wide else GrowingLayer
         for i, layer in enumerate(cache.layers):
-            if type(layer) is DynamicLayer:  # sliding-window layers keep their own bounded storage
-                cache.layers[i] = grown(layer.keys, layer.values, params.max_new_tokens)
+            if type(layer) is DynamicLayer and model is self.wide:  # sliding-window layers keep their own bounded storage
+                cache.layers[i] = SplitLayer(layer.keys, layer.values, params.max_new_tokens, head)
+            elif type(layer) is DynamicLayer:
+                cache.layers[i] = GrowingLayer(layer.keys, layer.values, params.max_new_tokens)
         return cache, out.logits[:, -1].float(), attn
 
     def _stopped(self, tail: list[int], stop: Sequence[str]) -> bool:
@@ -239,49 +241,61 @@ class GrowingLayer(DynamicLayer):
 
 
 class SplitLayer(DynamicLayer):
-    """The wide copy's cache of a full-attention layer: the prompt's keys and values as the prefill left them
-    (contiguous, each row's own), the completion's in buffers with room for all of it. `update` returns the
-    completion's part and `decode_attention` reads the prompt's beside it: a batched product over a tensor with room
-    in it copies the tensor first (over half of a hand-written attention's time at 64 rows of SmolLM2-135M), where
-    the prompt's part, most of every row's cache, is contiguous as it is."""
+    """The wide copy's cache of a full-attention layer, in two parts: the prompts' shared head once (the same keys
+    for every row), and each row's own rest of its prompt followed by its completion, in buffers with room for all
+    of it (zeros until written). The attention (`_split_attention`) multiplies the head for all rows in one product,
+    and each row's buffer whole, room included: at a decode step's few queries a row, a batched product's cost is
+    the count of its matrices more than their size, and over a part of a buffer it would copy the buffer first
+    (over half of a hand-written attention's time at 64 rows of SmolLM2-135M)."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int, head: int = 0):
         super().__init__()
         self.device, self.is_initialized, self.room = keys.device, True, room
-        self.keys, self.values = keys, values  # the prompt's part
-        self.key_buffer = self.value_buffer = None  # allocated at the first completion token, once the rows are chosen
-        self.length, self.unread = 0, False
+        # the shared head, (key-value heads, head, width), or None
+        self.head_keys, self.head_values = (t[0, :, :head].contiguous() if head else None for t in (keys, values))
+        rows, kv_heads, length, width = keys.shape
+        self.prompt, self.length, self.unread = length - head, 0, False  # each row's own prompt, its completion so far
+        self.key_buffer, self.value_buffer = (keys.new_zeros(rows, kv_heads, self.prompt + room, width) for _ in range(2))
+        self.key_buffer[:, :, : self.prompt], self.value_buffer[:, :, : self.prompt] = keys[:, :, head:], values[:, :, head:]
+        self._view()
+
+    def _view(self) -> None:
+        """`keys`, `values`: each row's own positions written so far."""
+        end = self.prompt + self.length
+        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
 
     def completion(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.key_buffer is None:
-            return self.keys[:, :, :0], self.values[:, :, :0]
-        return self.key_buffer[:, :, : self.length], self.value_buffer[:, :, : self.length]
+        return self.keys[:, :, self.prompt :], self.values[:, :, self.prompt :]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.key_buffer is None:
-            self.key_buffer = key_states.new_empty(*key_states.shape[:2], self.room, key_states.shape[-1])
-            self.value_buffer = value_states.new_empty(*value_states.shape[:2], self.room, value_states.shape[-1])
         end = self.length + key_states.shape[-2]
         if end > self.room:
             raise RuntimeError(f"SplitLayer: {end} completion positions do not fit the {self.room} it was sized for")
-        self.key_buffer[:, :, self.length : end], self.value_buffer[:, :, self.length : end] = key_states, value_states
+        written = slice(self.prompt + self.length, self.prompt + end)
+        self.key_buffer[:, :, written], self.value_buffer[:, :, written] = key_states, value_states
         self.length, self.unread = end, True
+        self._view()
         return self.completion()
 
+    def heads(self) -> int:
+        """Positions in the shared head."""
+        return 0 if self.head_keys is None else self.head_keys.shape[1]
+
     def get_seq_length(self) -> int:
-        return self.keys.shape[-2] + self.length
+        return self.heads() + self.prompt + self.length
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.keys, self.values = self.keys[indices], self.values[indices]
-        if self.key_buffer is not None:
-            self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
+        self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
+        self._view()
 
     def grown(self, dtype: torch.dtype) -> GrowingLayer:
         """The whole cache so far in a `GrowingLayer` of `dtype`, with the room that is left: what other weights
         decode on from (their attention reads one tensor)."""
-        keys, values = self.completion()
-        return GrowingLayer(torch.cat([self.keys, keys], dim=2).to(dtype), torch.cat([self.values, values], dim=2).to(dtype),
-                            self.room - self.length)
+        rows = len(self.keys)
+        head_keys, head_values = ([] if self.head_keys is None else [t.expand(rows, *t.shape)]
+                                  for t in (self.head_keys, self.head_values))
+        return GrowingLayer(torch.cat([*head_keys, self.keys], dim=2).to(dtype),
+                            torch.cat([*head_values, self.values], dim=2).to(dtype), self.room - self.length)
 
 
 def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -303,28 +317,42 @@ def attend(layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
            scaling: float) -> torch.Tensor:
     """A decode step's attention, one query a row, each key-value head's query heads folded into rows
     (rows, key-value heads, their query heads, width):
-    - over a `SplitLayer` (the wide copy's), the prompt's keys and values multiplied where they lie and the
-      completion's beside them, one softmax over both (the scores in float32, as the eager attention does): 1.3x
-      SDPA's CPU kernel at 64 rows;
+    - over a `SplitLayer` (the wide copy's), `_split_attention`: 1.3x SDPA's CPU kernel at 64 rows with the prompt
+      apart from the completion, and a further 1.2x (640 -> 520 microseconds a layer) with each row's buffer
+      multiplied whole;
     - over any other cache, SDPA on the folded rows, as transformers does itself only when a mask is given; with none
       it asks SDPA for `enable_gqa`, 4x slower on a CPU at one query (200 against 46 microseconds a layer for 3 rows
       of SmolLM2-135M)."""
     rows, heads, _, width = query.shape
     folded = query.reshape(rows, key.shape[1], heads // key.shape[1], width)
     if isinstance(layer, SplitLayer):
-        return _split_attention(layer, folded, key, value, mask, scaling)
+        return _split_attention(layer, folded, mask, scaling)
     return torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
 
 
-def _split_attention(layer: SplitLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+def _split_attention(layer: SplitLayer, query: torch.Tensor, attention_mask: torch.Tensor | None,
+                     scaling: float) -> torch.Tensor:
+    """Scores over the shared head and each row's buffer (its room masked), one softmax over them all (in float32,
+    as the eager attention does). The head's products take every row's queries at once: (key-value heads, rows x
+    query heads, width) against the one copy of its keys."""
     layer.unread = False
-    prompt = layer.keys.shape[2]
-    scores = torch.cat([query @ layer.keys.transpose(2, 3), query @ key.transpose(2, 3)], dim=-1).float() * scaling
+    rows, kv_heads, groups, width = query.shape
+    head, written = layer.heads(), layer.heads() + layer.keys.shape[2]
+    parts = [query @ layer.key_buffer.transpose(2, 3)]
+    if head:
+        across = query.transpose(0, 1).reshape(kv_heads, rows * groups, width)  # every row's queries, by key-value head
+        parts.insert(0, (across @ layer.head_keys.transpose(1, 2)).view(kv_heads, rows, groups, head).transpose(0, 1))
+    scores = torch.cat(parts, dim=-1).float() * scaling
+    scores[..., written:] = float("-inf")  # the room not written yet
     if attention_mask is not None:  # (rows, 1, 1, positions): the prompts' padding
-        scores = scores.masked_fill_(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool else scores + attention_mask
-    probs = scores.softmax(-1).to(value.dtype)
-    return probs[..., :prompt] @ layer.values + probs[..., prompt:] @ value
+        seen = scores[..., :written]
+        seen.masked_fill_(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool else seen.add_(attention_mask)
+    probs = scores.softmax(-1).to(query.dtype)
+    out = probs[..., head:] @ layer.value_buffer
+    if head:
+        shared = probs[..., :head].transpose(0, 1).reshape(kv_heads, rows * groups, head) @ layer.head_values
+        out = out + shared.view(kv_heads, rows, groups, width).transpose(0, 1)
+    return out
 
 
 DECODE_ATTENTION = f"{__name__}.decode_attention"  # per module: a revision's copy of this file (bench_round.py) registers its own
