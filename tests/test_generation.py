@@ -424,6 +424,31 @@ def test_the_copies_own_decode_step_computes_what_their_forward_does_before_and_
         assert gen.steps == steps  # the same copies, their steps kept
 
 
+def test_only_the_architectures_the_own_step_computes_take_it_and_the_others_sample_through_transformers():
+    """GPT-2, a Llama with biased MLP layers or another activation decode through transformers' forward; a GPT-2's
+    copies still sample what a forward pass gives."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    from trainer.generation.decode_step import fits
+    from trainer.generation.hf import TransformersGenerator
+    from trainer.policy import Policy
+
+    llama = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    assert fits(LlamaForCausalLM(LlamaConfig(**llama)))
+    assert not fits(LlamaForCausalLM(LlamaConfig(**llama, mlp_bias=True)))
+    assert not fits(LlamaForCausalLM(LlamaConfig(**llama, hidden_act="gelu")))
+    tokenizer = untrained_policy().tokenizer
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=128,
+                                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)).eval()
+    assert not fits(gpt2)
+    policy = Policy(model=gpt2, tokenizer=tokenizer, device=torch.device("cpu"), use_chat_template=False)
+    gen = TransformersGenerator(policy, wide_dtype=torch.bfloat16)
+    assert gen.steps == {}
+    out = gen.generate(encode_prompts(policy, HEADED), SamplingParams(n=3, max_new_tokens=8, seed=2))
+    assert_logprobs_match(gen, policy.model, policy, out, HEADED)
+
+
 def test_the_joined_projections_are_what_the_copys_own_layers_view():
     from trainer.generation.hf import Int8Linear, _joined
 
