@@ -346,7 +346,10 @@ def _split_attention(layer: SplitLayer, query: torch.Tensor, attention_mask: tor
     scores[..., written:] = float("-inf")  # the room not written yet
     if attention_mask is not None:  # (rows, 1, 1, positions): the prompts' padding
         seen = scores[..., :written]
-        seen.masked_fill_(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool else seen.add_(attention_mask)
+        if attention_mask.dtype == torch.bool:
+            seen.masked_fill_(~attention_mask, float("-inf"))
+        else:
+            seen.add_(attention_mask)
     probs = scores.softmax(-1).to(query.dtype)
     out = probs[..., head:] @ layer.value_buffer
     if head:
