@@ -214,8 +214,9 @@ class GrowingLayer(DynamicLayer):
         super().__init__()
         batch, heads, length, width = keys.shape
         self.device, self.is_initialized, self.length = keys.device, True, length
-        self.key_buffer = keys.new_empty(batch, heads, length + room, width)
-        self.value_buffer = values.new_empty(batch, heads, length + room, width)
+        # zeros in the room: the wide copy's attention multiplies it (`SplitLayer`), masked
+        self.key_buffer = keys.new_zeros(batch, heads, length + room, width)
+        self.value_buffer = values.new_zeros(batch, heads, length + room, width)
         self.key_buffer[:, :, :length], self.value_buffer[:, :, :length] = keys, values
         self._view()
 
@@ -240,41 +241,26 @@ class GrowingLayer(DynamicLayer):
         self._view()
 
 
-class SplitLayer(DynamicLayer):
+class SplitLayer(GrowingLayer):
     """The wide copy's cache of a full-attention layer, in two parts: the prompts' shared head once (the same keys
-    for every row), and each row's own rest of its prompt followed by its completion, in buffers with room for all
-    of it (zeros until written). The attention (`_split_attention`) multiplies the head for all rows in one product,
+    for every row), and each row's own rest of its prompt followed by its completion, a `GrowingLayer`'s buffers
+    (zeros until written). The attention (`_split_attention`) multiplies the head for all rows in one product,
     and each row's buffer whole, room included: at a decode step's few queries a row, a batched product's cost is
     the count of its matrices more than their size, and over a part of a buffer it would copy the buffer first
     (over half of a hand-written attention's time at 64 rows of SmolLM2-135M)."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int, head: int = 0):
-        super().__init__()
-        self.device, self.is_initialized, self.room = keys.device, True, room
+        super().__init__(keys[:, :, head:], values[:, :, head:], room)
         # the shared head, (key-value heads, head, width), or None
         self.head_keys, self.head_values = (t[0, :, :head].contiguous() if head else None for t in (keys, values))
-        rows, kv_heads, length, width = keys.shape
-        self.prompt, self.length, self.unread = length - head, 0, False  # each row's own prompt, its completion so far
-        self.key_buffer, self.value_buffer = (keys.new_zeros(rows, kv_heads, self.prompt + room, width) for _ in range(2))
-        self.key_buffer[:, :, : self.prompt], self.value_buffer[:, :, : self.prompt] = keys[:, :, head:], values[:, :, head:]
-        self._view()
-
-    def _view(self) -> None:
-        """`keys`, `values`: each row's own positions written so far."""
-        end = self.prompt + self.length
-        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        self.prompt, self.unread = keys.shape[2] - head, False  # each row's own prompt; whether a step left it unread
 
     def completion(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[:, :, self.prompt :], self.values[:, :, self.prompt :]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self.length + key_states.shape[-2]
-        if end > self.room:
-            raise RuntimeError(f"SplitLayer: {end} completion positions do not fit the {self.room} it was sized for")
-        written = slice(self.prompt + self.length, self.prompt + end)
-        self.key_buffer[:, :, written], self.value_buffer[:, :, written] = key_states, value_states
-        self.length, self.unread = end, True
-        self._view()
+        super().update(key_states, value_states)
+        self.unread = True
         return self.completion()
 
     def heads(self) -> int:
@@ -282,11 +268,7 @@ class SplitLayer(DynamicLayer):
         return 0 if self.head_keys is None else self.head_keys.shape[1]
 
     def get_seq_length(self) -> int:
-        return self.heads() + self.prompt + self.length
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
-        self._view()
+        return self.heads() + self.length
 
     def grown(self, dtype: torch.dtype) -> GrowingLayer:
         """The whole cache so far in a `GrowingLayer` of `dtype`, with the room that is left: what other weights
@@ -295,7 +277,7 @@ class SplitLayer(DynamicLayer):
         head_keys, head_values = ([] if self.head_keys is None else [t.expand(rows, *t.shape)]
                                   for t in (self.head_keys, self.head_values))
         return GrowingLayer(torch.cat([*head_keys, self.keys], dim=2).to(dtype),
-                            torch.cat([*head_values, self.values], dim=2).to(dtype), self.room - self.length)
+                            torch.cat([*head_values, self.values], dim=2).to(dtype), self.key_buffer.shape[2] - self.length)
 
 
 def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -337,7 +319,7 @@ def _split_attention(layer: SplitLayer, query: torch.Tensor, attention_mask: tor
     query heads, width) against the one copy of its keys."""
     layer.unread = False
     rows, kv_heads, groups, width = query.shape
-    head, written = layer.heads(), layer.heads() + layer.keys.shape[2]
+    head, written = layer.heads(), layer.get_seq_length()
     parts = [query @ layer.key_buffer.transpose(2, 3)]
     if head:
         across = query.transpose(0, 1).reshape(kv_heads, rows * groups, width)  # every row's queries, by key-value head
