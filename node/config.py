@@ -50,6 +50,10 @@ class RunConfig(BaseModel):
     stop_on_collapse: bool = Field(False, description="stop, without a checkpoint of the weights, when held-out accuracy "
                                    "falls below half its start beyond the evaluation's noise (node/watch.py); off, the node "
                                    "warns at each such evaluation and trains on (a tiny model's dip can recover)")
+    probe_tasks: int = Field(64, ge=0, description="the early probe: greedy accuracy on this many of the held-out tasks "
+                             "at rounds 8, 16, 32, ... before the first evaluation (run.eval_every), against the same "
+                             "tasks at round 0, so that a learning rate that destroys the model is said within its first "
+                             "rounds (metrics: probe_accuracy, probe_by_dataset); it warns, never stops (0: off)")
     checkpoint_every: int = Field(100, ge=1, description="checkpoint every K rounds, and always on stop")
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K checkpoints")
     metrics_rotate_mb: float = Field(32.0, gt=0, description="past this size (MB) metrics.jsonl's lines move, gzip-compressed "
@@ -103,6 +107,14 @@ class NodeConfig(BaseSettings):
         if self.model.quantize == "nf4" and self.generation.backend == "vllm":
             raise ValueError("model.quantize nf4 runs on the transformers backend: vLLM would load its own 16-bit copy "
                              "of the base (set generation.backend to transformers or auto)")
+        return self
+
+    @model_validator(mode="after")
+    def _held_out_stream_apart(self) -> "NodeConfig":
+        """The same seed draws the held-out tasks as training tasks: the node would train on what measures it."""
+        if self.run.seed == self.tasks.eval_seed:
+            raise ValueError(f"run.seed {self.run.seed} equals tasks.eval_seed: the node would train on its own held-out "
+                             "tasks; choose another run.seed")
         return self
 
     @model_validator(mode="after")

@@ -17,7 +17,9 @@ from rich.table import Table
 from node.config import ConfigError, NodeConfig
 from node.preflight import model_problem
 from node.progress import print_table
+from trainer.config import GRPOConfig
 from trainer.memory import GB, MemoryPlanError
+from trainer.step_size import INITIAL_SCALE
 
 
 def _version(package: str) -> str | None:
@@ -121,14 +123,28 @@ def report(cfg: NodeConfig, card_gb: float | None = None, console: Console | Non
         console.print(f"[bold red]no plan fits[/]: {escape(str(e))}", soft_wrap=True)
         return 1
     console.print(escape(f"plan for {cfg.model.name}: {fitted.plan.summary()}"), soft_wrap=True)
+    if adapters := fitted.plan.adapters():
+        console.print(escape(f"  {adapters}"), soft_wrap=True)
     for reason in fitted.plan.why:
         console.print(escape(f"  why: {reason}"), soft_wrap=True)
     parts = ", ".join(f"{k} {v / GB:.2f} GB" for k, v in fitted.plan.parts.items())
     console.print(f"  peak = resident + the larger of training and generation: {parts}", soft_wrap=True)
-    settings = Table(title=f"what {cfg.model.name} trains with ({fitted.settled.profile})")
+    settled = fitted.settled
+    settings = Table(title=f"what {cfg.model.name} trains with ({settled.profile}{': ' + settled.why if settled.why else ''})")
     for column in ("setting", "value", "from"):
         settings.add_column(column)
     for name, value, source in fitted.settled.lines():
         settings.add_row(name, escape(value), escape(source))
     print_table(console, settings)
+    console.print(escape(step_size_line(settled.cfg.grpo)), soft_wrap=True)
     return 0
+
+
+def step_size_line(grpo: GRPOConfig) -> str:
+    """Whether the rate adapts, and toward what."""
+    if grpo.target_kl is None:
+        return f"step size: fixed at grpo.lr {grpo.lr:g} (grpo.target_kl null)"
+    low, high = grpo.lr_range
+    return (f"step size: adapts after every step toward a per-token KL of {grpo.target_kl:g} between the policy before "
+            f"and after it, from grpo.lr {grpo.lr:g} (approached from {grpo.lr * INITIAL_SCALE:g}) within "
+            f"{grpo.lr * low:g}-{grpo.lr * high:g}")

@@ -9,6 +9,7 @@ import random
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, replace
 
 import torch
@@ -24,15 +25,15 @@ from node.selection import Selector, informative
 from node.share import publish_round, self_messages
 from node.status import StatusBoard, StatusServer
 from node.supervise import ComponentFailed, describe, retrying
-from node.watch import Collapsed, LearningWatch
+from node.watch import Collapsed, LearningWatch, probe_rounds
 from p2p.pool import RolloutPool
 from p2p.service import Gossip
-from rewards import TaskSource
+from rewards import Task, TaskSource
 from rewards.scoring import group_carries_signal
 from trainer import allocator, checkpoint
 from trainer.generation import Cancel, SamplingParams, make_generator, never
 from trainer.groups import RolloutGroup
-from trainer.grpo import GRPOTrainer, StepStats
+from trainer.grpo import GRPOTrainer, StepStats, refresh_lr
 from trainer.memory import GB
 from trainer.policy import ModelLoadError, finite_weights, load_policy
 from trainer.rollout import accuracy, accuracy_by_dataset, evaluate, mean_reward, rollout
@@ -49,6 +50,16 @@ PEER_WAIT_S = 120.0
 def round_seed(seed: int, round_: int) -> int:
     """Sampling seed of a round: a resumed run samples exactly what an uninterrupted one would."""
     return (seed * 1_000_003 + round_) % (2**63)
+
+
+def families(tasks: list[Task]) -> Counter:
+    """Tasks per family: the learning watch's sample sizes."""
+    return Counter(t.ref.dataset for t in tasks)
+
+
+def probe_fields(probe: Evaluation) -> dict:
+    """The early probe's fields of a metrics line (kept apart from the full evaluation's `eval_*`)."""
+    return {"probe_accuracy": probe.accuracy, "probe_by_dataset": probe.by_dataset}
 
 
 class Node:
@@ -92,7 +103,10 @@ class Node:
         self.tasks = TaskSource(cfg.tasks.mix(), seed=cfg.run.seed)
         self.eval_tasks = TaskSource(cfg.tasks.eval_mix(), seed=cfg.tasks.eval_seed).draw(cfg.tasks.eval_size)
         self.trainer = GRPOTrainer(self.policy, cfg.grpo, cfg.generation.max_new_tokens, cfg.run.rounds, cfg.generation.stop)
-        self.watch = LearningWatch(cfg.generation.max_new_tokens, cfg.grpo.lr, cfg.tasks.eval_size)
+        self.probe_tasks = self.eval_tasks[:cfg.run.probe_tasks]  # a random subset: the set is drawn at random
+        self.probe_rounds = probe_rounds(cfg.run.eval_every, cfg.run.rounds) if cfg.run.probe_tasks else []
+        self.watch = LearningWatch(cfg.generation.max_new_tokens, cfg.grpo.lr, families(self.eval_tasks),
+                                   families(self.probe_tasks))
         self.round = 0
         self.pending_row: RoundMetrics | None = None  # a round whose evaluation a stop interrupted (`_pending_evaluation`)
         self.selector = Selector(cfg.selection, cfg.tasks, logprobs=self.trainer.sequence_logprobs,
@@ -118,6 +132,8 @@ class Node:
         self.trainer.optimizer.load_state_dict(ckpt.trainer_state["optimizer"])
         self.trainer.scheduler.load_state_dict(ckpt.trainer_state["scheduler"])
         torch.set_rng_state(ckpt.trainer_state["torch_rng"])
+        if self.trainer.step_size is not None and "step_size" in ckpt.trainer_state:
+            self.trainer.step_size.load_state_dict(ckpt.trainer_state["step_size"])
         self.generator.weight_version = ckpt.state["weight_version"]
         if "selection" in ckpt.state:
             self.selector.load_state_dict(ckpt.state["selection"])
@@ -125,7 +141,6 @@ class Node:
             known = RoundMetrics.__dataclass_fields__
             self.pending_row = RoundMetrics(**{k: v for k, v in ckpt.state["pending_row"].items() if k in known})
         self.metrics.rewind(ckpt.round - (self.pending_row is not None))
-        self.watch.start = self.metrics.start_accuracy()
         self._resume_lr(ckpt.path)
         log.info("resumed from %s at round %d", ckpt.path, ckpt.round)
         if ckpt.round >= self.cfg.run.rounds and self.pending_row is None:
@@ -138,6 +153,8 @@ class Node:
             "scheduler": self.trainer.scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
         }
+        if self.trainer.step_size is not None:
+            trainer_state["step_size"] = self.trainer.step_size.state_dict()
         state = {"model": self.cfg.model.name, "lora": self.cfg.model.lora.enabled, "task_position": self.tasks.position,
                  "weight_version": self.generator.weight_version, "selection": self.selector.state_dict(),
                  "pending_row": asdict(self.pending_row) if self.pending_row else None}
@@ -155,6 +172,12 @@ class Node:
         params = replace(SamplingParams.from_config(gen, seed=self.cfg.tasks.eval_seed), n=k)
         sampled = rollout(self.generator, self.policy, self.eval_tasks, params, cancel=cancel)
         return Evaluation(accuracy(greedy), accuracy_by_dataset(greedy), accuracy(sampled), accuracy_by_dataset(sampled))
+
+    def probe(self, cancel: Cancel = never) -> Evaluation:
+        """Greedy accuracy on the early probe's tasks (`run.probe_tasks` of the held-out set), overall and per dataset."""
+        gen = self.cfg.generation
+        greedy = evaluate(self.generator, self.policy, self.probe_tasks, gen.max_new_tokens, gen.stop, cancel)
+        return Evaluation(accuracy(greedy), accuracy_by_dataset(greedy))
 
     def run(self, stop: StopSignal) -> None:
         """Serve status, join the swarm (unless p2p is off) and run rounds until done or asked to stop.
@@ -204,15 +227,12 @@ class Node:
     def _run_rounds(self, stop: StopSignal) -> None:
         cfg, pending = self.cfg, self.pending_row is not None
         if self.round == 0:
-            evaluation = self._starting_evaluation(stop)
-            if evaluation is None:  # stopped before it finished: the next start begins here again
+            if not self._measure_start(stop):  # stopped before it finished: the next start begins here again
                 return
-            self._record(RoundMetrics(round=0, time=time.time(), reward_mean=None, accuracy_train=None,
-                                      n_local=0, n_external=0, tokens_generated=0, seconds_generate=0.0, seconds_train=0.0,
-                                      seconds_other=0.0, **evaluation.row_fields()))
-            self.watch.evaluated(0, evaluation.accuracy)
-        elif pending and not self._pending_evaluation(stop):
-            return
+        else:
+            self._watch_from(self.metrics.start_row() or {})
+            if pending and not self._pending_evaluation(stop):
+                return
         self.memory.start()  # its first window is a round's: not the loading, nor the first evaluation
         saved_round = -1 if pending else self.round  # the checkpoint still holds the line now written
         while self.round < cfg.run.rounds and not stop.requested:
@@ -250,11 +270,12 @@ class Node:
         seconds["train"] = time.perf_counter() - t0
         self.selector.observe_own(stats.local_logprobs, groups, r)
         self.round = r
-        # 5. the next round's micro-batch from this one's memory peak, evaluation when due, the metrics row
+        # 5. the next round's micro-batch from this one's memory peak, evaluation (or the early probe) when due, the
+        # metrics row (its measured fields filled in by `_close_round`)
         micro_batch, memory_peak = self._fit_micro_batch(stats)
-        evaluation = self._evaluate(stop) if r % cfg.run.eval_every == 0 or r == cfg.run.rounds else Evaluation()
+        evaluation = self._measure(r, stop)
         seconds["other"] = time.perf_counter() - started - seconds["generate"] - seconds["train"]
-        row = self._round_metrics(r, sampled, groups, batch, pick, stats, seconds, evaluation or Evaluation(), published,
+        row = self._round_metrics(r, sampled, groups, batch, pick, stats, seconds, Evaluation(), published,
                                   micro_batch, memory_peak)
         self.watch.observe(groups)  # says when a task family teaches nothing
         self._close_round(row, evaluation)
@@ -266,24 +287,64 @@ class Node:
         if evaluation is None:
             self.pending_row = row
             return
+        probing = row.round in self.probe_rounds
+        row = replace(row, **(probe_fields(evaluation) if probing else evaluation.row_fields()))
         self._record(row)
-        self._watch_evaluation(row.round, evaluation.accuracy)
+        if probing:
+            self.watch.probed(row.round, evaluation)
+        else:
+            self._watch_evaluation(row.round, evaluation)
 
     def _pending_evaluation(self, stop: StopSignal) -> bool:
-        """The evaluation a stop interrupted, of the weights the checkpoint holds: what an uninterrupted run would
-        have measured. False if a stop interrupts it again."""
-        evaluation = self._evaluate(stop)
+        """The evaluation (or probe) a stop interrupted, of the weights the checkpoint holds: what an uninterrupted
+        run would have measured. False if a stop interrupts it again."""
+        row = self.pending_row
+        evaluation = self._measure(row.round, stop)
         if evaluation is not None:
-            row, self.pending_row = replace(self.pending_row, **evaluation.row_fields()), None
+            self.pending_row = None
             log.info("round %d evaluated after the resume", row.round)
             self._close_round(row, evaluation)
         return evaluation is not None
 
-    def _watch_evaluation(self, r: int, eval_accuracy: float | None) -> None:
+    def _measure(self, r: int, stop: StopSignal) -> Evaluation | None:
+        """Round `r`'s held-out measurement: the evaluation every run.eval_every rounds and at the last, the early
+        probe in its rounds (`probe_rounds`: none of those), else none; None when a stop came during it."""
+        if r % self.cfg.run.eval_every == 0 or r == self.cfg.run.rounds:
+            return self._evaluate(stop)
+        return self._evaluate(stop, self.probe) if r in self.probe_rounds else Evaluation()
+
+    def _measure_start(self, stop: StopSignal) -> bool:
+        """Round 0's line: the starting evaluation and the early probe's start, its tasks measured on their own as at
+        its later rounds (greedy decoding is not bit-for-bit the same in another batch) unless they are the whole
+        set. False if a stop came first."""
+        evaluation = self._starting_evaluation(stop)
+        if evaluation is None:
+            return False
+        if not self.probe_rounds:
+            probe = Evaluation()
+        elif len(self.probe_tasks) == len(self.eval_tasks):
+            probe = Evaluation(evaluation.accuracy, evaluation.by_dataset)
+        else:
+            probe = self._evaluate(stop, self.probe)
+        if probe is None:
+            return False
+        self._record(RoundMetrics(round=0, time=time.time(), reward_mean=None, accuracy_train=None,
+                                  n_local=0, n_external=0, tokens_generated=0, seconds_generate=0.0, seconds_train=0.0,
+                                  seconds_other=0.0, **evaluation.row_fields(), **probe_fields(probe)))
+        self.watch.evaluated(0, evaluation)
+        self.watch.probed(0, probe)
+        return True
+
+    def _watch_from(self, start: dict) -> None:
+        """A resumed node's learning watch measures against round 0's line (`start`), as the uninterrupted run did."""
+        self.watch.evaluated(0, Evaluation(start.get("eval_accuracy"), start.get("eval_by_dataset")))
+        self.watch.probed(0, Evaluation(start.get("probe_accuracy"), start.get("probe_by_dataset")))
+
+    def _watch_evaluation(self, r: int, evaluation: Evaluation) -> None:
         """Say when the model unlearns (stopping there, with no checkpoint of these weights, under
         run.stop_on_collapse)."""
         try:
-            self.watch.evaluated(r, eval_accuracy)
+            self.watch.evaluated(r, evaluation)
         except Collapsed as e:
             if not self.cfg.run.stop_on_collapse:
                 log.warning("%s; training on (run.stop_on_collapse true stops here, before a checkpoint of these weights)", e)
@@ -291,15 +352,16 @@ class Node:
             raise ComponentFailed(str(e), resumable=False) from None
 
     def _resume_lr(self, path) -> None:
-        """A resume with another grpo.lr trains at it: the optimizer's and scheduler's saved state would keep the old one."""
+        """A resume trains at this config's grpo.lr (the optimizer's and scheduler's saved state would keep the one it
+        started with), times the step-size controller's restored factor."""
         sched, lr = self.trainer.scheduler, self.cfg.grpo.lr
-        if sched.base_lrs[0] == lr:
-            return
-        log.warning("grpo.lr is %g; %s trained at %g: going on at %g", lr, path, sched.base_lrs[0], lr)
-        sched.base_lrs = [lr] * len(sched.base_lrs)
-        for group, factor in zip(self.trainer.optimizer.param_groups, sched.lr_lambdas):
-            group["lr"] = lr * factor(sched.last_epoch)
-        sched._last_lr = [group["lr"] for group in self.trainer.optimizer.param_groups]
+        if sched.base_lrs[0] != lr:
+            log.warning("grpo.lr is %g; %s trained at %g: going on at %g", lr, path, sched.base_lrs[0], lr)
+            sched.base_lrs = [lr] * len(sched.base_lrs)
+        refresh_lr(sched)
+        if self.trainer.step_size is not None:
+            log.info("the step-size controller goes on at %g (%.3g x grpo.lr)", sched.get_last_lr()[0],
+                     self.trainer.step_size.scale)
 
     def _local_slots(self, external: int) -> tuple[int, int]:
         """Local groups to train on (external slots left empty go to local ones under `fill_local`), and how
@@ -396,11 +458,12 @@ class Node:
     def _retrying(self, what: str, fn, stop: StopSignal):
         return retrying(what, fn, self.cfg.run.retries, self.cfg.run.retry_backoff_s, stop)
 
-    def _evaluate(self, stop: StopSignal) -> Evaluation | None:
-        """Evaluation is a measurement, not progress: when it keeps failing the round goes on without it. None: a stop
-        came first (the evaluation gives up within a decoding step)."""
+    def _evaluate(self, stop: StopSignal, measure: Callable[[Cancel], Evaluation] | None = None) -> Evaluation | None:
+        """Evaluation (`measure`: `evaluate` unless told) is a measurement, not progress: when it keeps failing the
+        round goes on without it. None: a stop came first (the evaluation gives up within a decoding step)."""
+        measure = measure or self.evaluate
         try:
-            return self._retrying("evaluation", lambda: self.evaluate(lambda: stop.requested), stop)
+            return self._retrying("evaluation", lambda: measure(lambda: stop.requested), stop)
         except ComponentFailed as e:
             log.error("%s; this evaluation is skipped", e)
             return Evaluation()

@@ -48,6 +48,8 @@ class RoundMetrics:
     eval_by_dataset: dict[str, float] | None = None
     eval_expected: float | None = None  # expected held-out accuracy: the mean over tasks.eval_samples completions a task
     eval_expected_by_dataset: dict[str, float] | None = None
+    probe_accuracy: float | None = None  # the early probe (run.probe_tasks of the held-out tasks): round 0 and its rounds
+    probe_by_dataset: dict[str, float] | None = None
     batch_reward_mean: float | None = None  # the paper's metric: mean reward of the round's training batch, local + external groups
     groups_trained: int = 0
     groups_dropped_uniform: int = 0
@@ -59,6 +61,8 @@ class RoundMetrics:
     clip_frac: float | None = None
     grad_norm: float | None = None
     lr: float | None = None
+    step_kl: float | None = None  # the policy's per-token KL across the step, measured when grpo.target_kl is set
+    lr_next: float | None = None  # the rate the next step takes (the step-size controller's, when on)
     weight_version: int = 0
     n_external_used: int = 0  # external groups that carried signal into the loss
     external_masked: int = 0  # external completions masked as off this policy's support
@@ -195,10 +199,10 @@ class MetricsLog:
             with open(self.path.with_name("metrics.rolled-back.jsonl"), "ab") as f:
                 f.write(b"".join(line + b"\n" for line in lines))
 
-    def start_accuracy(self) -> float | None:
-        """Held-out accuracy before the first step (round 0's line), for a resumed node's learning watch."""
+    def start_row(self) -> dict | None:
+        """Round 0's line: the starts a resumed node's learning watch measures against."""
         live = _rows(self.path.read_bytes() if self.path.exists() else b"")
-        return next((r.get("eval_accuracy") for r in chain(self.archived_rows(), live) if r["round"] == 0), None)
+        return next((r for r in chain(self.archived_rows(), live) if r["round"] == 0), None)
 
 
 class MetricsError(RuntimeError):

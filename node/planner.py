@@ -9,13 +9,14 @@ import logging
 import math
 from dataclasses import dataclass, replace
 
-from node.config import NodeConfig
+from node.config import ConfigError, NodeConfig
 from node.recipes import MIN_FITTED_TOKENS, Settled, settle, settle_lr
 from rewards import TaskSource
 from trainer import memory
 from trainer.memory import GB, MemoryPlanError
 from trainer.plan import Device, Plan, Wants, plan, probe
-from trainer.policy import ModelLoadError, format_prompt, load_tokenizer, prompt_example, require_packages, uses_chat_template
+from trainer.policy import (ModelLoadError, causal_lm_problem, format_prompt, load_tokenizer, prompt_example, require_packages,
+                            uses_chat_template)
 from trainer.presets import resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,8 @@ def wants_of(cfg: NodeConfig) -> Wants:
         micro_batch=cfg.grpo.micro_batch, generation_batch="batch_size" in g.model_fields_set,
         vllm_share=None if g.vllm.gpu_memory_utilization == "auto" else g.vllm.gpu_memory_utilization,
         vllm_sleep=g.vllm.sleep_mode, sampling_dtype=None if g.sampling_dtype == "auto" else g.sampling_dtype,
-        compute_dtype=None if cfg.grpo.compute_dtype == "auto" else cfg.grpo.compute_dtype, lora_r=m.lora.r, lora_targets=tuple(m.lora.target_modules),
+        compute_dtype=None if cfg.grpo.compute_dtype == "auto" else cfg.grpo.compute_dtype, lora_r=m.lora.r,
+        lora_targets=m.lora.target_modules if isinstance(m.lora.target_modules, str) else tuple(m.lora.target_modules),
         vllm_installed=importlib.util.find_spec("vllm") is not None,
         peft_installed=importlib.util.find_spec("peft") is not None,
         bnb_installed=importlib.util.find_spec("bitsandbytes") is not None)
@@ -90,18 +92,51 @@ def inputs(cfg: NodeConfig) -> Inputs:
     except Exception as e:  # noqa: BLE001 - model files are input: any failure to read them is the user's to fix
         first_line = (str(e).splitlines() or [type(e).__name__])[0]
         raise ModelLoadError(f"cannot read model {source!r}: {first_line}") from None
+    if problem := causal_lm_problem(model_config):
+        raise ModelLoadError(f"cannot train model {source!r}: {problem}")
     try:
         parameters = memory.shape_from_config(model_config).parameters
     except memory.ShapeError as e:
         raise ModelLoadError(f"cannot plan model {source!r}: {e}") from None
-    settled = settle(cfg, source, parameters)
+    if cfg.model.lora.enabled is not False:
+        check_adapters(model_config, cfg.model.lora.target_modules)
+    settled = settle(cfg, source, parameters, model_config)
     cfg = settled.cfg
     template = uses_chat_template(cfg.model, tokenizer)
     mixes = [cfg.tasks.mix()] + ([cfg.tasks.eval_mix()] if cfg.tasks.eval_datasets else [])  # trained on, evaluated on
     prompts = [format_prompt(tokenizer, t.prompt, template, prompt_example(cfg.model, template)) for mix in mixes
                for t in TaskSource(mix, seed=cfg.tasks.eval_seed).draw(min(cfg.tasks.eval_size, PROMPTS_MEASURED))]
     longest = max(len(ids) for ids in tokenizer(prompts, add_special_tokens=not template)["input_ids"])
-    return Inputs(model_config, tokenizer, source, round_shape(cfg, longest + longest // 4), wants_of(cfg), settled)
+    shape = within_context(settled, round_shape(cfg, longest + longest // 4), memory.context_length(model_config))
+    return Inputs(model_config, tokenizer, source, shape, wants_of(cfg), settled)
+
+
+def check_adapters(model_config: dict, targets: memory.Targets) -> None:
+    """Refuse, before any weights load, target modules that name no linear layer of the model, listing the ones
+    it has (a model transformers cannot build from its config alone is checked as it loads, `trainer.policy`)."""
+    layers = memory.config_linear_layers(model_config)
+    if layers is not None:
+        try:
+            memory.adapted(layers, targets)
+        except memory.AdapterError as e:
+            raise ConfigError(str(e)) from None
+
+
+def within_context(settled: Settled, r: memory.RoundShape, context: int | None) -> memory.RoundShape:
+    """The round with a max_new_tokens the model's settings chose (not the user) cut so that the longest prompt and
+    its completion fit the model's context: a position past it indexes nothing (GPT-2's 1024 raised IndexError). A
+    length the user set, or a context with room for less than `MIN_FITTED_TOKENS`, is refused naming the numbers."""
+    if context is None or r.tokens <= context:
+        return r
+    room = context - r.prompt_tokens
+    if settled.sources.get("generation.max_new_tokens") in ("user", None) or room < MIN_FITTED_TOKENS:
+        fix = f"set generation.max_new_tokens to {room} or less" if room > 0 else "the prompts alone fill it"
+        raise ConfigError(f"generation.max_new_tokens {r.completion_tokens} and prompts of up to about {r.prompt_tokens} "
+                          f"tokens need {r.tokens} positions, past the model's context of {context}: {fix}")
+    settled.cfg.generation.max_new_tokens = room
+    settled.sources["generation.max_new_tokens"] += (f", cut to the model's context ({context} positions, prompts up "
+                                                     f"to about {r.prompt_tokens} tokens)")
+    return replace(r, completion_tokens=room)
 
 
 def plan_tokens(device: Device, got: Inputs) -> tuple[Plan, int]:
@@ -207,6 +242,8 @@ def applied(cfg: NodeConfig, p: Plan) -> NodeConfig:
 
 def log_plan(p: Plan) -> None:
     log.info("plan: %s", p.summary())
+    if adapters := p.adapters():
+        log.info("plan: %s", adapters)
     for reason in p.why:
         log.info("plan: %s", reason)
 

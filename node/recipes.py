@@ -4,10 +4,13 @@ written for the 0.3M-parameter tiny presets; a real model given by path or hub i
 2e-4, 16 new tokens, temperature 1.0, the tiny task mix) was destroyed by its first step. So:
 
 - a tiny preset, a folder built from one, or any model under `TOY_PARAMETERS`: the config's defaults;
-- a preset with a recipe (smollm2-135m, gemma3-270m, also as a folder `sapo init-model --out` made): the recipe
-  measured on it;
+- a preset with a recipe (smollm2-135m, gemma3-270m), as a folder `sapo init-model --out` made, or any folder or hub
+  id of the same architecture (`ARCHITECTURES`: a user's own download of Gemma 3 270M): the recipe measured on it;
 - any other model: the pretrained profile below, and a learning rate by its size and by full fine-tuning or LoRA
   (`learning_rate`, anchored in docs/models.md).
+
+Every real model (a recipe or the pretrained profile) trains with the step-size controller on (`TARGET_KL`,
+trainer/step_size.py): whatever rate it starts from, the rate follows what each step does to the policy.
 
 Every value the user set (file, environment or flag) stands.
 """
@@ -22,11 +25,16 @@ from typing import Any
 
 from rewards.mixes import MIXES
 
+# The per-token KL a step may move the policy by (trainer/step_size.py): measured at the rates that learned, SmolLM2's
+# 1e-5 and Gemma 3 270M's 1e-6 (docs/bench/README.md, "The step size follows the policy"); rsl_rl's desired_kl is
+# 0.01 per action distribution.
+TARGET_KL = 0.01
+
 RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "smollm2-135m": {
         "tasks": {"datasets": MIXES["arithmetic"]},  # pass rates 0.39, 0.52, 0.25 (docs/bench/pass-rates-smollm2-135m-2cpu.json)
         "generation": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 64},
-        "grpo": {"lr": 1e-5},  # the fastest stable rate of the sweep (docs/bench/README.md, learning-rate sweep)
+        "grpo": {"lr": 1e-5, "target_kl": TARGET_KL},  # the fastest stable rate of the sweep (docs/bench/README.md, learning-rate sweep)
         "model": {"plain_example": True},  # it has a chat template: no effect
     },
     "gemma3-270m": {  # the base model, no chat template (docs/bench/pass-rates-gemma3-270m-2cpu.json, one-shot prompts)
@@ -34,7 +42,7 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
         "generation": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 64},  # 89-99% close the tag, 19-23 tokens
         # measured (docs/bench/README.md, Gemma's learning rate): its size's 6.7e-6 collapsed it within ten rounds;
         # 1e-6 and 2e-6 both learn (one seed, 40 rounds), 1e-6 ended higher
-        "grpo": {"lr": 1e-6},
+        "grpo": {"lr": 1e-6, "target_kl": TARGET_KL},
         "model": {"plain_example": True},  # a base model sees the answer format once, as plain text
     },
 }
@@ -45,7 +53,16 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
 PRETRAINED: dict[str, dict[str, Any]] = {
     "tasks": {"datasets": MIXES["arithmetic"]},
     "generation": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 256},
+    "grpo": {"target_kl": TARGET_KL},  # the rate by size (`learning_rate`) is where the controller starts
     "model": {"plain_example": True},  # a base model with no chat template sees the answer format once (one-shot)
+}
+# What a recipe's model is, read from a config.json: a folder or hub id of the same architecture and sizes gets the
+# recipe (an instruct or base variant of these shapes included: the recipe was measured on the one it names).
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "smollm2-135m": {"model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576, "intermediate_size": 1536,
+                     "vocab_size": 49152},
+    "gemma3-270m": {"model_type": "gemma3_text", "num_hidden_layers": 18, "hidden_size": 640, "intermediate_size": 2048,
+                    "vocab_size": 262144},
 }
 TOY_PARAMETERS = 10e6  # below this a model cannot follow a prompt's format: it gets the tiny presets' settings
 MIN_FITTED_TOKENS = 64  # the planner lowers a derived max_new_tokens no further (the recipe's length)
@@ -55,7 +72,7 @@ MIN_FITTED_TOKENS = 64  # the planner lowers a derived max_new_tokens no further
 # al., "LoRA Without Regret", 2025; SmolLM2 under LoRA on an NF4 base learned at 1e-4, docs/bench/nf4-check-2cpu).
 LR_ANCHORS = ((0.33e6, 2e-4), (135e6, 1e-5), (7e9, 1e-6))
 LORA_LR_FACTOR = 10
-KNOBS = {"tasks": ("datasets",), "generation": ("max_new_tokens", "temperature", "top_p"), "grpo": ("lr",),
+KNOBS = {"tasks": ("datasets",), "generation": ("max_new_tokens", "temperature", "top_p"), "grpo": ("lr", "target_kl"),
          "model": ("plain_example",)}  # what a profile sets
 
 
@@ -71,19 +88,26 @@ def learning_rate(parameters: float, lora: bool) -> float:
     return float(f"{lr * (LORA_LR_FACTOR if lora else 1):.2g}")
 
 
-def preset_of(name: str, source: str, parameters: float) -> str | None:
-    """The preset a model is: its name, or the one recorded in a folder built by `sapo init-model` whose config
-    still has the preset's size (a folder copied from a preset and given another model is not that preset)."""
+def preset_of(name: str, source: str, parameters: float, model_config: dict | None = None) -> tuple[str | None, str]:
+    """The preset a model is, and why: its name; the one recorded in a folder built by `sapo init-model` whose config
+    still has the preset's size (a folder copied from a preset and given another model is not that preset); or the
+    recipe whose architecture its config has (`ARCHITECTURES`)."""
     from trainer.presets import META_FILE, names
 
     if name in names():
-        return name
+        return name, "a preset"
     try:
         meta = json.loads((Path(source) / META_FILE).read_text())
         recorded = float(meta["parameters"])
+        if abs(recorded - parameters) <= 0.05 * recorded:
+            return meta.get("preset"), "a folder sapo init-model built"
     except (OSError, ValueError, TypeError, KeyError):
-        return None
-    return meta.get("preset") if abs(recorded - parameters) <= 0.05 * recorded else None
+        pass
+    for preset, arch in ARCHITECTURES.items():
+        if model_config and all(model_config.get(k) == v for k, v in arch.items()):
+            return preset, (f"its architecture is {preset}'s ({arch['model_type']}, {arch['num_hidden_layers']} layers "
+                            f"{arch['hidden_size']} wide, a {arch['vocab_size']:,}-entry vocabulary)")
+    return None, ""
 
 
 @dataclass
@@ -93,6 +117,7 @@ class Settled:
     sources: dict[str, str]
     profile: str  # "tiny", "recipe <preset>" or "pretrained"
     parameters: float
+    why: str = ""  # how the model was recognised as a recipe's
 
     def record(self) -> dict:
         """What the model trains with and where each value came from, for a run folder's settings.json."""
@@ -111,10 +136,10 @@ class Settled:
         return out
 
 
-def settle(cfg: Any, source: str, parameters: float) -> Settled:
+def settle(cfg: Any, source: str, parameters: float, model_config: dict | None = None) -> Settled:
     """`cfg` (a NodeConfig as its sources gave it) with its model's settings where the user set none.
     The learning rate waits for the plan (`settle_lr`): it depends on full fine-tuning or LoRA."""
-    preset = preset_of(cfg.model.name, source, parameters)
+    preset, why = preset_of(cfg.model.name, source, parameters, model_config)
     from trainer.pretrained import PRETRAINED as PRETRAINED_PRESETS
 
     if preset in RECIPES:
@@ -138,7 +163,7 @@ def settle(cfg: Any, source: str, parameters: float) -> Settled:
                 sources[dotted] = profile
             else:
                 sources[dotted] = "default (tiny presets)" if profile == "tiny" else "default"
-    return Settled(cfg, sources, profile, parameters)
+    return Settled(cfg, sources, profile, parameters, why if profile.startswith("recipe") else "")
 
 
 def settle_lr(settled: Settled, lora: bool) -> Settled:

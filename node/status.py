@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 HISTORY_FIELDS = ("round", "time", "reward_mean", "accuracy_train", "eval_accuracy", "peers", "n_local", "n_external",
                   "n_external_used", "n_external_received", "groups_published", "weight_version",
                   "local_informative", "external_inspected", "external_informative",
-                  "seconds_generate", "seconds_train", "seconds_other", "memory_peak_gb", "micro_batch")
+                  "seconds_generate", "seconds_train", "seconds_other", "memory_peak_gb", "micro_batch", "lr_next", "step_kl")
 PHASES = ("generate", "train", "other")
 
 
@@ -161,6 +161,10 @@ def families(s: dict) -> list[Metric]:
     metric("reward_mean", "gauge", "mean reward of the last round's local completions", [({}, last.get("reward_mean"))])
     metric("accuracy_train", "gauge", "share of correct local completions in the last round", [({}, last.get("accuracy_train"))])
     metric("eval_accuracy", "gauge", "greedy accuracy on the held-out set at the last evaluation", [({}, s["last_eval_accuracy"])])
+    metric("learning_rate", "gauge", "the rate the next training step takes (grpo.lr, adapted by the step-size "
+           "controller when grpo.target_kl is set)", [({}, last.get("lr_next"))])
+    metric("step_kl", "gauge", "per-token KL between the policy before and after the last step (measured when "
+           "grpo.target_kl is set)", [({}, last.get("step_kl"))])
     metric("weight_version", "gauge", "optimizer steps pushed into the generator", [({}, last.get("weight_version"))])
     peak = last.get("memory_peak_gb")
     metric("memory_peak_bytes", "gauge", "the last round's peak memory (resident size on a host, reserved on a CUDA card)",

@@ -30,11 +30,13 @@ from node.metrics import MetricsLog
 from node.preflight import check_out_dir, out_dir_locked
 from node.progress import print_table
 from p2p.identity import IdentityError, load_or_create, peer_id
+from rewards.config import TasksConfig
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 60.0
 PLAIN_EVERY_S = 15.0  # progress line period when the output is not a terminal
+EVAL_SEED = TasksConfig.model_fields["eval_seed"].default  # the held-out set's seed, no node's run.seed
 COMPANION_ROUNDS = 10**6  # "until the others finish": the runner stops a companion long before
 
 
@@ -84,7 +86,12 @@ class SwarmSpec:
     def node_args(self, k: int) -> list[str]:
         """What differs between nodes besides their ports: model, seed, rounds and task mix."""
         mix = ["--tasks", self.task_mixes[k % len(self.task_mixes)]] if self.task_mixes else []
-        return ["--model", self.preset(k), "--seed", str(self.seed + k), "--rounds", str(self.node_rounds(k)), *mix]
+        return ["--model", self.preset(k), "--seed", str(self.node_seed(k)), "--rounds", str(self.node_rounds(k)), *mix]
+
+    def node_seed(self, k: int) -> int:
+        """Node k's run.seed: the swarm's seed plus k, stepping over the held-out set's (a node refuses to train on it)."""
+        seed = self.seed + k
+        return seed + 1 if self.seed <= EVAL_SEED <= seed else seed
 
     def companion(self, k: int) -> bool:
         return bool(self.companions) and self.companions[k % len(self.companions)]

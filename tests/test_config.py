@@ -45,6 +45,10 @@ def test_yaml_files_work(tmp_path):
      "p2p.announce: /ip4/192.0.2.7/tcp/7420/p2p/12D3KooWFZ3JvyLsp62AgRJxGTQrqEi3UB4dWKZJM9YXSj3cJrFn ends in a peer id"),
     # py-libp2p logged the failed listen and went on; the node then stopped with '(see the log above)'
     ({"p2p": {"listen": []}}, "p2p.listen: List should have at least 1 item"),  # p2p on, listening nowhere
+    # the training stream drew the held-out tasks themselves
+    ({"run": {"seed": 7}}, "run.seed 7 equals tasks.eval_seed: the node would train on its own held-out tasks"),
+    ({"run": {"seed": 3}, "tasks": {"eval_seed": 3}}, "run.seed 3 equals tasks.eval_seed"),
+    ({"grpo": {"lr_range": [2, 4]}}, "lr_range must be (low, high) with 0 < low <= 1 <= high"),
     ({"p2p": {"listen": "/ip4/127.0.0.1/udp/0/quic"}},
      "p2p.listen: '/ip4/127.0.0.1/udp/0/quic' has no /tcp/<port> part: nodes speak libp2p over TCP only"),
 ])

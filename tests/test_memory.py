@@ -203,8 +203,9 @@ def test_a_node_past_its_plan_lowers_its_micro_batch_round_by_round_and_records_
     assert "past the plan's" in capsys.readouterr().err
 
 
-def tiny(seed: int, *flags: str):
-    return config_from_flags(["--model", "tiny-a", "--seed", str(seed), "--tasks.eval_size", "10", *flags])
+def tiny(k: int, *flags: str):
+    """Node k of a set on one machine (seeds from 100: none draws the held-out set's seed)."""
+    return config_from_flags(["--model", "tiny-a", "--seed", str(100 + k), "--tasks.eval_size", "10", *flags])
 
 
 def test_nodes_on_one_machine_get_equal_shares_whose_plans_add_up_to_less_than_it(tiny_a, monkeypatch):

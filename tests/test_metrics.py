@@ -57,7 +57,7 @@ def test_past_its_size_the_file_moves_to_compressed_archives_byte_for_byte(tmp_p
     joined = b"".join(gzip.decompress(p.read_bytes()) for *_, p in archives)
     assert joined == plain.path.read_bytes()
     assert log.rows() == plain.rows() and rounds(log.rows()) == list(range(10))
-    assert log.start_accuracy() == 0.25
+    assert log.start_row()["eval_accuracy"] == 0.25
 
 
 def test_a_resume_from_before_an_archive_sets_its_later_rounds_aside(tmp_path):

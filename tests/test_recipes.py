@@ -146,3 +146,32 @@ def test_gemmas_rate_is_the_one_its_check_ended_highest_with_and_its_sizes_rate_
     assert RECIPES["gemma3-270m"]["grpo"]["lr"] == max(runs, key=lambda lr: runs[lr][1])
     start, end = runs[float(f"{learning_rate(268.1e6, False):.2g}")]
     assert end < start / 1.5
+
+
+def test_a_folder_of_a_recipes_architecture_gets_that_recipe_and_says_why(tmp_path):
+    """A user's own download of Gemma 3 270M (no sapo_preset.json) is the model the recipe was measured on: its
+    size's rate (6.7e-6) collapsed it where the recipe's 1e-6 learned."""
+    from node.recipes import ARCHITECTURES, TARGET_KL
+
+    folder = str(tmp_path)
+    gemma = {**ARCHITECTURES["gemma3-270m"], "num_attention_heads": 4, "max_position_embeddings": 32768}
+    settled = settle(load_config(overrides={"model": {"name": folder}}), folder, 268.1e6, gemma)
+    assert settled.profile == "recipe gemma3-270m" and settled.cfg.grpo.lr == 1e-6
+    assert settled.cfg.generation.max_new_tokens == 64 and settled.cfg.grpo.target_kl == TARGET_KL
+    assert "gemma3_text, 18 layers 640 wide" in settled.why
+    wider = {**gemma, "hidden_size": 1152}  # another Gemma 3: the size rule, and the controller from it
+    other = settle(load_config(overrides={"model": {"name": folder}}), folder, 1e9, wider)
+    assert other.profile == "pretrained" and other.why == "" and other.cfg.grpo.target_kl == TARGET_KL
+
+
+def test_the_step_size_adapts_for_every_real_model_and_never_for_the_tiny_presets():
+    from node.recipes import TARGET_KL
+
+    for name, parameters in (("smollm2-135m", 134.5e6), ("gemma3-270m", 268.1e6)):
+        settled = settle(load_config(overrides={"model": {"name": name}}), name, parameters)
+        assert settled.cfg.grpo.target_kl == TARGET_KL and settled.sources["grpo.target_kl"] == f"recipe {name}"
+    tiny = settle(load_config(overrides={"model": {"name": "tiny-a"}}), "tiny-a", 0.33e6)
+    assert tiny.cfg.grpo.target_kl is None  # the demo's measured gains were with a fixed rate
+    off = settle(load_config(overrides={"model": {"name": "smollm2-135m"}, "grpo": {"target_kl": None}}), "smollm2-135m",
+                 134.5e6)
+    assert off.cfg.grpo.target_kl is None and off.sources["grpo.target_kl"] == "user"

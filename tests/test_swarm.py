@@ -353,6 +353,14 @@ def test_a_companion_runs_until_the_others_finish_in_the_swarm_and_in_its_silo(t
     assert spec.silo().local == 4 and spec.silo().external == 0
 
 
+def test_no_node_of_a_swarm_draws_the_held_out_sets_seed(tmp_path):
+    from node.swarm import EVAL_SEED, SwarmSpec
+
+    spec = SwarmSpec(nodes=12, rounds=5, local=2, external=2, presets=["tiny-a"], out=tmp_path)
+    seeds = [int(args[args.index("--seed") + 1]) for args in map(spec.node_args, range(12))]
+    assert EVAL_SEED not in seeds and len(set(seeds)) == 12 and seeds[:EVAL_SEED] == list(range(EVAL_SEED))
+
+
 def test_a_node_of_a_faster_model_runs_its_multiple_of_the_rounds_in_the_swarm_and_in_its_silo(tmp_path):
     from types import SimpleNamespace
 

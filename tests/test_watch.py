@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from node.watch import FIRST_ROUNDS, Collapsed, LearningWatch
+from node.metrics import Evaluation
+from node.watch import FIRST_ROUNDS, Collapsed, LearningWatch, probe_rounds
 from rewards import TaskSource
 from rewards.source import DatasetMix
 from tests.conftest import run_sapo
@@ -23,7 +24,7 @@ def group(dataset: str, right: int, g: int = 4, truncated: int = 0) -> RolloutGr
 
 
 def watched(rounds: list[list[RolloutGroup]]) -> list[str]:
-    watch = LearningWatch(max_new_tokens=64, lr=1e-5, eval_size=200)
+    watch = LearningWatch(max_new_tokens=64, lr=1e-5, held_out={}, probe={})
     return [w for groups in rounds for w in watch.observe(groups)]
 
 
@@ -42,21 +43,79 @@ def test_a_family_with_no_signal_is_named_once_with_the_setting_to_change():
     assert watched([[group("arith", 0)]] * (FIRST_ROUNDS - 1)) == []  # not judged before its first rounds
 
 
-def test_held_out_accuracy_far_below_its_start_is_a_collapse_and_noise_is_not(caplog):
-    watch = LearningWatch(max_new_tokens=64, lr=2e-4, eval_size=200)
-    watch.evaluated(0, 0.26)
-    watch.evaluated(25, 0.20)  # lower, not half
-    with pytest.raises(Collapsed, match=r"fell from 0\.260 to 0\.025 by round 2: .* grpo\.lr 0\.0002 is too high"):
-        watch.evaluated(2, 0.025)
-    small = LearningWatch(max_new_tokens=64, lr=2e-4, eval_size=20)
-    small.evaluated(0, 0.55)
+def held_out(overall: float | None, **families: float) -> Evaluation:
+    return Evaluation(overall, {name.replace("_", "/"): a for name, a in families.items()})
+
+
+def products_watch(lr: float = 1e-6) -> LearningWatch:
+    """A user's Gemma: 100 rg/products and 300 arith held-out tasks, 0.345 overall at the start."""
+    watch = LearningWatch(64, lr, {"rg/products": 100, "arith": 300}, {"rg/products": 40, "arith": 80})
+    assert watch.evaluated(0, held_out(0.345, rg_products=0.73, arith=0.217)) == []
+    return watch
+
+
+def test_a_family_that_falls_clearly_is_named_while_the_overall_mean_holds(caplog):
+    watch = products_watch()
     with caplog.at_level(logging.WARNING, logger="node.watch"):
-        small.evaluated(25, 0.15)  # a fall as large, on 20 tasks: said, not stopped on
-    assert "fell from 0.550 to 0.150 by round 25" in caplog.text and "not stopping on an evaluation of 20 tasks" in caplog.text
-    low = LearningWatch(max_new_tokens=64, lr=2e-4, eval_size=200)
-    low.evaluated(0, 0.05)
-    low.evaluated(25, 0.02)  # below half, but within three standard errors of a 0.05 start on 200 tasks
-    low.evaluated(50, None)  # an evaluation that failed says nothing
+        said = watch.evaluated(25, held_out(0.30, rg_products=0.34, arith=0.287))  # overall: 1.4 standard errors
+    assert said == [w.getMessage() for w in caplog.records]
+    assert len(said) == 1 and said[0].startswith("held-out accuracy of rg/products fell from 0.730 to 0.340 by round 25 "
+                                                 "(100 tasks, 6.0 standard errors of the difference): the model is unlearning")
+    assert "grpo.lr 1e-06 is too high for it" in said[0] and "--grpo.lr 1e-07" in said[0] and "peers' groups" in said[0]
+    both = products_watch()  # the user's run: overall 0.345 -> 0.190 as well, not below half its start
+    said = both.evaluated(200, held_out(0.19, rg_products=0.34, arith=0.14))
+    assert [w.split(" fell")[0] for w in said] == ["held-out accuracy of rg/products", "held-out accuracy"]
+
+
+def test_a_fall_within_the_noise_or_too_small_to_matter_is_not_said():
+    watch = products_watch()
+    assert watch.evaluated(25, held_out(0.32, rg_products=0.63, arith=0.217)) == []  # 1.5 standard errors
+    few = LearningWatch(64, 1e-6, {"arith": 4000, "count": 8}, {})
+    few.evaluated(0, held_out(0.50, arith=0.50, count=1.0))
+    # 3.6 standard errors of 4,000 tasks but 4 points; all of a family of 8 tasks lost, too few to judge alone
+    assert few.evaluated(25, held_out(0.46, arith=0.46, count=0.0)) == []
+    assert watch.evaluated(50, Evaluation()) == []  # an evaluation that failed says nothing
+
+
+def test_a_fall_is_said_once_and_again_only_when_it_falls_further_or_anew():
+    watch = products_watch()
+    said = [watch.evaluated(r, held_out(0.33, rg_products=p, arith=0.23)) for r, p in
+            [(25, 0.34), (50, 0.36), (75, 0.31), (100, 0.10), (125, 0.70), (150, 0.34)]]
+    assert [len(s) for s in said] == [1, 0, 0, 1, 0, 1]  # further by a clear margin (4.3), then a new fall after a recovery
+    assert "fell from 0.730 to 0.100 by round 100" in said[3][0] and "by round 150" in said[5][0]
+
+
+def test_the_stop_rests_on_overall_accuracy_below_half_its_start_never_on_a_family_alone(caplog):
+    watch = products_watch(lr=2e-4)
+    assert len(watch.evaluated(25, held_out(0.30, rg_products=0.0, arith=0.40))) == 1  # a family alone: said, no stop
+    with pytest.raises(Collapsed, match=r"held-out accuracy fell from 0\.345 to 0\.100 by round 50 \(400 tasks, 8\.7 "
+                       r"standard errors of the difference\), below half its start: .* grpo\.lr 0\.0002 is too high"):
+        watch.evaluated(50, held_out(0.10, rg_products=0.0, arith=0.133))
+    with pytest.raises(Collapsed):  # as before: at each evaluation that shows it
+        watch.evaluated(75, held_out(0.10, rg_products=0.0, arith=0.133))
+    assert watch.evaluated(100, held_out(0.18, rg_products=0.0, arith=0.24)) == []  # above half: said already
+    small = LearningWatch(64, 2e-4, {"arith": 20}, {})
+    small.evaluated(0, held_out(0.55, arith=0.55))
+    with caplog.at_level(logging.WARNING, logger="node.watch"):
+        small.evaluated(25, held_out(0.10, arith=0.10))  # a collapse on 20 tasks: said, not stopped on
+    assert "fell from 0.550 to 0.100 by round 25" in caplog.text and "not stopping on an evaluation of 20 tasks" in caplog.text
+    low = LearningWatch(64, 2e-4, {"arith": 200}, {})
+    low.evaluated(0, held_out(0.05, arith=0.05))
+    assert low.evaluated(25, held_out(0.02, arith=0.02)) == []  # below half, within the noise of 200 tasks
+
+
+def test_the_early_probe_runs_before_the_first_evaluation_against_its_own_start_and_never_stops():
+    assert probe_rounds(eval_every=25, rounds=600) == [8, 16]
+    assert probe_rounds(eval_every=100, rounds=600) == [8, 16, 32, 64]
+    assert probe_rounds(eval_every=25, rounds=16) == [8]  # the last round has the full evaluation
+    assert probe_rounds(eval_every=8, rounds=600) == []
+    watch = products_watch(lr=2e-4)
+    watch.probed(0, held_out(0.52, rg_products=0.9, arith=0.35))  # round 0's probe: its own start, not the set's
+    said = watch.probed(8, held_out(0.05, rg_products=0.05, arith=0.05))  # below half, on 120 tasks: said, not stopped on
+    assert [w.split(" by")[0] for w in said] == ["held-out accuracy of arith in the early probe fell from 0.350 to 0.050",
+                                                 "held-out accuracy of rg/products in the early probe fell from 0.900 to 0.050",
+                                                 "held-out accuracy in the early probe fell from 0.520 to 0.050"]
+    assert watch.held_out.start["overall"] == 0.345 and watch.probed(16, held_out(0.05, rg_products=0.05, arith=0.05)) == []
 
 
 @pytest.mark.slow
@@ -69,6 +128,64 @@ def test_a_run_whose_groups_are_all_wrong_says_so_in_one_line(tiny_a, cache_dir,
     lines = [line for line in r.stderr.splitlines() if "gave no signal" in line]
     assert len(lines) == 1 and "WARNING tasks: arith gave no signal in its first 15 groups: every completion wrong" in lines[0]
     assert "generation.max_new_tokens" in lines[0] or "too hard" in lines[0]
+
+
+@pytest.mark.slow
+def test_the_early_probe_has_its_own_fields_in_the_metrics_from_round_0_and_can_be_turned_off(tiny_a, cache_dir, tmp_path):
+    args = ["run", "--model.cache_dir", str(cache_dir), "--out", str(tmp_path), "--local", "2", "--generation.completions_per_group",
+            "4", "--tasks.eval_size", "20", "--run.eval_every", "1000", "--p2p.enabled", "false"]
+    r = run_sapo(*args, "--rounds", "9", "--run.probe_tasks", "8")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["round"], m["eval_accuracy"] is not None, m["probe_accuracy"] is not None) for m in rows] == [
+        (0, True, True), *[(r, False, False) for r in range(1, 8)], (8, False, True),
+        (9, True, False)]  # round 0: both starts; round 8: the probe alone; the last round: the full evaluation
+    assert set(rows[8]["probe_by_dataset"]) <= set(rows[0]["eval_by_dataset"]) and rows[8]["eval_by_dataset"] is None
+    off = run_sapo(*args, "--rounds", "17", "--run.probe_tasks", "0")  # resumed: round 16 would have been probed
+    assert off.returncode == 0, off.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["round"] for m in rows if m["probe_accuracy"] is not None] == [0, 8] and rows[-1]["round"] == 17
+
+
+@pytest.mark.slow
+def test_a_stop_during_the_probe_keeps_its_rounds_line_until_the_resume_has_probed_those_weights(
+        tiny_a, cache_dir, tmp_path, monkeypatch):
+    from node.config import load_config
+    from node.lifecycle import StopSignal
+    from node.loop import Node
+    from trainer import checkpoint
+    from trainer.generation import never
+    from trainer.generation.hf import TransformersGenerator
+
+    def config(out):
+        return load_config(None, {"model": {"cache_dir": str(cache_dir)}, "status": {"enabled": False},
+                                  "p2p": {"enabled": False}, "tasks": {"eval_size": 12},
+                                  "generation": {"completions_per_group": 4}, "selection": {"external_groups": 0},
+                                  "run": {"out_dir": str(out), "rounds": 9, "eval_every": 100, "local_groups": 2,
+                                          "probe_tasks": 6}})
+
+    def lines(out):
+        return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    Node(config(tmp_path / "straight")).run(StopSignal())
+    real, stop = TransformersGenerator.generate, StopSignal()
+
+    def generate(self, prompt_ids, params, cancel=never):
+        if params.temperature == 0 and node.round == 8 and len(prompt_ids) == 6:
+            stop.request("test")
+        return real(self, prompt_ids, params, cancel)
+
+    monkeypatch.setattr(TransformersGenerator, "generate", generate)
+    out = tmp_path / "stopped"
+    node = Node(config(out))
+    node.run(stop)
+    pending = json.loads((checkpoint.complete(out / "checkpoints")[-1] / "state.json").read_text())["pending_row"]
+    assert [m["round"] for m in lines(out)] == list(range(8)) and (pending["round"], pending["probe_accuracy"]) == (8, None)
+    node = Node(config(out))
+    node.run(StopSignal())
+    straight, stopped = lines(tmp_path / "straight"), lines(out)
+    assert [m["round"] for m in stopped] == list(range(10))
+    assert [m["probe_accuracy"] for m in stopped] == [m["probe_accuracy"] for m in straight] != [None] * 10
 
 
 @pytest.mark.slow

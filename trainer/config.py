@@ -24,8 +24,11 @@ class LoraConfig(Section):
     r: int = Field(16, ge=1, description="adapter rank")
     alpha: int = Field(32, ge=1, description="LoRA scaling numerator (scale = alpha / r)")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input")
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-                                      description="module names that get adapters")
+    target_modules: Literal["all-linear"] | list[str] = Field(
+        "all-linear", description="the layers that get adapters: all-linear, every linear layer of the model but its "
+        "output embedding (q/k/v/o and the MLP of a Llama, GPT-2's c_attn, c_proj and c_fc, Phi-3's fused qkv_proj), or "
+        "a list of module names, each matching the layers whose name ends in it (a name that matches no linear layer "
+        "is refused before the model loads)")
 
 
 class ModelConfig(Section):
@@ -141,6 +144,13 @@ class GRPOConfig(Section):
         "autocasts them over float32 weights (the weights, gradients, AdamW's moments and the LM head's log-probs stay "
         "float32); auto: bfloat16 on a CPU with bfloat16 matrix instructions (AMX tiles or AVX512-BF16) for a float32 "
         "model at least 512 wide (a SmolLM2-135M step measured 1.4-1.6x on 2 cores), else model")
+    target_kl: float | None = Field(
+        None, gt=0, description="the step-size controller's target: the mean per-token KL between the policy before and "
+        "after a step, measured on some of the step's own rows; the rate is cut when a step moves the policy more than "
+        "twice this and raised when less than half (trainer/step_size.py); null: the rate stays as set (the tiny "
+        "presets' default; a real model's profile turns it on)")
+    lr_range: tuple[float, float] = Field((0.01, 4.0), description="the bounds of the step-size controller's rate, as "
+                                          "factors of the starting grpo.lr")
     external_negatives: bool = Field(False, description="also push down external completions that scored below their "
                                      "group's mean; off by default: a peer's mistakes are text this policy did not "
                                      "write, and pushing them down cost reward in the swarm experiment")
@@ -155,4 +165,6 @@ class GRPOConfig(Section):
     def _check(self) -> "GRPOConfig":
         if any(not 0 < b < 1 for b in self.adam_betas):
             raise ValueError("adam_betas must both lie in (0, 1)")
+        if not 0 < self.lr_range[0] <= 1 <= self.lr_range[1]:
+            raise ValueError("lr_range must be (low, high) with 0 < low <= 1 <= high")
         return self

@@ -77,7 +77,7 @@ class Wants:
     sampling_dtype: str | None = None  # generation.sampling_dtype: "model" or "bfloat16"; None: the planner's
     compute_dtype: str | None = None  # grpo.compute_dtype: "model" or "bfloat16"; None: the planner's
     lora_r: int = 16
-    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    lora_targets: memory.Targets = memory.ALL_LINEAR  # model.lora.target_modules (a list as a tuple)
     vllm_installed: bool = False
     peft_installed: bool = True
     bnb_installed: bool = False
@@ -144,10 +144,20 @@ class Plan:
                 + "".join(f", {e}" for e in extra) + f"; expected peak {self.peak_bytes / GB:.1f} GB of "
                 f"{self.budget_bytes / GB:.1f} GB usable")
 
+    def adapters(self) -> str | None:
+        """Under LoRA, the layers that get adapters and the weights they train (None under full fine-tuning): what
+        `sapo doctor` and a node's log say, so that a model whose layers are named otherwise is seen to be adapted."""
+        if not self.lora:
+            return None
+        return (f"adapters on {', '.join(self.model.adapted)}: {self.model.trainable:,} trainable weights "
+                f"({self.model.trainable / self.model.parameters:.2%} of the model)")
+
     def record(self) -> dict:
         """What the plan chose and expected, in GB, for a run folder's plan.json and `sapo doctor --bench`."""
+        adapters = {"lora_targets": list(self.model.adapted), "trainable": self.model.trainable} if self.lora else {}
         return {"summary": self.summary(), "device": str(self.device), "backend": self.backend, "dtype": self.dtype,
-                "lora": self.lora, "nf4": self.nf4, "micro_batch": self.micro_batch, "generation_rows": self.generation_rows,
+                "lora": self.lora, **adapters, "nf4": self.nf4, "micro_batch": self.micro_batch,
+                "generation_rows": self.generation_rows,
                 "sampling_dtype": self.sampling_dtype, "compute_dtype": self.compute_dtype,
                 "peak_gb": round(self.peak_bytes / GB, 3), "budget_gb": round(self.budget_bytes / GB, 3),
                 "parts_gb": {k: round(v / GB, 3) for k, v in self.parts.items()}}
@@ -196,11 +206,12 @@ def peak(parts: dict[str, float]) -> float:
     return sum(v for k, v in parts.items() if k not in ("training", "generation")) + max(parts["training"], parts["generation"])
 
 
-def step_peak(config: dict, kind: str, rows: int, positions_per_row: float, prompt_tokens: int) -> float:
+def step_peak(config: dict, kind: str, rows: int, positions_per_row: float, prompt_tokens: int,
+              targets: memory.Targets = memory.ALL_LINEAR) -> float:
     """The estimated peak of one training step on a CPU (float32, no generator running): a micro-batch of `rows`
     sequences of `positions_per_row` positions each, `prompt_tokens` of them prompt, for `kind` full, lora or nf4
-    (LoRA on an NF4 base). What scripts/bench/bench_round.py prints beside the peak it measures."""
-    m = shape(config, kind != "full", False, "float32", Wants(), nf4=kind == "nf4")
+    (LoRA on an NF4 base, adapters on `targets`). What scripts/bench/bench_round.py prints beside the peak it measures."""
+    m = shape(config, kind != "full", False, "float32", Wants(lora_targets=targets), nf4=kind == "nf4")
     ran = RoundShape(rows=rows, generation_rows=rows, prompt_tokens=prompt_tokens,
                      completion_tokens=max(1, round(positions_per_row) - prompt_tokens))
     return peak(estimate(Device("cpu", "a measured CPU", float("inf"), float("inf")), m, ran, "transformers", rows, None, False))

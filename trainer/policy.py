@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from rewards.tasks import task_prompt
 from trainer.config import ModelConfig
+from trainer.memory import ALL_LINEAR, AdapterError, adapted, linear_layers
 
 log = logging.getLogger(__name__)
 transformers.utils.logging.disable_progress_bar()
@@ -102,6 +103,27 @@ def load_tokenizer(source: str, trust_remote_code: bool = False) -> PreTrainedTo
     return tokenizer
 
 
+def causal_lm_problem(config: dict) -> str | None:
+    """Why the model a config.json describes is no causal (decoder-only) language model, all that GRPO here trains,
+    or None: an encoder-decoder (T5), a type transformers has no causal LM class for, or an encoder (BERT: the causal
+    head transformers puts on one wants `is_decoder`, and its weights learnt to fill in masks, not to continue text).
+    `sapo doctor` and `sapo run` both refuse such a model with it before anything loads (node/planner.py)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    kind = config.get("model_type")
+    if not kind:
+        return None  # a described model (the planner's tests): read as Llama's
+    if config.get("is_encoder_decoder"):
+        why = "an encoder-decoder model"
+    elif kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and "AutoModelForCausalLM" not in (config.get("auto_map") or {}):
+        why = "a type transformers has no causal language model for"
+    elif kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.get("is_decoder"):
+        why = "an encoder (a masked language model)"
+    else:
+        return None
+    return f"model type {kind!r} is {why}: sapo trains causal (decoder-only) language models"
+
+
 def require_packages(cfg: ModelConfig) -> None:
     """Refuse, naming the extra to install, a config that asks for a package this environment lacks: called
     before the planner plans with it and before a model loads (transformers' own checks name no command)."""
@@ -169,9 +191,24 @@ def _with_lora(model: PreTrainedModel, cfg: ModelConfig, adapter_from: Path | No
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         if adapter_from is not None:
             return PeftModel.from_pretrained(model, str(adapter_from), is_trainable=True)
-        lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                          target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM")
+        lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout, task_type="CAUSAL_LM",
+                          **adapter_targets(model, cfg.lora.target_modules))
         return get_peft_model(model, lora)
+
+
+def adapter_targets(model: PreTrainedModel, targets: list[str] | str) -> dict:
+    """peft's target_modules for `targets` on this model, found as the planner counts them (`trainer.memory.adapted`):
+    for all-linear the last names of its linear layers (GPT-2's c_attn, c_proj, c_fc; a Llama's seven projections),
+    a user's list as given; and fan_in_fan_out where they are transformers' Conv1D (GPT-2 stores its weights
+    transposed). `ModelLoadError` where a name matches no linear layer."""
+    from transformers.pytorch_utils import Conv1D
+
+    try:
+        chosen = adapted(linear_layers(model), targets)
+    except AdapterError as e:
+        raise ModelLoadError(str(e)) from None
+    names = sorted({n.rsplit(".", 1)[-1] for n in chosen}) if targets == ALL_LINEAR else list(targets)
+    return {"target_modules": names, "fan_in_fan_out": any(isinstance(model.get_submodule(n), Conv1D) for n in chosen)}
 
 
 def finite_weights(model: PreTrainedModel) -> bool:
