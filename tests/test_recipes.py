@@ -175,3 +175,15 @@ def test_the_step_size_adapts_for_every_real_model_and_never_for_the_tiny_preset
     off = settle(load_config(overrides={"model": {"name": "smollm2-135m"}, "grpo": {"target_kl": None}}), "smollm2-135m",
                  134.5e6)
     assert off.cfg.grpo.target_kl is None and off.sources["grpo.target_kl"] == "user"
+
+
+def test_the_paper_configs_rate_follows_the_rule_of_every_lora_plan():
+    """It pinned 1e-6 and trained LoRA at the full fine-tuning rate where the plan chose adapters."""
+    from node.recipes import settle_lr
+    from tests.conftest import ROOT
+
+    paper = load_config(ROOT / "docs/configs/paper-qwen2.5-0.5b.toml")
+    for lora in (False, True):
+        settled = settle_lr(settle(paper, paper.model.name, 494e6), lora=lora)
+        assert settled.cfg.grpo.lr == learning_rate(494e6, lora) and settled.sources["grpo.lr"].startswith("model size")
+        assert settled.cfg.grpo.target_kl is not None

@@ -164,7 +164,18 @@ TESTBEDS["demo"] = {"presets": ["tiny-a", "tiny-b"], "task_mixes": [tasks(1, 1)]
 # (--accept-license gemma), never here
 TESTBEDS["gemma+smollm2"] = {"presets": ["gemma3-270m", "smollm2-135m"], "task_mixes": [SMOLLM2], "round_multiples": [1, 2],
                              "extra": ["--tasks.eval_size", "300", *POWERED, "--model.lora.enabled", "false"]}
-GRIDS = ("paper", "quick", "real", "quantized", "autocast", "lr", "specialists", "hetero", "gemma")
+# the step-size controller (grpo.target_kl): each model alone at its recipe with the rate fixed, against the controller
+# from the recipe's rate and from a rate that destroyed the model when fixed (SmolLM2's sweep: 1e-4; Gemma's size rule,
+# what a folder of it got: 6.7e-6); full fine-tuning pinned, as the recipes were measured
+PINNED = ["--model.lora.enabled", "false"]
+TESTBEDS["smollm2-fixed"] = {**TESTBEDS["smollm2"], "extra": PINNED + ["--grpo.target_kl", "null"], "silo": "smollm2-fixed"}
+TESTBEDS["smollm2-adapt"] = {**TESTBEDS["smollm2"], "extra": PINNED, "silo": "smollm2-fixed"}
+TESTBEDS["gemma-fixed"] = {"presets": ["gemma3-270m"], "task_mixes": [SMOLLM2], "extra": PINNED + ["--grpo.target_kl", "null"],
+                           "silo": "gemma-fixed"}
+TESTBEDS["gemma-adapt"] = {**TESTBEDS["gemma-fixed"], "extra": PINNED}
+STEP_SIZE = [("smollm2-adapt", 1e-4), ("gemma-adapt", 6.7e-6), ("smollm2-fixed", None), ("smollm2-adapt", None),
+             ("gemma-fixed", None), ("gemma-adapt", None)]  # the rescues first
+GRIDS = ("paper", "quick", "real", "quantized", "autocast", "lr", "specialists", "hetero", "gemma", "step-size")
 EVAL_TASKS = 200  # held-out tasks a node evaluates on, unless its testbed's flags say otherwise
 DEFAULT_RULE = SelectionConfig().rule  # what another rule or channel must beat to become the default
 T80 = {1: 1.376, 2: 1.061, 3: 0.978, 4: 0.941, 5: 0.920, 6: 0.906, 7: 0.896, 8: 0.889, 9: 0.883}  # one-sided t at 80%
@@ -232,6 +243,8 @@ def grid(rules: list[str], kind: str = "paper", groups: int = 4) -> list[Config]
         return list(CHECKS[kind])
     if kind == "lr":
         return [Config(bed, 4, 0, lr=lr) for bed, lr in SWEEP]
+    if kind == "step-size":
+        return [Config(bed, 4, 0, lr=lr) for bed, lr in STEP_SIZE]
     if kind == "specialists":  # alone, the swarm and the union of their data (issue 55's arms; an over-draw control
         # would add a quarter to a grid of about 45 minutes a seed on 2 cores)
         return [Config("specialists", 4, 0), Config("specialists", 2, 2, "guarded"), Config("specialists-union", 4, 0)]
@@ -787,6 +800,9 @@ def parse_args() -> argparse.Namespace:
                    "round) training with float32 products and under bfloat16 autocast, paired; pair it with --nodes 1")
     p.add_argument("--lr-sweep", action="store_true", help="issue 55's learning-rate sweep: SmolLM2 silos at 1e-5, 3e-5 "
                    "and 1e-4 (full fine-tuning) and 1e-4, 3e-4 (LoRA), paired with 1e-5, on the powered evaluation")
+    p.add_argument("--step-size", action="store_true", help="the step-size controller: SmolLM2-135M and Gemma 3 270M "
+                   "alone with the rate fixed at their recipes', against the controller from that rate and from one that "
+                   "destroyed them fixed (1e-4, 6.7e-6); pair it with --nodes 1 and --accept-license gemma")
     p.add_argument("--specialists", action="store_true", help="issue 55's swarm of specialists: two SmolLM2 owners "
                    "splitting the arithmetic mix: each alone, the pair at 2/2, and a silo on the union of their tasks")
     p.add_argument("--hetero", action="store_true", help="issue 53's tiny testbed: the demo's tiny-a, tiny-b, tiny-a swarm "
@@ -810,7 +826,7 @@ def parse_args() -> argparse.Namespace:
 def chosen_configs(args: argparse.Namespace) -> list[Config]:
     """The grid asked for (--only narrows it); refused when --out already holds runs of it and --resume is not given."""
     kind = ("quantized" if args.quantized else "autocast" if args.autocast else "real" if args.real else "quick" if args.quick else "lr" if args.lr_sweep
-            else "specialists" if args.specialists else "hetero" if args.hetero else "gemma" if args.gemma else "paper")
+            else "step-size" if args.step_size else "specialists" if args.specialists else "hetero" if args.hetero else "gemma" if args.gemma else "paper")
     configs = grid(args.rules, kind, args.groups or 4)
     if args.only:
         unknown = set(args.only) - {c.name for c in configs}
