@@ -37,6 +37,8 @@ NOT_RUN = {
     ".venv-vllm/bin/python scripts/bench/bench_generation.py": "benchmark; the second line needs a GPU",
     ".venv/bin/sapo swarm --nodes 2 --rounds 20 --presets smollm2-135m": "experiment: four real-model nodes for 20 rounds on one machine",
     ".venv/bin/sapo doctor --bench --model smollm2-135m": "benchmark: minutes of real-model rounds; the H200 rows need a GPU",
+    "sapo run --model smollm2-135m --grpo.lr 1e-5 --rounds 6": "measurement: minutes of real-model rounds at pinned rates; "
+    "tests/test_step_size.py checks the controller it calibrates",
     ".venv/bin/sapo run --model gemma3-270m --model.accept_license gemma": "experiment: 40 rounds of the real model "
     "(15-25 minutes), under terms a test does not accept for anyone; tests/test_recipes.py checks the rate it chose",
     "bash scripts/setup.sh": "needs the model hub (Qwen2.5-0.5B) and another node's address",
