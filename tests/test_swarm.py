@@ -379,7 +379,7 @@ def test_a_node_of_a_faster_model_runs_its_multiple_of_the_rounds_in_the_swarm_a
 
 def test_a_swarm_whose_plans_cannot_fit_is_refused_before_any_node_starts(tiny_a, cache_dir, tmp_path):
     r = run_sapo("swarm", "--nodes", "2", "--rounds", "1", "--baseline", "--out", str(tmp_path / "s"), "--cache-dir",
-                 str(cache_dir), "--node-args", "--generation.batch_size 100000 --generation.max_new_tokens 100000")
+                 str(cache_dir), "--node-args", "--generation.batch_size 1000000 --tasks.eval_size 1000000")  # a million rows decoded at once
     assert r.returncode == 1 and "Traceback" not in r.stderr
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("sapo: 4 nodes cannot share ") and ": node0 (tiny-a) in its " in line
