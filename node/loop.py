@@ -106,7 +106,7 @@ class Node:
         self.probe_tasks = self.eval_tasks[:cfg.run.probe_tasks]  # a random subset: the set is drawn at random
         self.probe_rounds = probe_rounds(cfg.run.eval_every, cfg.run.rounds) if cfg.run.probe_tasks else []
         self.watch = LearningWatch(cfg.generation.max_new_tokens, cfg.grpo.lr, families(self.eval_tasks),
-                                   families(self.probe_tasks))
+                                   families(self.probe_tasks), cfg.grpo.target_kl)
         self.round = 0
         self.pending_row: RoundMetrics | None = None  # a round whose evaluation a stop interrupted (`_pending_evaluation`)
         self.selector = Selector(cfg.selection, cfg.tasks, logprobs=self.trainer.sequence_logprobs,

@@ -128,9 +128,11 @@ class Tally:
 
 
 class LearningWatch:
-    def __init__(self, max_new_tokens: int, lr: float, held_out: Mapping[str, int], probe: Mapping[str, int]):
-        """`held_out`, `probe`: the tasks per family of the full evaluation and of the early probe."""
-        self.max_new_tokens, self.lr = max_new_tokens, lr
+    def __init__(self, max_new_tokens: int, lr: float, held_out: Mapping[str, int], probe: Mapping[str, int],
+                 target_kl: float | None = None):
+        """`held_out`, `probe`: the tasks per family of the full evaluation and of the early probe; `target_kl`: the
+        step-size controller's (grpo.target_kl), None when the rate is fixed."""
+        self.max_new_tokens, self.lr, self.target_kl = max_new_tokens, lr, target_kl
         self.families: dict[str, Tally] = defaultdict(Tally)
         self.rounds = 0
         self.reported: set[str] = set()
@@ -218,6 +220,10 @@ class LearningWatch:
                 f"tasks, {fall_sigmas(start, now, n):.1f} standard errors of the difference)")
 
     def _cause(self) -> str:
-        return (f"the model is unlearning; most likely grpo.lr {self.lr:g} is too high for it (or the rate a step-size "
-                f"controller moved it to): lower it, e.g. --grpo.lr {self.lr / 10:g}, and resume; or in a swarm peers' "
-                "groups pull it away (selection.rule guarded)")
+        swarm = "; or in a swarm peers' groups pull it away (selection.rule guarded)"
+        if self.target_kl is None:
+            return (f"the model is unlearning; most likely grpo.lr {self.lr:g} is too high for it: lower it, e.g. "
+                    f"--grpo.lr {self.lr / 10:g}, and resume{swarm}")
+        return (f"the model is unlearning; most likely its steps are too large for it: the rate adapts from grpo.lr "
+                f"{self.lr:g} toward steps of grpo.target_kl {self.target_kl:g}; lower the target, e.g. --grpo.target_kl "
+                f"{self.target_kl / 4:g}, and resume{swarm}")

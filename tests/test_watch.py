@@ -62,6 +62,10 @@ def test_a_family_that_falls_clearly_is_named_while_the_overall_mean_holds(caplo
     assert len(said) == 1 and said[0].startswith("held-out accuracy of rg/products fell from 0.730 to 0.340 by round 25 "
                                                  "(100 tasks, 6.0 standard errors of the difference): the model is unlearning")
     assert "grpo.lr 1e-06 is too high for it" in said[0] and "--grpo.lr 1e-07" in said[0] and "peers' groups" in said[0]
+    adapting = LearningWatch(64, 1e-6, {"rg/products": 100, "arith": 300}, {}, target_kl=0.005)  # the controller's rate
+    adapting.evaluated(0, held_out(0.345, rg_products=0.73, arith=0.217))
+    line = adapting.evaluated(25, held_out(0.30, rg_products=0.34, arith=0.287))[0]
+    assert "toward steps of grpo.target_kl 0.005" in line and "--grpo.target_kl 0.00125" in line
     both = products_watch()  # the user's run: overall 0.345 -> 0.190 as well, not below half its start
     said = both.evaluated(200, held_out(0.19, rg_products=0.34, arith=0.14))
     assert [w.split(" fell")[0] for w in said] == ["held-out accuracy of rg/products", "held-out accuracy"]
