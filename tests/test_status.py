@@ -74,7 +74,7 @@ def test_prometheus_text_has_help_type_and_labelled_samples():
                   "groups_published": 4, "external_gated": 3, "support_cutoff": -0.9})
     board.record({"round": 2, "reward_mean": 0.75, "eval_accuracy": None, "seconds_generate": 1.0,
                   "seconds_train": 0.5, "seconds_other": 0.1, "n_local": 4, "external_gated": 2,
-                  "external_dropped": {"off_support": 1}, "support_cutoff": -0.75})
+                  "external_dropped": {"off_support": 1}, "support_cutoff": -0.75, "lr_next": 1.5e-05, "step_kl": 0.004})
     text = prometheus(board.snapshot())
     samples = [line for line in text.splitlines() if not line.startswith("#")]
     assert samples and all(SAMPLE.match(line) for line in samples), text
@@ -95,7 +95,9 @@ def test_prometheus_text_has_help_type_and_labelled_samples():
         "sapo_peers 2.0", "sapo_local_groups_total 8.0",
         "sapo_rollout_groups_published_total 4.0", "sapo_messages_published_total 7.0",
         "sapo_external_completions_gated_total 5.0", "sapo_support_cutoff -0.75",
+        "sapo_learning_rate 1.5e-05", "sapo_step_kl 0.004",  # the step-size controller's rate and the step it measured
     } - set(samples) == set()
+    assert board.snapshot()["history"][-1]["lr_next"] == 1.5e-05
     # the process's own figures, from prometheus_client
     assert any(line.startswith("process_resident_memory_bytes ") for line in samples)
     assert any(line.startswith("process_cpu_seconds_total ") for line in samples)
