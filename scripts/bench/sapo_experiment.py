@@ -175,7 +175,9 @@ TESTBEDS["gemma-fixed"] = {"presets": ["gemma3-270m"], "task_mixes": [SMOLLM2], 
 TESTBEDS["gemma-adapt"] = {**TESTBEDS["gemma-fixed"], "extra": PINNED}
 STEP_SIZE = [("smollm2-adapt", 1e-4), ("gemma-adapt", 6.7e-6), ("smollm2-fixed", None), ("smollm2-adapt", None),
              ("gemma-fixed", None), ("gemma-adapt", None)]  # the rescues first
+RATE_GRIDS = {"lr": SWEEP, "step-size": STEP_SIZE}  # silos of 4 groups a round, each (testbed, grpo.lr or the model's)
 GRIDS = ("paper", "quick", "real", "quantized", "autocast", "lr", "specialists", "hetero", "gemma", "step-size")
+KIND_FLAGS = {"lr": "lr_sweep"}  # a grid's flag where it is not the grid's own name (--lr-sweep)
 EVAL_TASKS = 200  # held-out tasks a node evaluates on, unless its testbed's flags say otherwise
 DEFAULT_RULE = SelectionConfig().rule  # what another rule or channel must beat to become the default
 T80 = {1: 1.376, 2: 1.061, 3: 0.978, 4: 0.941, 5: 0.920, 6: 0.906, 7: 0.896, 8: 0.889, 9: 0.883}  # one-sided t at 80%
@@ -241,10 +243,8 @@ def grid(rules: list[str], kind: str = "paper", groups: int = 4) -> list[Config]
     'silo' is the full fine-tuning one)."""
     if kind in CHECKS:
         return list(CHECKS[kind])
-    if kind == "lr":
-        return [Config(bed, 4, 0, lr=lr) for bed, lr in SWEEP]
-    if kind == "step-size":
-        return [Config(bed, 4, 0, lr=lr) for bed, lr in STEP_SIZE]
+    if kind in RATE_GRIDS:
+        return [Config(bed, 4, 0, lr=lr) for bed, lr in RATE_GRIDS[kind]]
     if kind == "specialists":  # alone, the swarm and the union of their data (issue 55's arms; an over-draw control
         # would add a quarter to a grid of about 45 minutes a seed on 2 cores)
         return [Config("specialists", 4, 0), Config("specialists", 2, 2, "guarded"), Config("specialists-union", 4, 0)]
@@ -825,8 +825,7 @@ def parse_args() -> argparse.Namespace:
 
 def chosen_configs(args: argparse.Namespace) -> list[Config]:
     """The grid asked for (--only narrows it); refused when --out already holds runs of it and --resume is not given."""
-    kind = ("quantized" if args.quantized else "autocast" if args.autocast else "real" if args.real else "quick" if args.quick else "lr" if args.lr_sweep
-            else "step-size" if args.step_size else "specialists" if args.specialists else "hetero" if args.hetero else "gemma" if args.gemma else "paper")
+    kind = next((kind for kind in GRIDS if getattr(args, KIND_FLAGS.get(kind, kind).replace("-", "_"), False)), "paper")
     configs = grid(args.rules, kind, args.groups or 4)
     if args.only:
         unknown = set(args.only) - {c.name for c in configs}
