@@ -174,7 +174,7 @@ TESTBEDS["gemma-fixed"] = {"presets": ["gemma3-270m"], "task_mixes": [SMOLLM2], 
                            "silo": "gemma-fixed"}
 TESTBEDS["gemma-adapt"] = {**TESTBEDS["gemma-fixed"], "extra": PINNED}
 STEP_SIZE = [("smollm2-adapt", 1e-4), ("gemma-adapt", 6.7e-6), ("smollm2-fixed", None), ("smollm2-adapt", None),
-             ("gemma-fixed", None), ("gemma-adapt", None)]  # the rescues first
+             ("gemma-fixed", None), ("gemma-adapt", None), ("smollm2-fixed", 1e-4), ("gemma-fixed", 6.7e-6)]  # the rescues first
 RATE_GRIDS = {"lr": SWEEP, "step-size": STEP_SIZE}  # silos of 4 groups a round, each (testbed, grpo.lr or the model's)
 GRIDS = ("paper", "quick", "real", "quantized", "autocast", "lr", "specialists", "hetero", "gemma", "step-size")
 KIND_FLAGS = {"lr": "lr_sweep"}  # a grid's flag where it is not the grid's own name (--lr-sweep)
