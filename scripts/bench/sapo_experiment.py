@@ -801,8 +801,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr-sweep", action="store_true", help="issue 55's learning-rate sweep: SmolLM2 silos at 1e-5, 3e-5 "
                    "and 1e-4 (full fine-tuning) and 1e-4, 3e-4 (LoRA), paired with 1e-5, on the powered evaluation")
     p.add_argument("--step-size", action="store_true", help="the step-size controller: SmolLM2-135M and Gemma 3 270M "
-                   "alone with the rate fixed at their recipes', against the controller from that rate and from one that "
-                   "destroyed them fixed (1e-4, 6.7e-6); pair it with --nodes 1 and --accept-license gemma")
+                   "alone with the rate fixed at their recipes', against the controller from that rate, and the controller "
+                   "and the fixed rate from a rate that destroyed them (1e-4, 6.7e-6); pair it with --nodes 1 and "
+                   "--accept-license gemma")
     p.add_argument("--specialists", action="store_true", help="issue 55's swarm of specialists: two SmolLM2 owners "
                    "splitting the arithmetic mix: each alone, the pair at 2/2, and a silo on the union of their tasks")
     p.add_argument("--hetero", action="store_true", help="issue 53's tiny testbed: the demo's tiny-a, tiny-b, tiny-a swarm "
