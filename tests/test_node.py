@@ -306,7 +306,11 @@ def test_asking_for_vllm_without_it_is_one_line_naming_the_install(tiny_a, cache
 
 
 def test_a_round_that_cannot_fit_in_memory_is_refused_before_it_starts_and_auto_fits_it(tiny_a, cache_dir, tmp_path):
-    tight = ["--run.memory_gb", "1.2", "--generation.max_new_tokens", "2000"]
+    # tiny-a with room for 2,000 new tokens (its rotary positions run past its config's 256, which the planner holds to)
+    long = shutil.copytree(tiny_a, tmp_path / "tiny-a-long")
+    config = json.loads((long / "config.json").read_text())
+    (long / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    tight = ["--model", str(long), "--run.memory_gb", "1.2", "--generation.max_new_tokens", "2000"]
     full = ["--model.lora.enabled", "false", "--model.gradient_checkpointing", "false"]
     r = run_sapo(*small_run(cache_dir, tmp_path / "fixed", 1, *tight, *full, "--grpo.micro_batch", "12"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
