@@ -11,7 +11,7 @@ from trainer.step_size import INITIAL_SCALE, MAX_CUT, STEP_FACTOR, StepSize
 
 
 def test_the_factor_falls_over_twice_the_target_rises_under_half_and_holds_between():
-    s = StepSize(target_kl=0.01, low=0.01, high=4.0, scale=1.0)
+    s = StepSize(target_kl=0.01, low=0.01, high=4.0, scale=1.0, steps=1)  # past Adam's first step
     assert s.update(0.015) == 1.0 and s.update(0.006) == 1.0  # within [target / 2, 2 x target]
     assert s.update(0.021) == pytest.approx(1 / STEP_FACTOR)  # just over: at least the rl_games cut
     s.scale = 1.0
@@ -24,15 +24,22 @@ def test_the_factor_falls_over_twice_the_target_rises_under_half_and_holds_betwe
     assert s.update(0.001) == 4.0  # the high bound
 
 
-def test_the_first_step_starts_below_the_rate_and_a_restored_factor_is_kept_within_this_runs_bounds():
-    assert StepSize(0.01, 0.01, 4.0).scale == INITIAL_SCALE
+def test_the_first_step_starts_below_the_rate_and_its_kl_moves_the_rate_only_when_not_finite():
+    first = StepSize(0.01, 0.01, 4.0)
+    assert first.scale == INITIAL_SCALE
+    assert first.update(0.12) == INITIAL_SCALE  # Adam's sign-like first step: 0.10-0.13 measured at a tenth of a good rate
+    assert first.update(0.12) == pytest.approx(INITIAL_SCALE / math.sqrt(12))  # the second step's KL is acted on
+    assert StepSize(0.01, 0.01, 4.0).update(math.inf) == pytest.approx(INITIAL_SCALE / MAX_CUT)
+
+
+def test_a_restored_factor_is_kept_within_this_runs_bounds():
     assert StepSize(0.01, 0.5, 4.0).scale == 0.5  # a user's narrower range holds from the first step
     s = StepSize(0.01, 0.01, 4.0)
     s.load_state_dict({**StepSize(0.01, 0.01, 4.0, scale=2.5).state_dict()})
     assert s.scale == 2.5
     s = StepSize(0.01, 0.01, 2.0)
     s.load_state_dict({"scale": 2.5, "target_kl": 0.01, "low": 0.01, "high": 4.0})
-    assert s.scale == 2.0
+    assert s.scale == 2.0 and s.steps == 1  # a checkpoint from before the count was kept had stepped
 
 
 @pytest.mark.parametrize("lr, moves", [(3e-2, "down"), (1e-7, "up")])
@@ -41,6 +48,7 @@ def test_a_step_measures_how_far_it_moved_the_policy_and_the_next_rate_follows(p
                           total_rounds=10)
     first = trainer.optimizer.param_groups[0]["lr"]
     assert first == pytest.approx(lr * INITIAL_SCALE)  # the first step is taken below the rate
+    assert trainer.step([group([1, 0, 1, 0])]).lr_next == pytest.approx(first)  # Adam's first step: measured, not acted on
     before = seq_logprob(policy, GOOD)
     stats = trainer.step([group([1, 0, 1, 0])])
     assert stats.lr == pytest.approx(first) and stats.step_kl is not None and stats.step_kl >= 0

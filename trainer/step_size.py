@@ -9,8 +9,11 @@ proportional to the rate, and a small step's KL to its square, so the square roo
 under half the target it is multiplied by 1.5, and it stays within `lr_range` times the starting rate.
 
 The first steps start at a tenth of the rate and climb: Adam's first step moves every weight by about the rate
-whatever its gradient (SmolLM2's first step at its recipe's rate measured a KL ten times its later ones), so a
-rate too high for the model would do its damage before any measurement could cut it.
+whatever its gradient, so a rate too high for the model would do its damage before any measurement could cut it.
+For the same reason the first step's KL does not move the rate (unless it is not finite): it measured 0.10-0.13 a
+token at a tenth of SmolLM2's and Gemma 3 270M's recipe rates, where their later steps measured 0.0001-0.02, and
+acting on it left both training at a fiftieth of their recipes' rates for ten rounds (docs/bench/README.md, "The step
+size follows the policy").
 """
 
 from __future__ import annotations
@@ -32,12 +35,16 @@ class StepSize:
     low: float  # the factor's bounds (grpo.lr_range)
     high: float
     scale: float = INITIAL_SCALE
+    steps: int = 0  # steps measured
 
     def __post_init__(self) -> None:
         self.scale = min(self.high, max(self.low, self.scale))
 
     def update(self, kl: float) -> float:
         """The factor for the next step after one whose measured KL was `kl`."""
+        self.steps += 1
+        if self.steps == 1 and math.isfinite(kl):  # Adam's first step: its size says little about the rate's
+            return self.scale
         if not math.isfinite(kl):
             self.scale /= MAX_CUT
         elif kl > self.target_kl * BAND:
@@ -51,5 +58,7 @@ class StepSize:
         return asdict(self)
 
     def load_state_dict(self, state: dict) -> None:
-        """The adapted factor; the target and bounds are this run's config (a resume may change them)."""
+        """The adapted factor and the steps measured; the target and bounds are this run's config (a resume may change
+        them)."""
         self.scale = min(self.high, max(self.low, float(state["scale"])))
+        self.steps = int(state.get("steps", 1))
