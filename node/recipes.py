@@ -27,7 +27,7 @@ from rewards.mixes import MIXES
 
 # The per-token KL a step may move the policy by (trainer/step_size.py), from steps measured at fixed rates on 2 CPU
 # cores (docs/bench/step-kl-2cpu.json): after the first step, SmolLM2-135M at its recipe's 1e-5 moved 0.003-0.018 and
-# at 1e-4 (which destroyed it) 0.24-0.56; Gemma 3 270M at its recipe's 1e-6 0.001-0.006. The band the rate holds in,
+# at 1e-4 (which destroyed it) 0.24-0.56; Gemma 3 270M at its recipe's 1e-6 0.001-0.010. The band the rate holds in,
 # [target / 2, 2 x target], covers both recipes' steps; rsl_rl's desired_kl is 0.01 per action distribution.
 TARGET_KL = 0.005
 

@@ -5,13 +5,14 @@ held-out accuracy in ten rounds, where 1e-6 learned). The control loop of rl_gam
 and skrl's `KLAdaptiveLR` measures the KL between the policy before and after an update and moves the rate toward
 a target. Here the KL is measured after the round's update on some of its own rows (`GRPOTrainer._step_kl`); over
 twice the target the rate is divided by sqrt(KL / target), at least 1.5 and at most 10 (an Adam step's size is
-proportional to the rate, and a small step's KL to its square, so the square root aims at the target in one cut),
-under half the target it is multiplied by 1.5, and it stays within `lr_range` times the starting rate.
+proportional to the rate, and where a step's KL grows as its square the square root aims at the target in one cut:
+SmolLM2's steps at 1e-4 moved it 50-100 times as far as at 1e-5; at rates far below the recipes' the KL fell more
+slowly), under half the target it is multiplied by 1.5, and it stays within `lr_range` times the starting rate.
 
 The first steps start at a tenth of the rate and climb: Adam's first step moves every weight by about the rate
 whatever its gradient, so a rate too high for the model would do its damage before any measurement could cut it.
 For the same reason the first step's KL does not move the rate (unless it is not finite): it measured 0.10-0.13 a
-token at a tenth of SmolLM2's and Gemma 3 270M's recipe rates, where their later steps measured 0.0001-0.02, and
+token at a tenth of SmolLM2's and Gemma 3 270M's recipe rates, where their later steps measured 0.0001-0.045, and
 acting on it left both training at a fiftieth of their recipes' rates for ten rounds (docs/bench/README.md, "The step
 size follows the policy").
 """
@@ -38,7 +39,10 @@ class StepSize:
     steps: int = 0  # steps measured
 
     def __post_init__(self) -> None:
-        self.scale = min(self.high, max(self.low, self.scale))
+        self.scale = self._bounded(self.scale)
+
+    def _bounded(self, scale: float) -> float:
+        return min(self.high, max(self.low, scale))
 
     def update(self, kl: float) -> float:
         """The factor for the next step after one whose measured KL was `kl`."""
@@ -51,7 +55,7 @@ class StepSize:
             self.scale /= min(MAX_CUT, max(STEP_FACTOR, math.sqrt(kl / self.target_kl)))
         elif kl < self.target_kl / BAND:  # a step that moved nothing measurable included
             self.scale *= STEP_FACTOR
-        self.scale = min(self.high, max(self.low, self.scale))
+        self.scale = self._bounded(self.scale)
         return self.scale
 
     def state_dict(self) -> dict:
@@ -60,5 +64,5 @@ class StepSize:
     def load_state_dict(self, state: dict) -> None:
         """The adapted factor and the steps measured; the target and bounds are this run's config (a resume may change
         them)."""
-        self.scale = min(self.high, max(self.low, float(state["scale"])))
+        self.scale = self._bounded(float(state["scale"]))
         self.steps = int(state.get("steps", 1))
