@@ -7,39 +7,46 @@ import pytest
 from tests.test_grpo import GOOD, group, seq_logprob
 from trainer.config import GRPOConfig
 from trainer.grpo import GRPOTrainer
-from trainer.step_size import INITIAL_SCALE, MAX_CUT, STEP_FACTOR, StepSize
+from trainer.step_size import INITIAL_SCALE, MAX_CUT, STEP_FACTOR, WINDOW, StepSize
 
 
-def test_the_factor_falls_over_twice_the_target_rises_under_half_and_holds_between():
+def test_the_factor_moves_on_the_median_of_a_window_of_steps_at_one_rate():
     s = StepSize(target_kl=0.01, low=0.01, high=4.0, scale=1.0, steps=1)  # past Adam's first step
-    assert s.update(0.015) == 1.0 and s.update(0.006) == 1.0  # within [target / 2, 2 x target]
-    assert s.update(0.021) == pytest.approx(1 / STEP_FACTOR)  # just over: at least the rl_games cut
+    assert [s.update(kl) for kl in (0.0002, 0.015, 0.009)] == [1.0] * 3  # median 0.009: within [target / 2, 2 x target]
+    assert [s.update(kl) for kl in (0.19, 0.0001, 0.018)] == [1.0, 1.0, 1.0]  # one noisy step either way moves nothing
+    assert [s.update(kl) for kl in (0.03, 0.0001, 0.021)][-1] == pytest.approx(1 / STEP_FACTOR)  # just over: rl_games' cut
     s.scale = 1.0
-    assert s.update(0.25) == pytest.approx(1 / 5)  # 25 x the target: sqrt(25) aims at it in one cut
-    s.scale = 1.0
-    assert s.update(100.0) == pytest.approx(1 / MAX_CUT) and s.update(math.nan) == pytest.approx(0.01)  # the low bound
-    assert s.update(0.001) == pytest.approx(0.01 * STEP_FACTOR)
+    assert [s.update(kl) for kl in (0.09, 0.16, 0.17)][-1] == pytest.approx(1 / 4)  # 16 x the target: sqrt(16) aims at it
     s.scale = 2.0
-    assert s.update(0.0) == 3.0  # a step that moved nothing measurable is too small
-    assert s.update(0.001) == 4.0  # the high bound
+    assert [s.update(kl) for kl in (0.0, 0.004, 0.001)][-1] == 3.0  # steps that moved nothing measurable are too small
+    assert [s.update(kl) for kl in (0.001, 0.001, 0.001)][-1] == 4.0  # the high bound
+
+
+def test_a_spike_or_a_non_finite_kl_cuts_at_once_and_restarts_the_window():
+    s = StepSize(target_kl=0.01, low=0.01, high=4.0, scale=1.0, steps=1)
+    assert [s.update(0.05), s.update(0.05)] == [1.0, 1.0]  # two steps into a window that would cut
+    assert s.update(0.25) == pytest.approx(1 / 5) and s.recent == []  # 25 x the target, past SPIKE: sqrt(25) at once
+    assert s.update(0.05) == pytest.approx(1 / 5)  # one step at the new rate decides nothing: the old two are gone
+    assert s.update(100.0) == pytest.approx(1 / 50)  # at most MAX_CUT
+    assert s.update(math.nan) == pytest.approx(0.01) and s.recent == []  # / MAX_CUT, held at the low bound
 
 
 def test_the_first_step_starts_below_the_rate_and_its_kl_moves_the_rate_only_when_not_finite():
     first = StepSize(0.01, 0.01, 4.0)
     assert first.scale == INITIAL_SCALE
-    assert first.update(0.12) == INITIAL_SCALE  # Adam's sign-like first step: 0.10-0.13 measured at a tenth of a good rate
-    assert first.update(0.12) == pytest.approx(INITIAL_SCALE / math.sqrt(12))  # the second step's KL is acted on
+    assert first.update(0.12) == INITIAL_SCALE and first.recent == []  # Adam's sign-like first step: not counted
+    assert [first.update(0.12) for _ in range(WINDOW)][-1] == pytest.approx(INITIAL_SCALE / math.sqrt(12))  # the next are
     assert StepSize(0.01, 0.01, 4.0).update(math.inf) == pytest.approx(INITIAL_SCALE / MAX_CUT)
 
 
 def test_a_restored_factor_is_kept_within_this_runs_bounds():
     assert StepSize(0.01, 0.5, 4.0).scale == 0.5  # a user's narrower range holds from the first step
     s = StepSize(0.01, 0.01, 4.0)
-    s.load_state_dict({**StepSize(0.01, 0.01, 4.0, scale=2.5).state_dict()})
-    assert s.scale == 2.5
+    s.load_state_dict({**StepSize(0.01, 0.01, 4.0, scale=2.5, steps=4, recent=[0.003]).state_dict()})
+    assert s.scale == 2.5 and s.steps == 4 and s.recent == [0.003]  # the window in progress survives a resume
     s = StepSize(0.01, 0.01, 2.0)
     s.load_state_dict({"scale": 2.5, "target_kl": 0.01, "low": 0.01, "high": 4.0})
-    assert s.scale == 2.0 and s.steps == 1  # a checkpoint from before the count was kept had stepped
+    assert s.scale == 2.0 and s.steps == 1 and s.recent == []  # a checkpoint from before the count was kept had stepped
 
 
 @pytest.mark.parametrize("lr, moves", [(3e-2, "down"), (1e-7, "up")])
@@ -50,15 +57,15 @@ def test_a_step_measures_how_far_it_moved_the_policy_and_the_next_rate_follows(p
     assert first == pytest.approx(lr * INITIAL_SCALE)  # the first step is taken below the rate
     assert trainer.step([group([1, 0, 1, 0])]).lr_next == pytest.approx(first)  # Adam's first step: measured, not acted on
     before = seq_logprob(policy, GOOD)
-    stats = trainer.step([group([1, 0, 1, 0])])
-    assert stats.lr == pytest.approx(first) and stats.step_kl is not None and stats.step_kl >= 0
+    steps = [trainer.step([group([1, 0, 1, 0])]) for _ in range(WINDOW)]  # a window of steps, at one rate unless cut
+    assert steps[0].lr == pytest.approx(first) and all(st.step_kl is not None and st.step_kl >= 0 for st in steps)
     moved = abs(seq_logprob(policy, GOOD) - before)
     if moves == "down":
-        assert stats.step_kl > 2e-3 and moved > 0.1
-        assert stats.lr_next < first and trainer.optimizer.param_groups[0]["lr"] == pytest.approx(stats.lr_next)
+        assert steps[0].step_kl > 2e-3 and moved > 0.1
+        assert steps[-1].lr_next < first and trainer.optimizer.param_groups[0]["lr"] == pytest.approx(steps[-1].lr_next)
     else:
-        assert stats.step_kl < 5e-4
-        assert stats.lr_next == pytest.approx(first * STEP_FACTOR)
+        assert max(st.step_kl for st in steps) < 5e-4
+        assert [st.lr_next for st in steps] == pytest.approx([first] * (WINDOW - 1) + [first * STEP_FACTOR])
 
 
 def test_the_measured_kl_is_the_k3_estimate_over_the_steps_local_rows_at_the_policy_after_it(policy, monkeypatch):
