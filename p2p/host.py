@@ -19,6 +19,7 @@ from collections.abc import Callable
 import msgpack
 import trio
 from libp2p import NOISE_PROTOCOL_ID, YAMUX_PROTOCOL_ID, ConnectionConfig, NoiseTransport, Yamux, new_host
+from libp2p.network.auto_connector import AutoConnector
 from libp2p.network.config import RetryConfig
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
@@ -75,6 +76,21 @@ def check_can_listen(addrs: list[str]) -> None:
             s.bind((a.value_for_protocol(names[0]), int(a.value_for_protocol("tcp"))))
 
 
+class NoBackgroundDials(AutoConnector):
+    """py-libp2p's background connector, which never dials.
+
+    Below its minimum connection count (50: a small swarm always is) it redials every peer in the address book
+    about every 10 s, outside the node's hint budget: peers that liars had hinted were redialed for 9 minutes
+    after the liars left (80 connections in the first 3.5), with the node's own counters flat. The node's own
+    loops are its only dialers: the bootstrap peers with backoff, peer exchange within `p2p.hints`."""
+
+    async def run_background_task(self, nursery) -> None:
+        return
+
+    async def maybe_connect(self) -> None:
+        return
+
+
 class GossipHost:
     def __init__(self, cfg: P2PConfig, key_pair: KeyPair, policy: MessagePolicy,
                  on_message: Callable[[WireMessage], None], useful: Callable[[str], bool] | None = None):
@@ -107,6 +123,7 @@ class GossipHost:
         # one connection attempt per address dialed: the bootstrap loop keeps its own backoff, a hint is not
         # retried, and py-libp2p's 3 retries made each failed hint 4 connections to a host it may not know
         self.host.get_network().retry_config = RetryConfig(max_retries=0)
+        self.host.get_network().auto_connector = NoBackgroundDials(self.host.get_network())
         self.reach = Reach(cfg, self.host, self.counts)
         self.me = self.host.get_id()
         self.base = cfg.rollout_topic_base()
@@ -393,6 +410,7 @@ class GossipHost:
             if await self._dial(PeerInfo(info.peer_id, addrs)):
                 log.info("discovered peer %s", info.peer_id)
                 continue
+            self.host.get_peerstore().clear_addrs(info.peer_id)  # nothing else dials a failed hint (DHT, identify)
             keys = [_addr_key(a) for a in addrs]
             budget.failed(keys, responder, trio.current_time(), proven)
             self.counts["hints_failed"] += 1

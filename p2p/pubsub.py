@@ -74,6 +74,12 @@ class CountingGossipSub(GossipSub):
         undo path indexes `mesh[topic]` after an await, when a shard move may have left the topic. Pruning
         an oversubscribed mesh by score is what keeps the neighbours that deliver."""
 
+    async def _do_px(self, px_peers: list[rpc_pb2.PeerInfo]) -> None:
+        """Peers named in a PRUNE are not dialed: py-libp2p dials up to 16 of them per PRUNE whatever the
+        sender's score, outside the node's hint budget (`p2p.hints`), so any neighbour could aim the node's
+        dials at any host. The node's own peer exchange is where it learns peers; these are counted."""
+        self.counts["px_ignored"] += len(px_peers)
+
 
 class GuardedPubsub(Pubsub):
     """Pubsub that writes one RPC at a time per stream, survives a peer's garbage and counts what it drops

@@ -368,6 +368,51 @@ def test_peer_exchange_hints_on_many_ports_of_one_host_cost_a_few_dials(spawn, t
     assert log_lines(node, " ERROR ") == []
 
 
+class ConnectionCounter:
+    """Listening sockets on distinct loopback hosts that count the connections made to them (closed at once, so a
+    libp2p dial of a made-up peer there fails)."""
+
+    def __init__(self, hosts: list[str]):
+        self.servers = [socket.create_server((h, 0)) for h in hosts]
+        self.addrs = [f"/ip4/{h}/tcp/{s.getsockname()[1]}" for h, s in zip(hosts, self.servers)]
+        self.count, self._stop = 0, threading.Event()
+        for server in self.servers:
+            server.settimeout(0.2)
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            for server in self.servers:
+                try:
+                    server.accept()[0].close()
+                    self.count += 1
+                except TimeoutError:
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for server in self.servers:
+            server.close()
+
+
+def test_hinted_peers_are_not_dialed_again_after_their_liar_has_gone(spawn, tmp_path):
+    """py-libp2p's background connector redialed every peer in the address book about every 10 s while the host was
+    under its minimum connection count: after 60 liars left, their hinted hosts got 80 more connections in 3.5
+    minutes. A failed hint leaves the address book, and only the node's own loops dial."""
+    counter = ConnectionCounter([f"127.0.0.{k}" for k in range(2, 2 + HOST_FAILURES)])
+    try:
+        node, stats = stats_after_lies(spawn, tmp_path, [{"id": made_up_peer(), "addrs": [a]} for a in counter.addrs])
+        during = counter.count  # the liar has gone: it stopped when the helper returned
+        time.sleep(60)  # past py-libp2p's 60 s ban of a peer whose dial failed, within the 120 s its addresses are kept
+        assert stats["hints_failed"] >= 1 and during >= 1  # the node did try the hints, once each
+        assert counter.count == during, f"{counter.count - during} connections to hinted hosts after the liar left"
+        assert log_lines(node, " ERROR ") == []
+    finally:
+        counter.close()
+
+
 def test_a_peer_that_does_not_answer_peer_exchange_costs_one_log_line(spawn, tmp_path):
     with Gossip(P2PConfig(listen=[LOOPBACK]), tmp_path / "mute.key", on_message=lambda msg: None, signal=group_carries_signal) as mute:
         mute.answer_peer_exchange(None)

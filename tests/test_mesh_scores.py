@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from types import SimpleNamespace
 
 import trio
 
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 from libp2p.pubsub.score import ScoreParams
 
@@ -95,3 +98,18 @@ def test_a_pruned_neighbour_may_be_grafted_again_after_seconds_not_a_minute(monk
     now = time.time()
     monkeypatch.setattr(time, "time", lambda: now + PRUNE_BACKOFF_S + 1)
     assert PRUNE_BACKOFF_S < 60 and not gossip._check_back_off(p, TOPIC)
+
+
+def test_peers_named_in_a_prune_are_counted_and_never_dialed():
+    """py-libp2p dials up to 16 peers a PRUNE names (GossipSub's peer exchange), whoever sent it: a second way for any
+    neighbour to aim the node's dials, outside its hint budget."""
+    router, dialed = gossipsub_router(Counter(), P2PConfig()), []
+
+    async def connect(info) -> None:
+        dialed.append(info.peer_id)
+
+    named = [ID.from_pubkey(create_new_key_pair().public_key) for _ in range(3)]
+    store = SimpleNamespace(peer_info=lambda pid: PeerInfo(pid, []))
+    router.pubsub = SimpleNamespace(peers={}, host=SimpleNamespace(connect=connect, get_peerstore=lambda: store))
+    trio.run(router._do_px, [rpc_pb2.PeerInfo(peerID=p.to_bytes()) for p in named])
+    assert dialed == [] and router.counts["px_ignored"] == 3
