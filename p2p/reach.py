@@ -13,6 +13,7 @@ on py-libp2p 0.8.1 the punched connection replaced the relayed one and GossipSub
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import random
@@ -45,17 +46,33 @@ RELAY_RETRY_S = 4.0  # a refusal is mostly a peer that has not yet learned it is
 RECHECK_S = 600.0  # addresses change (a new lease, a new router): check again this often
 UNREACHABLE_S = 2 * RECHECK_S  # a peer our dial-back could not reach may reserve a relay slot this long after
 CIRCUIT = "p2p-circuit"
-RELAY_PEER_SHARE = 0.25  # of the relay's paced budget, for the bytes one peer sends through it
-METERED_PEERS = 1024  # peers whose send rate the relay remembers (the least recent go first)
+RELAY_PEER_SHARE = 0.25  # of the relay's paced budget, for the bytes sent through it from one IP address
+METERED_PEERS = 1024  # addresses whose send rate the relay remembers (the least recent go first)
+SLOTS_PER_IP = 2  # relay reservations held from one IP address (go-libp2p's relay limits them per peer, IP and ASN)
+SLOTS_PER_SUBNET = 4  # ... and from one /24 (IPv4) or /48 (IPv6): addresses come cheaper than networks
+
+
+def remote_ip(host: IHost, peer: ID) -> str | None:
+    """The IP address `peer` is connected to us from (None when not connected)."""
+    for conn in host.get_network().get_connections(peer):
+        with contextlib.suppress(Exception):
+            if remote := conn.muxed_conn.get_remote_address():
+                return remote[0]
+    return None
+
+
+def subnet_of(ip: str) -> str:
+    """The /24 of an IPv4 address, the /48 of an IPv6 one: what one owner's addresses mostly share."""
+    return str(ipaddress.ip_network(f"{ip}/{24 if ipaddress.ip_address(ip).version == 4 else 48}", strict=False))
 
 
 class ParticipantSlots(RelayResourceManager):
     """Relay slots for participants only. A peer may reserve when, within `UNREACHABLE_S`, this node dialed
     it back over a direct connection and reached none of its ports (it needs a relay) and accepted a signed
-    message of useful groups it wrote (it takes part in the swarm). A slot is freed when its holder
-    disconnects. Before, any peer id got a slot that it kept for the reservation's hour after leaving, and
-    then any peer that first asked for a dial-back on a closed port (32 of 34 strangers got one). Every
-    refusal is counted, a full relay's included (relayed bytes by `RelayMeter`)."""
+    message of useful groups it wrote (it takes part in the swarm), and while fewer than `SLOTS_PER_IP` slots are
+    held from its IP address and `SLOTS_PER_SUBNET` from its subnet: peer ids are free, and strangers who each
+    published one computable group got 32 of 34 slots. A slot is freed when its holder disconnects. Every refusal
+    is counted, a full relay's included (relayed bytes by `RelayMeter`)."""
 
     def __init__(self, limits: RelayLimits, host: IHost, counts: Counter[str]):
         super().__init__(limits, host)
@@ -70,7 +87,19 @@ class ParticipantSlots(RelayResourceManager):
         if peer_id not in self.unreachable or peer_id not in self.participants or not super().can_accept_reservation(peer_id):
             self.counts["relay_refused"] += 1
             return False
+        if self._crowded(peer_id):
+            self.counts["relay_refused"] += 1
+            self.counts["relay_refused_address"] += 1
+            return False
         return True
+
+    def _crowded(self, peer_id: ID) -> bool:
+        """Whether the slots held from `peer_id`'s address, or from its subnet, are at their limit."""
+        ip = remote_ip(self.host, peer_id)
+        if ip is None:
+            return True
+        held = [a for a in (remote_ip(self.host, p) for p in self._reservations if p != peer_id) if a]
+        return held.count(ip) >= SLOTS_PER_IP or [subnet_of(a) for a in held].count(subnet_of(ip)) >= SLOTS_PER_SUBNET
 
     def _clean_expired(self) -> None:
         super()._clean_expired()
@@ -80,9 +109,10 @@ class ParticipantSlots(RelayResourceManager):
 
 class RelayMeter:
     """Every byte this node relays, counted, and paced to `bytes_per_s` over all circuits together and to
-    `RELAY_PEER_SHARE` of it for the bytes any one peer sends: relaying costs a pure-Python node CPU it needs
-    for its rounds, and one pair of peers took the whole budget that NAT'd peers share. One meter serves the
-    trio thread's circuits, which never run at once."""
+    `RELAY_PEER_SHARE` of it for the bytes sent from any one IP address: relaying costs a pure-Python node CPU it
+    needs for its rounds, one pair of peers took the whole budget that NAT'd peers share, and four peer ids from one
+    address took it again when the share was per peer id. One meter serves the trio thread's circuits, which never
+    run at once."""
 
     def __init__(self, bytes_per_s: int, counts: Counter[str]):
         self.rate, self.counts = bytes_per_s, counts
@@ -123,8 +153,10 @@ class MeteredRelay(CircuitV2Protocol):
         self.meter = meter
 
     async def _relay_data(self, src_stream, dst_stream, peer_id, deadline=None, circuit_data_limit=None) -> None:
-        """py-libp2p runs this once per direction with `peer_id` the peer whose stream `src_stream` is."""
-        await super()._relay_data(MeteredStream(src_stream, self.meter, peer_id), dst_stream, peer_id, deadline,
+        """py-libp2p runs this once per direction with `peer_id` the peer whose stream `src_stream` is; its bytes are
+        charged to the address it is connected from."""
+        sender = remote_ip(self.host, peer_id) or peer_id
+        await super()._relay_data(MeteredStream(src_stream, self.meter, sender), dst_stream, peer_id, deadline,
                                   circuit_data_limit)
 
 

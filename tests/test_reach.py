@@ -16,7 +16,7 @@ from libp2p.peer.peerinfo import PeerInfo
 from multiaddr import Multiaddr
 
 from p2p.config import P2PConfig
-from p2p.reach import UNREACHABLE_S, Reach, Reachability, _private_net, is_circuit
+from p2p.reach import SLOTS_PER_IP, SLOTS_PER_SUBNET, UNREACHABLE_S, Reach, Reachability, _private_net, is_circuit
 
 HOME = [Multiaddr("/ip4/192.168.3.2/tcp/7420")]
 CIRCUIT = "/ip4/198.18.1.2/tcp/7420/p2p/12D3KooWEm5ckQy2MGzaxaFwYEHBSaiLKHJSGfcot2iSVfqKr2r6/p2p-circuit"
@@ -142,7 +142,7 @@ def test_relay_slots_go_only_to_participants_our_dial_back_could_not_reach_and_f
         for p in (member, late):
             slots.unreachable.add(p, trio.current_time())  # what serving its dial-back found
             slots.participants.add(p, trio.current_time())  # what our validator accepted from it
-            connections[p] = [object()]
+            connections[p] = [conn_from(f"198.18.0.{len(connections) + 1}")]
         assert slots.can_accept_reservation(member)
         slots.reserve(member)
         assert slots.has_reservation(member) and list(slots._reservations) == [member]
@@ -151,6 +151,36 @@ def test_relay_slots_go_only_to_participants_our_dial_back_could_not_reach_and_f
         assert slots.can_accept_reservation(late) and not slots._reservations
         await trio.sleep(UNREACHABLE_S + 1)  # its dial-back and its messages are too old now
         assert not slots.can_accept_reservation(late)
+
+    trio.run(scenario, clock=MockClock(autojump_threshold=0))
+
+
+def conn_from(ip: str) -> SimpleNamespace:
+    """A live connection as py-libp2p's swarm holds it, from `ip`."""
+    return SimpleNamespace(muxed_conn=SimpleNamespace(get_remote_address=lambda: (ip, 40000)))
+
+
+def test_relay_slots_are_limited_per_ip_address_and_per_subnet():
+    """Peer ids are free: 32 of 34 strangers on one host got slots once each had published one computable group."""
+    node = reach(Reachability.PUBLIC, relay_slots=16)
+    slots, connections = node.slots, node.host.get_network().connections
+
+    def asks(ip: str | None) -> bool:
+        p = peer(after=node)
+        slots.unreachable.add(p, trio.current_time())
+        slots.participants.add(p, trio.current_time())
+        if ip:
+            connections[p] = [conn_from(ip)]
+        if ok := slots.can_accept_reservation(p):
+            slots.reserve(p)
+        return ok
+
+    async def scenario() -> None:
+        assert [asks("198.18.0.1") for _ in range(SLOTS_PER_IP + 2)] == [True] * SLOTS_PER_IP + [False, False]
+        assert [asks(f"198.18.0.{k}") for k in range(2, 2 + SLOTS_PER_SUBNET)] == \
+            [True] * (SLOTS_PER_SUBNET - SLOTS_PER_IP) + [False] * SLOTS_PER_IP  # the /24 is full
+        assert asks("198.19.0.1") and asks("2001:db8:1::1") and not asks(None)  # another /24; IPv6; not connected
+        assert node.counts["relay_refused_address"] == 2 + SLOTS_PER_IP + 1 == node.counts["relay_refused"]
 
     trio.run(scenario, clock=MockClock(autojump_threshold=0))
 
@@ -196,25 +226,30 @@ def test_relayed_bytes_are_counted_and_paced_and_a_circuit_stops_at_its_cap(circ
     assert node.counts["relay_paced_s"] == pytest.approx(took)
 
 
-def test_one_peer_sends_through_a_relay_at_most_a_quarter_of_its_budget_and_four_share_all_of_it():
-    """A stranger pair used the relay's whole paced budget (256 KiB/s), which genuinely NAT'd peers share."""
+def test_one_address_sends_through_a_relay_at_most_a_quarter_of_its_budget_and_four_share_all_of_it():
+    """A stranger pair used the relay's whole paced budget (256 KiB/s), which genuinely NAT'd peers share; then four
+    sender ids from one address took it again while the quarter was per sender id."""
     cfg = P2PConfig(relay_kib_per_s=20, relay_circuit_mib=1)
 
-    def seconds_to_relay(senders: int) -> float:
+    def seconds_to_relay(senders: int, addresses: int | None = None) -> float:
         node = Reach(cfg, new_host(key_pair=create_new_key_pair()), Counter())
+        ids = [peer(after=node) for _ in range(senders)]
+        for k, p in enumerate(ids if addresses else ()):
+            node.host.get_network().connections[p] = [conn_from(f"198.18.{k % addresses}.1")]
 
         async def relay() -> float:
             start = trio.current_time()
             async with trio.open_nursery() as nursery:
-                for _ in range(senders):  # 100 KiB each, after the first second's worth of the budget
-                    nursery.start_soon(node.protocol._relay_data, Pipe([b"x" * 1024] * 100), Pipe(), peer(after=node),
-                                       None, [1 << 20])
+                for p in ids:  # 100 KiB each, after the first second's worth of the budget
+                    nursery.start_soon(node.protocol._relay_data, Pipe([b"x" * 1024] * 100), Pipe(), p, None, [1 << 20])
             return trio.current_time() - start
 
         return trio.run(relay, clock=MockClock(autojump_threshold=0))
 
     assert seconds_to_relay(1) == pytest.approx(95 / 5, abs=0.5)  # a quarter of 20 KiB/s
     assert seconds_to_relay(4) == pytest.approx((400 - 20) / 20, abs=0.5)  # four senders fill the whole budget
+    assert seconds_to_relay(4, addresses=4) == pytest.approx((400 - 20) / 20, abs=0.5)  # from four addresses too
+    assert seconds_to_relay(4, addresses=1) == pytest.approx((400 - 5) / 5, abs=0.5)  # from one: its quarter
 
 
 def test_relay_caps_come_from_the_config():
