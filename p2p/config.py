@@ -106,6 +106,10 @@ class P2PConfig(Section):
     bootstrap: AddrList = Field(default_factory=list, description="full multiaddrs (with /p2p/<id>) of peers to join through")
     bootstrap_file: Path | None = Field(None, description="a file of more bootstrap multiaddrs, one per line (# comments): "
                                         "a network operator's list, read at start, so a new list needs no new release")
+    dht: bool = Field(True, description="find the network's peers on a Kademlia DHT (the network's DHT bootstrap "
+                      "peers, or dht_bootstrap): provide its rendezvous key and look it up (docs/network.md)")
+    dht_bootstrap: AddrList = Field(default_factory=list, description="full multiaddrs of DHT peers to look the network "
+                                    "up from, in place of the network profile's")
     key_file: Path | None = Field(None, description="Ed25519 identity, created on first run (default: <run.out_dir>/node.key)")
     reachability: Literal["auto", "public", "private"] = Field(
         "auto", description="whether peers can dial this node: auto asks peers to dial it back; a node they "
@@ -128,7 +132,7 @@ class P2PConfig(Section):
     pool: PoolConfig = Field(default_factory=PoolConfig)
     shards: ShardConfig = Field(default_factory=ShardConfig)
 
-    _split = field_validator("listen", "announce", "bootstrap", mode="before")(_addr_list)
+    _split = field_validator("listen", "announce", "bootstrap", "dht_bootstrap", mode="before")(_addr_list)
 
     @field_validator("listen", "announce")
     @classmethod
@@ -138,7 +142,7 @@ class P2PConfig(Section):
                 raise ValueError(f"{addr} ends in a peer id: give the address alone, the node adds its own /p2p/<id>")
         return check_multiaddrs(v, need_peer_id=False)
 
-    @field_validator("bootstrap")
+    @field_validator("bootstrap", "dht_bootstrap")
     @classmethod
     def _valid_bootstrap(cls, v: list[str]) -> list[str]:
         return check_multiaddrs(v, need_peer_id=True)
@@ -168,6 +172,10 @@ class P2PConfig(Section):
         """Peers given here, then the operator's list, then the network's own: any one of them is enough to join."""
         listed = read_bootstrap_file(self.bootstrap_file) if self.bootstrap_file else []
         return list(dict.fromkeys([*self.bootstrap, *listed, *self.profile().bootstrap]))
+
+    def dht_peers(self) -> list[str]:
+        """The DHT peers to look the network up from: this config's, else the network profile's; none with dht off."""
+        return (self.dht_bootstrap or list(self.profile().dht_bootstrap)) if self.dht else []
 
     def mesh_low(self) -> int:
         """GossipSub D_lo: below this many mesh peers the heartbeat grafts more."""

@@ -14,7 +14,7 @@ import random
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import msgpack
 import trio
@@ -37,6 +37,7 @@ from p2p.peerstore import OrderedPeerStore
 from p2p.policy import MessagePolicy
 from p2p.pubsub import GuardedPubsub, gossipsub_router
 from p2p.reach import Reach, is_circuit
+from p2p.rendezvous import Rendezvous, rendezvous_key
 from p2p.seen import SeenKeys
 from p2p.shards import publish_topics, shard_topic, shared_bits, topic_level
 from p2p.wire import Rejected, WireMessage, decode
@@ -48,6 +49,7 @@ EXCHANGE_MAX_PEERS = 32
 EXCHANGE_MAX_BYTES = 64 * 1024
 HINT_DIALS_PER_ANSWER = 4  # new peers dialed from one peer-exchange answer: a liar's answer costs at most this
 SHARD_CHECK_S = 2.0  # how often the shard level is re-decided
+DHT_SOURCE = "the DHT"  # who gave a hint found on the DHT: one source under the hint budget, never proven
 DELIVERED_TTL_S = 600.0  # a message is not handed on twice within this (the pool drops stale ones sooner)
 ELSEWHERE = {  # why a connected peer on another rollout topic family shares nothing with this node
     "protocol": "another protocol version: rollouts do not cross versions (one of you should upgrade sapo-node)",
@@ -111,6 +113,8 @@ class GossipHost:
         self.leaving: dict[str, float] = {}  # topics read but no longer wanted -> when to unsubscribe
         self._delivered = SeenKeys(DELIVERED_TTL_S, REMEMBERED)  # payload digests: it comes once per topic we read
         self.bootstrap_ids: set[ID] = set()  # never closed to make room
+        self.hints = HintBudget(cfg.max_backoff_s)  # every hint's failures, whoever gave it (peer exchange, the DHT)
+        self.rendezvous: Rendezvous | None = None
         announce = [Multiaddr(a) for a in cfg.announce] or None
         self.host = new_host(
             key_pair=key_pair,
@@ -157,6 +161,8 @@ class GossipHost:
                 nursery.start_soon(self._publish_outbox)
                 nursery.start_soon(self._keep_bootstrap_peers)
                 nursery.start_soon(self._exchange_peers)
+                if self.cfg.dht_peers():
+                    nursery.start_soon(self._rendezvous)
                 nursery.start_soon(self.reach.run, self._connected, nursery)
                 task_status.started()
                 await stop.wait()
@@ -233,7 +239,8 @@ class GossipHost:
                 "shard_authors": self.shard.authors(now, self.shard.level),
                 "shard_topics": len(self.reading),  # own, probes, and for a while after a move the old one
                 "shard_probes": sorted(self.shard.probes),
-                "peers_other_protocol": self.n_other_protocol, "peers_other_network": self.n_other_network}
+                "peers_other_protocol": self.n_other_protocol, "peers_other_network": self.n_other_network,
+                "dht_providers": len(self.rendezvous.providers) if self.rendezvous else None}
 
     # -- gossip -------------------------------------------------------------------------------
 
@@ -372,7 +379,7 @@ class GossipHost:
         address is logged once. A neighbour that does not answer (peer exchange is optional for other
         implementations) is not asked again for a while.
         """
-        budget = HintBudget(self.cfg.max_backoff_s)
+        budget = self.hints
         silent = SeenKeys(self.cfg.max_backoff_s, REMEMBERED)  # neighbours that did not answer, not asked again yet
         wait = 0.3  # the first ask comes right after the bootstrap connection, to mesh quickly
         while True:
@@ -390,7 +397,19 @@ class GossipHost:
                 continue
             await self._dial_hints(responder, infos, connected, budget)
 
-    async def _dial_hints(self, responder: ID, infos: list[PeerInfo], connected: set[ID], budget: HintBudget) -> None:
+    async def _rendezvous(self) -> None:
+        """Peers found on the DHT (`p2p.rendezvous`), dialed as hints under the same budget as peer exchange."""
+        profile = self.cfg.profile()
+        self.rendezvous = Rendezvous(self.host, rendezvous_key(profile.namespace, profile.protocol), self.cfg.dht_peers(),
+                                     self.counts)
+
+        async def found(infos: list[PeerInfo]) -> None:
+            if self._wants_peers() and self.hints.may_ask(DHT_SOURCE, trio.current_time()):
+                await self._dial_hints(DHT_SOURCE, infos, self._connected(), self.hints)
+
+        await self.rendezvous.run(found, lambda: bool(self.pubsub.peers))
+
+    async def _dial_hints(self, responder: Hashable, infos: list[PeerInfo], connected: set[ID], budget: HintBudget) -> None:
         """Dial the new peers of one answer, nearest our shard first, within the answer's and the addresses'
         budgets; a failed dial counts against its addresses and the responder."""
         dials, proven = 0, responder in self.bootstrap_ids
@@ -416,7 +435,7 @@ class GossipHost:
             self.counts["hints_failed"] += 1
             for key in (k for k in keys if k not in self._logged_hints):
                 self._logged_hints.add(key, 0.0)
-                log.info("peer-exchange hint %s (from %s) unreachable; not dialed again for %.0f s",
+                log.info("hint %s (from %s) unreachable; not dialed again for %.0f s",
                          key, responder, self.cfg.max_backoff_s)
 
     def _wants_peers(self) -> bool:

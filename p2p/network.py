@@ -43,11 +43,13 @@ class NetworkProfile(BaseModel):
     namespace: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$", description="topic and protocol namespace")
     protocol: int = Field(ge=1, description="wire protocol major version spoken on this network")
     bootstrap: tuple[str, ...] = Field((), description="full multiaddrs of the network's bootstrap peers")
+    dht_bootstrap: tuple[str, ...] = Field((), description="full multiaddrs of Kademlia DHT peers its nodes find each "
+                                           "other through (p2p.rendezvous)")
     shard_epoch_s: int = Field(EPOCH_S, ge=60, description="seconds between redraws of every peer's rollout shard "
                                "(docs/PROTOCOL.md section 7); all nodes of a network must agree")
     description: str = ""
 
-    @field_validator("bootstrap")
+    @field_validator("bootstrap", "dht_bootstrap")
     @classmethod
     def _full_addrs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(check_multiaddrs(list(v), need_peer_id=True))

@@ -64,6 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--key", type=Path, required=True, help="identity key file (created if missing)")
     p.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
     p.add_argument("--bootstrap", action="append", default=[], help="full multiaddr of a peer (repeatable)")
+    p.add_argument("--dht-bootstrap", action="append", default=[], help="full multiaddr of a DHT peer to find the "
+                   "network's peers through (repeatable)")
     p.add_argument("--network", default="local")
     p.add_argument("--rate", type=float, default=0.0, help="messages published per second (0: only listen)")
     p.add_argument("--groups", type=int, default=8, help="rollout groups per message")
@@ -242,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
-        cfg = P2PConfig(network=args.network, listen=[args.listen], bootstrap=args.bootstrap, mesh_degree=args.mesh_degree,
+        cfg = P2PConfig(network=args.network, listen=[args.listen], bootstrap=args.bootstrap,
+                        dht_bootstrap=args.dht_bootstrap, mesh_degree=args.mesh_degree,
                         max_peers=args.max_peers, shards=args.shards,
                         limits={"max_author_kib_per_s": UNPACED_KIB_PER_S} if args.unpaced else {})
     except ValidationError as e:

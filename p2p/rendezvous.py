@@ -1,0 +1,116 @@
+"""Finding the swarm with no server of our own: a rendezvous key on a Kademlia DHT.
+
+Every node of a network provides one key, derived from the network's namespace and wire protocol, on the DHT
+(`/ipfs/kad/1.0.0`, the public one that kubo, go-, rust- and js-libp2p serve), and looks the key up to learn the
+others: go-libp2p's "chat with rendezvous" example, on py-libp2p's own `KadDHT`. A node is a DHT *client*: it asks
+and provides, and serves no records (a home node behind NAT could not). The providers it finds are hints like any
+other (`p2p.hints`): the host dials them within the same budget as peer exchange, and a DHT server it talked to is
+disconnected again after the lookup, so DHT traffic never takes a swarm peer's place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+import trio
+from libp2p.abc import IHost
+from libp2p.kad_dht.kad_dht import PROTOCOL_ID as KAD_PROTOCOL, DHTMode, KadDHT, _encode_key
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.tools.anyio_service import background_trio_service
+from multiaddr import Multiaddr
+
+log = logging.getLogger(__name__)
+
+LOOKUP_TIMEOUT_S = 30.0  # one provide or one lookup, over however many DHT hops
+RETRY_S = 10.0  # the next lookup, while the node has no swarm peer
+REFRESH_S = 600.0  # the next lookup (and a fresh provider record), once it has some
+PROVIDERS = 32  # providers asked for per lookup: hints, dialed a few at a time
+
+
+def rendezvous_key(namespace: str, protocol: int) -> str:
+    """The DHT key a network's nodes provide: a sha2-256 multihash (hex), as a CID's would be, of the network's
+    rollout topic base (docs/PROTOCOL.md)."""
+    return "1220" + hashlib.sha256(f"/sapo/{namespace}/rollouts/{protocol}".encode()).hexdigest()
+
+
+class Rendezvous:
+    """A DHT client that provides `key` and looks it up, from the DHT peers at `bootstrap` (full multiaddrs)."""
+
+    def __init__(self, host: IHost, key: str, bootstrap: list[str], counts: Counter[str]):
+        self.host, self.key, self.counts = host, key, counts
+        self.bootstrap = [info_from_p2p_addr(Multiaddr(a)) for a in bootstrap]
+        self.dht = KadDHT(host, DHTMode.CLIENT, enable_values=False)
+        self.providers: set[ID] = set()  # every provider seen, for stats
+
+    async def run(self, found: Callable[[list[PeerInfo]], Awaitable[None]], has_peers: Callable[[], bool]) -> None:
+        """Provide and look up, then hand what was found to `found`; again in `RETRY_S` while `has_peers()` is
+        false, else in `REFRESH_S`. Every `RETRY_S` the connections DHT servers hold to us are closed (a server
+        may dial its table's peers, clients included)."""
+        due = 0.0
+        async with background_trio_service(self.dht):
+            while True:
+                if trio.current_time() >= due:
+                    if await self._join():
+                        infos = await self._lookup()
+                        self.counts["dht_lookups"] += 1
+                        self.providers.update(i.peer_id for i in infos)
+                        await found(infos)
+                    due = trio.current_time() + (REFRESH_S if has_peers() else RETRY_S)
+                await self._leave_dht_servers()
+                await trio.sleep(RETRY_S)
+
+    async def _join(self) -> bool:
+        """Connect to the DHT bootstrap peers not connected yet; whether any is connected."""
+        connected = set(self.host.get_connected_peers())
+        for info in self.bootstrap:
+            if info.peer_id not in connected:
+                with trio.move_on_after(LOOKUP_TIMEOUT_S):
+                    try:
+                        await self.host.connect(info)
+                    except Exception as e:  # an unreachable DHT peer is one of several
+                        log.debug("DHT bootstrap peer %s unreachable: %s", info.peer_id, e)
+                        continue
+            await self.dht.add_peer(info.peer_id)
+        if any(i.peer_id in set(self.host.get_connected_peers()) for i in self.bootstrap):
+            return True
+        self.counts["dht_unreachable"] += 1
+        return False
+
+    async def _lookup(self) -> list[PeerInfo]:
+        """Our provider record, then the key's providers other than us, one entry per peer.
+
+        py-libp2p's `find_providers` answers from the local provider store whenever it holds the key, and never asks
+        the network then: a node that provides the key itself (every node here does), or found providers before,
+        would only ever find itself or the first ones it found. A client serves no records, so its local entries for
+        the key are dropped before each lookup (tests/test_rendezvous.py shows the library's behaviour)."""
+        with trio.move_on_after(LOOKUP_TIMEOUT_S):
+            if not await self.dht.provide(self.key):
+                self.counts["dht_provide_failed"] += 1
+        self.dht.provider_store.providers.pop(_encode_key(self.key), None)
+        found: dict[ID, PeerInfo] = {}
+        with trio.move_on_after(LOOKUP_TIMEOUT_S):
+            for info in await self.dht.find_providers(self.key, PROVIDERS):
+                if info.peer_id != self.host.get_id() and info.addrs:
+                    found.setdefault(info.peer_id, PeerInfo(info.peer_id, [_without_peer(a) for a in info.addrs]))
+        return list(found.values())
+
+    async def _leave_dht_servers(self) -> None:
+        """Close connections to peers that serve the DHT and not our gossip: they are not swarm peers."""
+        store = self.host.get_peerstore()
+        for peer in self.host.get_connected_peers():
+            try:
+                protocols = set(store.get_protocols(peer))
+            except Exception:  # not identified yet: not known to be a DHT server
+                continue
+            if KAD_PROTOCOL in protocols and not any(p.startswith("/meshsub/") for p in protocols):
+                await self.host.disconnect(peer)
+
+
+def _without_peer(addr: Multiaddr) -> Multiaddr:
+    """A provider's address as the host dials it: without the trailing /p2p/<id> py-libp2p's DHT appends."""
+    text = str(addr)
+    return Multiaddr(text.rsplit("/p2p/", 1)[0]) if "/p2p-circuit" not in text and "/p2p/" in text else addr

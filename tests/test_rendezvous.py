@@ -1,0 +1,115 @@
+"""Finding the swarm on a Kademlia DHT with no bootstrap peer of its own (p2p/rendezvous.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from contextlib import AsyncExitStack
+
+import pytest
+import trio
+from libp2p import new_host
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.tools.anyio_service import background_trio_service
+from multiaddr import Multiaddr
+
+from p2p.config import P2PConfig
+from p2p.rendezvous import Rendezvous, rendezvous_key
+from tests.test_gossip import log_lines, spawn, wait_heard  # noqa: F401 - spawn is a fixture
+
+
+def test_a_networks_rendezvous_key_is_a_sha256_multihash_of_its_topic_base_and_differs_by_network_and_protocol():
+    key = rendezvous_key("testnet", 3)
+    assert key == rendezvous_key("testnet", 3) and key.startswith("1220") and len(key) == 4 + 64
+    assert len({key, rendezvous_key("testnet", 4), rendezvous_key("local", 3)}) == 3
+
+
+def test_the_dht_is_off_with_one_flag_and_a_given_list_replaces_the_profiles():
+    addr = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWNm6CjiRDYcvCyd7yRpUp8zBmJhJWAsQ6aDiezxFwCM8o"
+    assert P2PConfig(dht_bootstrap=[addr]).dht_peers() == [addr]
+    assert P2PConfig(dht_bootstrap=[addr], dht=False).dht_peers() == []
+    with pytest.raises(ValueError, match="/p2p/<peer id>"):
+        P2PConfig(dht_bootstrap=["/ip4/127.0.0.1/tcp/4001"])
+
+
+class DHTServers:
+    """py-libp2p Kademlia DHT servers on 127.0.0.1 that know each other, on a trio thread of their own: the public
+    DHT's stand-in. `addrs`: their full multiaddrs."""
+
+    def __init__(self, n: int):
+        self.addrs: list[str] = []
+        self._ready, self._token, self._stop = threading.Event(), None, None
+        self._thread = threading.Thread(target=trio.run, args=(self._serve, n), daemon=True)
+        self._thread.start()
+        assert self._ready.wait(30), "the DHT servers did not start"
+
+    async def _serve(self, n: int) -> None:
+        self._token, self._stop = trio.lowlevel.current_trio_token(), trio.Event()
+        hosts = [new_host(key_pair=create_new_key_pair()) for _ in range(n)]
+        async with AsyncExitStack() as stack:
+            for h in hosts:
+                await stack.enter_async_context(h.run(listen_addrs=[Multiaddr("/ip4/127.0.0.1/tcp/0")]))
+            dhts = [KadDHT(h, DHTMode.SERVER) for h in hosts]
+            for d in dhts:
+                await stack.enter_async_context(background_trio_service(d))
+            for h, d in zip(hosts[1:], dhts[1:]):
+                await h.connect(info_from_p2p_addr(hosts[0].get_addrs()[0]))
+                await d.add_peer(hosts[0].get_id())
+                await dhts[0].add_peer(h.get_id())
+            self.addrs = [str(h.get_addrs()[0]) for h in hosts]
+            self._ready.set()
+            await self._stop.wait()
+
+    def close(self) -> None:
+        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        self._thread.join(timeout=10)
+
+
+@pytest.mark.slow
+def test_nodes_with_only_the_dhts_addresses_find_each_other_and_share_rollouts(spawn):  # noqa: F811
+    servers = DHTServers(2)
+    try:
+        flags = ["--rate", "2", *(arg for a in servers.addrs for arg in ("--dht-bootstrap", a))]
+        a, b = spawn("a", *flags), spawn("b", *flags)
+        since = time.time()
+        wait_heard(a, [b], since, timeout=90)
+        wait_heard(b, [a], since, timeout=30)
+        for node in (a, b):
+            node.wait_for(lambda n=node: (n.stats().get("dht_providers") or 0) >= 1, 30, "a provider found on the DHT")
+            node.wait_for(lambda n=node: n.stats()["peers"] == 1, 30, "the DHT servers' connections closed")
+            assert log_lines(node, " ERROR ") == [], log_lines(node, " ERROR ")
+    finally:
+        servers.close()
+
+
+def test_a_node_that_provides_the_key_still_finds_the_other_providers():
+    """py-libp2p's `find_providers` answers from the local store whenever it holds the key: a node that provides the
+    key (every node does) found only itself. `Rendezvous` asks the network."""
+    servers = DHTServers(1)
+    key = rendezvous_key("local", 3)
+
+    async def scenario() -> tuple[set[ID], set[ID], ID]:
+        hosts = [new_host(key_pair=create_new_key_pair()) for _ in range(2)]
+        async with AsyncExitStack() as stack:
+            for h in hosts:
+                await stack.enter_async_context(h.run(listen_addrs=[Multiaddr("/ip4/127.0.0.1/tcp/0")]))
+            first, second = (Rendezvous(h, key, servers.addrs, Counter()) for h in hosts)
+            for r in (first, second):
+                await stack.enter_async_context(background_trio_service(r.dht))
+                assert await r._join()
+            await first._lookup()
+            await second.dht.provide(key)
+            library = {i.peer_id for i in await second.dht.find_providers(key)}
+            ours = {i.peer_id for i in await second._lookup()}
+            return library, ours, hosts[0].get_id()
+
+    try:
+        library, ours, first_id = trio.run(scenario)
+    finally:
+        servers.close()
+    assert first_id not in library  # the library's answer: this node alone
+    assert ours == {first_id}
