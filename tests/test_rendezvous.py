@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
 from collections import Counter
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import pytest
 import trio
@@ -20,6 +23,7 @@ from multiaddr import Multiaddr
 from p2p.config import P2PConfig
 from p2p.rendezvous import Rendezvous, rendezvous_key
 from tests.test_gossip import log_lines, spawn, wait_heard  # noqa: F401 - spawn is a fixture
+from tests.test_interop import INTEROP, js_peer, stop  # noqa: F401 - js_peer is a fixture
 
 
 def test_a_networks_rendezvous_key_is_a_sha256_multihash_of_its_topic_base_and_differs_by_network_and_protocol():
@@ -69,12 +73,30 @@ class DHTServers:
         self._thread.join(timeout=10)
 
 
+class JsDHTServer:
+    """A js-libp2p Kademlia DHT server (tests/interop/dht.mjs) on 127.0.0.1 that knows `peers`."""
+
+    def __init__(self, node: str, peers: list[str], log: Path):
+        args = [arg for p in peers for arg in ("--peer", p)]
+        self.proc = subprocess.Popen([node, str(INTEROP / "dht.mjs"), "--seconds", "600", *args], cwd=INTEROP,
+                                     stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True)
+        line = self.proc.stdout.readline()
+        assert line, f"the js DHT server exited: {log.read_text()[-2000:]}"
+        self.addr = json.loads(line)["addr"]
+
+    def close(self) -> None:
+        stop(self.proc, grace=10)
+
+
 @pytest.mark.slow
-def test_nodes_with_only_the_dhts_addresses_find_each_other_and_share_rollouts(spawn):  # noqa: F811
-    servers = DHTServers(2)
+def test_nodes_that_know_only_different_dht_servers_of_two_implementations_find_each_other(spawn, js_peer, tmp_path):  # noqa: F811
+    """The public DHT's stand-in: a py-libp2p server and a js-libp2p one (@libp2p/kad-dht) that knows it. One node
+    knows only the js server, the other only the py one: the provider record crosses implementations."""
+    py = DHTServers(1)
+    js = JsDHTServer(js_peer[0], py.addrs, tmp_path / "js-dht.log")
     try:
-        flags = ["--rate", "2", *(arg for a in servers.addrs for arg in ("--dht-bootstrap", a))]
-        a, b = spawn("a", *flags), spawn("b", *flags)
+        a = spawn("a", "--rate", "2", "--dht-bootstrap", js.addr)
+        b = spawn("b", "--rate", "2", "--dht-bootstrap", py.addrs[0])
         since = time.time()
         wait_heard(a, [b], since, timeout=90)
         wait_heard(b, [a], since, timeout=30)
@@ -83,7 +105,8 @@ def test_nodes_with_only_the_dhts_addresses_find_each_other_and_share_rollouts(s
             node.wait_for(lambda n=node: n.stats()["peers"] == 1, 30, "the DHT servers' connections closed")
             assert log_lines(node, " ERROR ") == [], log_lines(node, " ERROR ")
     finally:
-        servers.close()
+        js.close()
+        py.close()
 
 
 def test_a_node_that_provides_the_key_still_finds_the_other_providers():
