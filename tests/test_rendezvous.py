@@ -14,15 +14,16 @@ import pytest
 import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
-from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT, _encode_key
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
 from p2p.config import P2PConfig
+from p2p.hints import SOURCE_FAILURES
 from p2p.rendezvous import Rendezvous, rendezvous_key
-from tests.test_gossip import log_lines, spawn, wait_heard  # noqa: F401 - spawn is a fixture
+from tests.test_gossip import ConnectionCounter, log_lines, made_up_peer, spawn, wait_heard  # noqa: F401 - spawn is a fixture
 from tests.test_interop import INTEROP, js_peer, stop  # noqa: F401 - js_peer is a fixture
 
 
@@ -64,9 +65,19 @@ class DHTServers:
                 await h.connect(info_from_p2p_addr(hosts[0].get_addrs()[0]))
                 await d.add_peer(hosts[0].get_id())
                 await dhts[0].add_peer(h.get_id())
-            self.addrs = [str(h.get_addrs()[0]) for h in hosts]
+            self.addrs, self.dhts = [str(h.get_addrs()[0]) for h in hosts], dhts
             self._ready.set()
             await self._stop.wait()
+
+    def add_providers(self, key: str, providers: list[PeerInfo]) -> None:
+        """Provider records for `key` on the first server, as a flood of fake providers would leave them."""
+        store = self.dhts[0].provider_store
+        for info in providers:
+            trio.from_thread.run_sync(store.add_provider, _encode_key(key), info, trio_token=self._token)
+
+    def remove_providers(self, key: str) -> None:
+        trio.from_thread.run_sync(self.dhts[0].provider_store.providers.pop, _encode_key(key), None,
+                                  trio_token=self._token)
 
     def close(self) -> None:
         trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
@@ -136,3 +147,25 @@ def test_a_node_that_provides_the_key_still_finds_the_other_providers():
         servers.close()
     assert first_id not in library  # the library's answer: this node alone
     assert ours == {first_id}
+
+
+@pytest.mark.slow
+def test_a_flood_of_fake_providers_costs_a_few_connection_attempts_and_none_once_it_is_gone(spawn, tmp_path):  # noqa: F811
+    """Provider records cost nothing to write: 32 fake providers of the network's key, each at another host, are
+    hints from one source (the DHT) under the peer-exchange budget."""
+    servers = DHTServers(1)
+    counter = ConnectionCounter([f"127.0.0.{k}" for k in range(2, 34)])
+    key = rendezvous_key("local", 3)
+    try:
+        servers.add_providers(key, [PeerInfo(ID.from_base58(made_up_peer()), [Multiaddr(a)]) for a in counter.addrs])
+        node = spawn("node", "--dht-bootstrap", servers.addrs[0])
+        node.wait_for(lambda: (node.stats().get("dht_lookups") or 0) >= 3, 60, "three lookups")
+        during = counter.count
+        assert 1 <= during <= SOURCE_FAILURES  # then the DHT is not asked again within the window
+        servers.remove_providers(key)
+        time.sleep(60)  # past py-libp2p's 60 s ban of a failed peer: nothing redials the fake providers
+        assert counter.count == during, f"{counter.count - during} connections to fake providers after they left"
+        assert node.stats()["dht_lookups"] >= 6 and log_lines(node, " ERROR ") == []
+    finally:
+        counter.close()
+        servers.close()
