@@ -87,7 +87,19 @@ def network(cfg: NodeConfig) -> list[tuple[str, str]]:
         kinds.append(f"{a} {kind}")
     rows.append(("addresses", "; ".join(kinds) or "none"))
     rows.append(("announce", ", ".join(cfg.p2p.announce) or "none: peers learn the addresses above"))
+    rows.append(("DHT rendezvous", dht_line(cfg)))
     return rows
+
+
+def dht_line(cfg: NodeConfig) -> str:
+    """Whether the node looks its network up on a DHT, and from where (p2p/rendezvous.py)."""
+    peers = cfg.p2p.dht_peers()
+    if peers:
+        source = "--p2p.dht_bootstrap" if cfg.p2p.dht_bootstrap else f"the {cfg.p2p.network} network profile"
+        return f"on: provides and looks up the network's key from {len(peers)} DHT peers ({source})"
+    if not cfg.p2p.dht:
+        return "off (--p2p.dht false): peers come from the bootstrap list and peer exchange only"
+    return f"off: the {cfg.p2p.network} network profile lists no DHT peers (give some with --p2p.dht_bootstrap)"
 
 
 def described_card(cfg: NodeConfig, card_gb: float):

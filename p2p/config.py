@@ -142,10 +142,15 @@ class P2PConfig(Section):
                 raise ValueError(f"{addr} ends in a peer id: give the address alone, the node adds its own /p2p/<id>")
         return check_multiaddrs(v, need_peer_id=False)
 
-    @field_validator("bootstrap", "dht_bootstrap")
+    @field_validator("bootstrap")
     @classmethod
     def _valid_bootstrap(cls, v: list[str]) -> list[str]:
         return check_multiaddrs(v, need_peer_id=True)
+
+    @field_validator("dht_bootstrap")
+    @classmethod
+    def _valid_dht_bootstrap(cls, v: list[str]) -> list[str]:
+        return check_multiaddrs(v, need_peer_id=True, dnsaddr=True)
 
     @field_validator("bootstrap_file", mode="before")
     @classmethod

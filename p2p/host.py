@@ -329,10 +329,13 @@ class GossipHost:
         """Dial every bootstrap peer; redial lost ones with exponential backoff and jitter."""
         infos = [i for i in (info_from_p2p_addr(Multiaddr(a)) for a in self.cfg.bootstrap_peers()) if i.peer_id != self.me]
         self.bootstrap_ids = {i.peer_id for i in infos}
-        if not infos and self.cfg.network != "local":
+        if not infos and self.cfg.network != "local" and self.cfg.dht_peers():
+            log.info("network %r: no bootstrap peer besides this node; finding peers on the DHT, from %d DHT peers",
+                     self.cfg.network, len(self.cfg.dht_peers()))
+        elif not infos and self.cfg.network != "local":
             log.warning("network %r: no bootstrap peer besides this node: peers that know its address can join through "
                         "it, but it finds none itself; give the operator's list (--p2p.bootstrap_file, or "
-                        "SAPO_P2P__BOOTSTRAP) or --bootstrap", self.cfg.network)
+                        "SAPO_P2P__BOOTSTRAP), --bootstrap, or DHT peers (--p2p.dht_bootstrap)", self.cfg.network)
         delay = {i.peer_id: 1.0 for i in infos}
         due = {i.peer_id: 0.0 for i in infos}
         while True:

@@ -23,13 +23,17 @@ VERSION = 3
 SHIPPED = Path(__file__).with_name("networks")
 
 
-def check_multiaddrs(addrs: list[str], need_peer_id: bool) -> list[str]:
+def check_multiaddrs(addrs: list[str], need_peer_id: bool, dnsaddr: bool = False) -> list[str]:
+    """`dnsaddr`: a `/dnsaddr/<name>/p2p/<id>` address (resolved through DNS TXT records, as kubo's bootstrap list
+    is written) is accepted too."""
     for a in addrs:
         try:
             parsed = Multiaddr(a)
         except Exception as e:  # multiaddr raises several unrelated types for bad text
             raise ValueError(f"not a multiaddr: {a!r} ({e})") from None
         names = [p.name for p in parsed.protocols()]
+        if dnsaddr and names[:1] == ["dnsaddr"] and "p2p" in names:
+            continue
         if "tcp" not in names:  # py-libp2p would log the failure and carry on without the address
             raise ValueError(f"{a!r} has no /tcp/<port> part: nodes speak libp2p over TCP only")
         if need_peer_id and "p2p" not in names:
@@ -49,10 +53,15 @@ class NetworkProfile(BaseModel):
                                "(docs/PROTOCOL.md section 7); all nodes of a network must agree")
     description: str = ""
 
-    @field_validator("bootstrap", "dht_bootstrap")
+    @field_validator("bootstrap")
     @classmethod
     def _full_addrs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(check_multiaddrs(list(v), need_peer_id=True))
+
+    @field_validator("dht_bootstrap")
+    @classmethod
+    def _dht_addrs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(check_multiaddrs(list(v), need_peer_id=True, dnsaddr=True))
 
 
 def shipped_networks() -> list[str]:

@@ -29,6 +29,13 @@ LOOKUP_TIMEOUT_S = 30.0  # one provide or one lookup, over however many DHT hops
 RETRY_S = 10.0  # the next lookup, while the node has no swarm peer
 REFRESH_S = 600.0  # the next lookup (and a fresh provider record), once it has some
 PROVIDERS = 32  # providers asked for per lookup: hints, dialed a few at a time
+RESOLVE_TIMEOUT_S = 10.0  # one /dnsaddr name's DNS TXT lookups
+DIRECT_TCP = {"ip4", "ip6", "dns4", "dns6", "tcp", "p2p"}  # what an address may be made of for the host to dial it
+
+
+async def resolve_dns(addr: Multiaddr) -> list[Multiaddr]:
+    """py-multiaddr's DNS resolver: /dnsaddr through its TXT records, recursively."""
+    return await addr.resolve()
 
 
 def rendezvous_key(namespace: str, protocol: int) -> str:
@@ -40,8 +47,9 @@ def rendezvous_key(namespace: str, protocol: int) -> str:
 class Rendezvous:
     """A DHT client that provides `key` and looks it up, from the DHT peers at `bootstrap` (full multiaddrs)."""
 
-    def __init__(self, host: IHost, key: str, bootstrap: list[str], counts: Counter[str]):
-        self.host, self.key, self.counts = host, key, counts
+    def __init__(self, host: IHost, key: str, bootstrap: list[str], counts: Counter[str],
+                 resolve: Callable[[Multiaddr], Awaitable[list[Multiaddr]]] = resolve_dns):
+        self.host, self.key, self.counts, self.resolve = host, key, counts, resolve
         self.bootstrap = [info_from_p2p_addr(Multiaddr(a)) for a in bootstrap]
         self.dht = KadDHT(host, DHTMode.CLIENT, enable_values=False)
         self.providers: set[ID] = set()  # every provider seen, for stats
@@ -68,9 +76,10 @@ class Rendezvous:
         connected = set(self.host.get_connected_peers())
         for info in self.bootstrap:
             if info.peer_id not in connected:
+                addrs = await self._addresses(info)
                 with trio.move_on_after(LOOKUP_TIMEOUT_S):
                     try:
-                        await self.host.connect(info)
+                        await self.host.connect(PeerInfo(info.peer_id, addrs))
                     except Exception as e:  # an unreachable DHT peer is one of several
                         log.debug("DHT bootstrap peer %s unreachable: %s", info.peer_id, e)
                         continue
@@ -79,6 +88,24 @@ class Rendezvous:
             return True
         self.counts["dht_unreachable"] += 1
         return False
+
+    async def _addresses(self, info: PeerInfo) -> list[Multiaddr]:
+        """A DHT peer's TCP addresses; a /dnsaddr one resolved through DNS (kubo's bootstrap list is written so), its
+        records for other peers, and addresses of other transports (QUIC, websockets), left out."""
+        out: list[Multiaddr] = []
+        for addr in info.addrs:
+            names = [p.name for p in addr.protocols()]
+            if names[:1] != ["dnsaddr"]:
+                out.append(addr)
+                continue
+            with trio.move_on_after(RESOLVE_TIMEOUT_S):
+                try:
+                    out += [r for r in await self.resolve(addr.encapsulate(Multiaddr(f"/p2p/{info.peer_id}")))
+                            if {p.name for p in r.protocols()} <= DIRECT_TCP and _peer_of(r) in (None, info.peer_id)]
+                except Exception as e:  # no DNS (offline, a lab namespace): one DHT peer fewer
+                    self.counts["dht_resolve_failed"] += 1
+                    log.debug("resolving %s failed: %s", addr, e)
+        return [_without_peer(a) for a in out]
 
     async def _lookup(self) -> list[PeerInfo]:
         """Our provider record, then the key's providers other than us, one entry per peer.
@@ -108,6 +135,11 @@ class Rendezvous:
                 continue
             if KAD_PROTOCOL in protocols and not any(p.startswith("/meshsub/") for p in protocols):
                 await self.host.disconnect(peer)
+
+
+def _peer_of(addr: Multiaddr) -> ID | None:
+    text = str(addr)
+    return ID.from_base58(text.rsplit("/p2p/", 1)[1]) if "/p2p/" in text and "/p2p-circuit" not in text else None
 
 
 def _without_peer(addr: Multiaddr) -> Multiaddr:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 
+from node.doctor import dht_line
+from p2p.config import P2PConfig
 from tests.conftest import run_sapo
 from tests.test_plan import QWEN
 from trainer.plan import article
@@ -26,7 +29,8 @@ def test_doctor_reports_the_machine_and_the_plan_for_this_cpu(tiny_a, cache_dir,
     r = run_sapo("doctor", "--model.cache_dir", str(cache_dir), "--out", str(tmp_path))  # piped, at rich's 80 columns
     assert r.returncode == 0, r.stderr[-2000:]
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in r.stdout.splitlines() if line.count("│") == 3}
-    for row in ("torch", "host memory", "cuda", "cpu bfloat16", "mps", "vllm", "peft (LoRA)", "bitsandbytes", "p2p.listen", "addresses"):
+    for row in ("torch", "host memory", "cuda", "cpu bfloat16", "mps", "vllm", "peft (LoRA)", "bitsandbytes", "p2p.listen", "addresses",
+                "DHT rendezvous"):
         assert row in rows, row
     # piped, the table keeps its own width: each row one line, not wrapped to 80 columns
     assert rows["host memory"].endswith("(what is available now, less a margin for the rest of the machine)")
@@ -34,6 +38,18 @@ def test_doctor_reports_the_machine_and_the_plan_for_this_cpu(tiny_a, cache_dir,
     assert "plan for tiny-a: cpu (" in r.stdout and "full fine-tuning, micro-batch 8;" in r.stdout  # the fastest on a CPU
     assert "a node with no run.memory_gb plans in " in r.stdout
     assert not (tmp_path / "node.key").exists()  # it inspects; it creates nothing
+    assert rows["DHT rendezvous"].startswith("off: the local network profile lists no DHT peers")
+
+
+DHT_PEER = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWNm6CjiRDYcvCyd7yRpUp8zBmJhJWAsQ6aDiezxFwCM8o"
+
+
+@pytest.mark.parametrize("p2p, words", [({"network": "testnet"}, "on: provides and looks up the network's key from 5 DHT "
+                                         "peers (the testnet network profile)"),
+                                        ({"dht_bootstrap": [DHT_PEER]}, "from 1 DHT peers (--p2p.dht_bootstrap)"),
+                                        ({"network": "testnet", "dht": False}, "off (--p2p.dht false)")])
+def test_doctor_says_whether_and_from_where_the_node_looks_its_network_up_on_a_dht(p2p, words):
+    assert words in dht_line(SimpleNamespace(p2p=P2PConfig(**p2p)))
 
 
 @pytest.mark.parametrize("card, expect", [(8, "bfloat16 weights, LoRA"), (80, "float32 weights, full fine-tuning")])

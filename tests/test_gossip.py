@@ -310,9 +310,12 @@ def test_a_testnet_node_without_a_bootstrap_peer_says_so_in_one_line_and_a_local
                 time.sleep(0.2)
         return [r.getMessage() for r in caplog.records if "no bootstrap peer" in r.getMessage()]
 
-    lines = warned(P2PConfig(listen=[LOOPBACK], network="testnet"), "testnet.key")
+    lines = warned(P2PConfig(listen=[LOOPBACK], network="testnet", dht=False), "testnet.key")
     assert len(lines) == 1 and "network 'testnet'" in lines[0] and "--p2p.bootstrap_file" in lines[0], lines
     assert warned(P2PConfig(listen=[LOOPBACK]), "local.key") == []
+    # with DHT peers (here one that is not listening: tests dial no address but 127.0.0.1) it looks there instead
+    closed = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{made_up_peer()}"
+    assert warned(P2PConfig(listen=[LOOPBACK], network="testnet", dht_bootstrap=[closed]), "dht.key") == []
 
 
 def test_stats_are_read_on_the_p2p_thread_whose_tables_they_read(tmp_path):

@@ -204,7 +204,7 @@ def test_an_operators_testnet_bootstrap_joins_two_homes_behind_nat_that_know_onl
     key = tmp_path / "operator.key"
     listing = tmp_path / "bootstrap.txt"
     listing.write_text(f"# the operator's list\n/ip4/{public.ip}/tcp/4001/p2p/{peer_id(load_or_create(key))}\n")
-    testnet = ["--network", "testnet", "--p2p.bootstrap_file", str(listing)]
+    testnet = ["--network", "testnet", "--p2p.bootstrap_file", str(listing), "--p2p.dht", "false"]  # no public DHT
     nodes = [lab_node(public, tmp_path, "operator", "--bootstrap-only", "--p2p.key_file", str(key),
                       "--p2p.reachability", "public", *testnet)]
     nodes += [lab_node(host, tmp_path, f"home{k}", "--model.cache_dir", str(cache_dir), *TRAIN, *testnet)

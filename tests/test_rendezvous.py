@@ -41,6 +41,31 @@ def test_the_dht_is_off_with_one_flag_and_a_given_list_replaces_the_profiles():
         P2PConfig(dht_bootstrap=["/ip4/127.0.0.1/tcp/4001"])
 
 
+def test_a_dnsaddr_dht_peer_is_dialed_at_the_tcp_addresses_its_dns_records_give_for_it():
+    """kubo's bootstrap list is written as /dnsaddr names, resolved through DNS TXT records (here a stand-in)."""
+    boot = "/dnsaddr/bootstrap.libp2p.io/p2p/QmNnooDu7bfjPFoTZYxMNLWUQJyrVwtbZg5gBMjTezGAJN"
+    peer, other = "QmNnooDu7bfjPFoTZYxMNLWUQJyrVwtbZg5gBMjTezGAJN", "QmQCU2EcMqAqQPR2i9bChDtGNJchTbq5TbXJJ16u19uLTa"
+    asked = []
+
+    async def records(addr: Multiaddr) -> list[Multiaddr]:
+        asked.append(str(addr))
+        return [Multiaddr(a) for a in (f"/ip4/198.51.100.7/tcp/4001/p2p/{peer}", f"/ip4/198.51.100.7/udp/4001/quic-v1/p2p/{peer}",
+                                       f"/dns4/sv15.bootstrap.libp2p.io/tcp/443/wss/p2p/{peer}",
+                                       f"/ip4/198.51.100.8/tcp/4001/p2p/{other}")]
+
+    async def offline(addr: Multiaddr) -> list[Multiaddr]:
+        raise OSError("no DNS")
+
+    def addresses(resolve) -> tuple[list[str], Counter]:
+        counts: Counter[str] = Counter()
+        r = Rendezvous(new_host(key_pair=create_new_key_pair()), rendezvous_key("testnet", 3), [boot], counts, resolve)
+        return [str(a) for a in trio.run(r._addresses, r.bootstrap[0])], counts
+
+    assert addresses(records)[0] == ["/ip4/198.51.100.7/tcp/4001"] and asked == [boot]  # its TCP address only
+    assert addresses(offline) == ([], Counter(dht_resolve_failed=1))
+    assert P2PConfig(network="testnet").dht_peers() and P2PConfig(dht_bootstrap=[boot]).dht_peers() == [boot]
+
+
 class DHTServers:
     """py-libp2p Kademlia DHT servers on 127.0.0.1 that know each other, on a trio thread of their own: the public
     DHT's stand-in. `addrs`: their full multiaddrs."""
