@@ -88,7 +88,23 @@ def network(cfg: NodeConfig) -> list[tuple[str, str]]:
     rows.append(("addresses", "; ".join(kinds) or "none"))
     rows.append(("announce", ", ".join(cfg.p2p.announce) or "none: peers learn the addresses above"))
     rows.append(("DHT rendezvous", dht_line(cfg)))
+    rows.append(("mDNS (LAN)", mdns_line(cfg)))
     return rows
+
+
+def mdns_line(cfg: NodeConfig) -> str:
+    """Whether the node announces itself on the LAN, and where (p2p/lan.py)."""
+    from multiaddr import Multiaddr
+
+    from p2p.host import advertised
+    from p2p.lan import lan_addresses
+
+    if not cfg.p2p.mdns:
+        return "off (--p2p.mdns false)"
+    lan = lan_addresses(advertised([Multiaddr(a) for a in cfg.p2p.listen]))
+    if not lan:
+        return "off: the node listens on no LAN address (loopback only), so no neighbour could dial it"
+    return f"on: announces {', '.join(map(str, lan))} and dials the network's nodes it hears on the LAN"
 
 
 def dht_line(cfg: NodeConfig) -> str:

@@ -33,6 +33,7 @@ from multiaddr import Multiaddr
 from p2p.bucket import Bucket
 from p2p.config import P2PConfig
 from p2p.hints import REMEMBERED, HintBudget
+from p2p.lan import QUEUED, LanDiscovery
 from p2p.peerstore import OrderedPeerStore
 from p2p.policy import MessagePolicy
 from p2p.pubsub import GuardedPubsub, gossipsub_router
@@ -50,6 +51,7 @@ EXCHANGE_MAX_BYTES = 64 * 1024
 HINT_DIALS_PER_ANSWER = 4  # new peers dialed from one peer-exchange answer: a liar's answer costs at most this
 SHARD_CHECK_S = 2.0  # how often the shard level is re-decided
 DHT_SOURCE = "the DHT"  # who gave a hint found on the DHT: one source under the hint budget, never proven
+LAN_SOURCE = "mDNS"  # ... and one heard on the LAN
 DELIVERED_TTL_S = 600.0  # a message is not handed on twice within this (the pool drops stale ones sooner)
 ELSEWHERE = {  # why a connected peer on another rollout topic family shares nothing with this node
     "protocol": "another protocol version: rollouts do not cross versions (one of you should upgrade sapo-node)",
@@ -115,6 +117,7 @@ class GossipHost:
         self.bootstrap_ids: set[ID] = set()  # never closed to make room
         self.hints = HintBudget(cfg.max_backoff_s)  # every hint's failures, whoever gave it (peer exchange, the DHT)
         self.rendezvous: Rendezvous | None = None
+        self.lan: LanDiscovery | None = None
         announce = [Multiaddr(a) for a in cfg.announce] or None
         self.host = new_host(
             key_pair=key_pair,
@@ -163,6 +166,8 @@ class GossipHost:
                 nursery.start_soon(self._exchange_peers)
                 if self.cfg.dht_peers():
                     nursery.start_soon(self._rendezvous)
+                if self.cfg.mdns:
+                    nursery.start_soon(self._lan)
                 nursery.start_soon(self.reach.run, self._connected, nursery)
                 task_status.started()
                 await stop.wait()
@@ -240,7 +245,8 @@ class GossipHost:
                 "shard_topics": len(self.reading),  # own, probes, and for a while after a move the old one
                 "shard_probes": sorted(self.shard.probes),
                 "peers_other_protocol": self.n_other_protocol, "peers_other_network": self.n_other_network,
-                "dht_providers": len(self.rendezvous.providers) if self.rendezvous else None}
+                "dht_providers": len(self.rendezvous.providers) if self.rendezvous else None,
+                "mdns": self.lan.active if self.lan else False}
 
     # -- gossip -------------------------------------------------------------------------------
 
@@ -411,6 +417,20 @@ class GossipHost:
                 await self._dial_hints(DHT_SOURCE, infos, self._connected(), self.hints)
 
         await self.rendezvous.run(found, lambda: bool(self.pubsub.peers))
+
+    async def _lan(self) -> None:
+        """Peers announced on the LAN (`p2p.lan`), dialed as hints under the same budget as peer exchange."""
+        send, receive = trio.open_memory_channel[PeerInfo](QUEUED)
+        self.lan = LanDiscovery(self.host, self.base, advertised(self.host.get_transport_addrs()), send, self.counts)
+        await trio.to_thread.run_sync(self.lan.start)
+        try:
+            async for info in receive:
+                connected = self._connected()
+                if self._wants_peers() and info.peer_id not in connected:
+                    await self._dial_hints(LAN_SOURCE, [info], connected, self.hints)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self.lan.stop)
 
     async def _dial_hints(self, responder: Hashable, infos: list[PeerInfo], connected: set[ID], budget: HintBudget) -> None:
         """Dial the new peers of one answer, nearest our shard first, within the answer's and the addresses'

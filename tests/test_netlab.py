@@ -16,7 +16,7 @@ from p2p.identity import load_or_create, peer_id
 from lab.probe import ProbeProcess
 from lab import netlab
 from tests.conftest import ROOT
-from tests.test_gossip import wait_heard
+from tests.test_gossip import log_lines, wait_heard
 from tests.test_node import metrics
 
 REASON = netlab.unavailable()
@@ -145,6 +145,26 @@ def written_rows(out) -> list[dict]:
     path = out / "metrics.jsonl"
     text = path.read_text() if path.exists() else ""
     return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+
+
+def test_two_nodes_on_one_lan_find_each_other_with_mdns_and_no_address(lab, tmp_path):
+    """No bootstrap peer, no DHT: each announces itself on the LAN (mDNS, its network's service type) and dials the
+    other's announced address."""
+    hosts = lab.add_lan(2)
+    since = time.time()
+    nodes = [ProbeProcess(tmp_path, f"lan{k}", "--listen", "/ip4/0.0.0.0/tcp/4001", "--rate", "1", "--groups", "1",
+                          prefix=host.cmd()) for k, host in enumerate(hosts)]
+    try:
+        for p in nodes:
+            p.wait_for(lambda p=p: p.stats().get("mdns") is True, 30, "mDNS announcing on the LAN")
+        for p in nodes:
+            wait_heard(p, [q for q in nodes if q is not p], since, timeout=60)
+            p.wait_for(lambda p=p: p.stats().get("peers") == 1 and p.stats().get("mdns_heard", 0) >= 1, 10,
+                       "the other node connected, heard on mDNS")
+            assert log_lines(p, " ERROR ") == []
+    finally:
+        for p in nodes:
+            p.stop()
 
 
 TRAIN = ["--local", "2", "--external", "2", "--tasks", "arith,reverse", "--generation.completions_per_group", "4",

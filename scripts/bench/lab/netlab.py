@@ -67,6 +67,7 @@ class Lab:
     loss: float = 0.0  # per packet, through the middle
     prefix: str = field(default_factory=lambda: f"sapo{os.getpid() % 100000}")
     hosts: list[LabHost] = field(default_factory=list)
+    lans: list[list[LabHost]] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
     procs: list[subprocess.Popen] = field(default_factory=list)
 
@@ -125,6 +126,27 @@ class Lab:
             host = LabHost(ns, f"198.18.{i}.2", f"198.18.{i}.2")
         self.hosts.append(host)
         return host
+
+    def add_lan(self, n: int) -> list[LabHost]:
+        """`n` hosts on one Ethernet segment (a bridge in a namespace of its own), 10.77.<lan>.0/24 with no router
+        and no way out: a home's LAN, where multicast (mDNS) reaches every host."""
+        k = len(self.lans) + 1
+        bridge = f"{self.prefix}-lan{k}"
+        self._netns(bridge)
+        run("ip", "-n", bridge, "link", "add", "br0", "type", "bridge")
+        run("ip", "-n", bridge, "link", "set", "br0", "up")
+        hosts = []
+        for j in range(1, n + 1):
+            ns, ip = f"{self.prefix}-l{k}h{j}", f"10.77.{k}.{j + 1}"
+            self._netns(ns)
+            run("ip", "link", "add", "name", f"p{j}", "netns", bridge, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            run("ip", "-n", bridge, "link", "set", f"p{j}", "master", "br0", "up")
+            run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
+            run("ip", "-n", ns, "link", "set", "eth0", "up")
+            run("ip", "-n", ns, "route", "add", "224.0.0.0/4", "dev", "eth0")  # multicast out of the LAN interface
+            hosts.append(LabHost(ns, ip, ip))
+        self.lans.append(hosts)
+        return hosts
 
     def link_counts(self) -> dict[str, int]:
         """Packets the lossy link forwarded and dropped so far (it rewrites the file every second)."""
