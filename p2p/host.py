@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import ipaddress
 import logging
 import math
 import random
@@ -37,7 +38,7 @@ from p2p.lan import QUEUED, LanDiscovery
 from p2p.peerstore import OrderedPeerStore
 from p2p.policy import MessagePolicy
 from p2p.pubsub import GuardedPubsub, gossipsub_router
-from p2p.reach import Reach, is_circuit
+from p2p.reach import Reach, is_circuit, remote_ip, subnet_of
 from p2p.rendezvous import Rendezvous, rendezvous_key
 from p2p.seen import SeenKeys
 from p2p.shards import publish_topics, shard_topic, shared_bits, topic_level
@@ -271,7 +272,8 @@ class GossipHost:
 
     def _deliver(self, msg) -> None:
         now = time.time()
-        self.shard.hear(msg.from_id, now, topic_level(self.base, msg.topicIDs[0]))  # one shard topic: `_validate`
+        self.shard.hear(msg.from_id, now, topic_level(self.base, msg.topicIDs[0]),  # one shard topic: `_validate`
+                        self._subnet(ID(msg.from_id)))
         digest = hashlib.sha256(msg.data).digest()
         if digest in self._delivered:  # the same payload under a second topic we read (a probe, a move)
             return
@@ -281,6 +283,12 @@ class GossipHost:
             self.on_message(decode(msg.data, self.cfg.limits))
         except Exception:  # a consumer bug must not stop the gossip layer
             log.exception("handling a received message failed")
+
+    def _subnet(self, author: ID) -> str | None:
+        """The subnet an author is connected to us from, by which `ShardLevel` counts it; None when it is not
+        connected directly or connects over loopback (every process of one machine: one owner's)."""
+        ip = remote_ip(self.host, author)
+        return None if ip is None or ipaddress.ip_address(ip).is_loopback else subnet_of(ip)
 
     async def _publish_outbox(self) -> None:
         async for data in self.outbox_recv:

@@ -115,6 +115,7 @@ class ShardLevel:
     level: int = 0
     since: float | None = None  # when this level was taken: a full window is heard before it widens
     heard: dict[tuple[bytes, int], float] = field(default_factory=dict)  # (author, level heard at) -> last heard
+    subnets: dict[bytes, str] = field(default_factory=dict)  # author -> the subnet it is connected to us from
     probes: dict[int, float] = field(default_factory=dict)  # level probed -> when the probe started
     probed: dict[int, float] = field(default_factory=dict)  # level -> when its last probe started
     useful: Callable[[bytes], bool] | None = field(default=None, repr=False)  # which authors count; None: all
@@ -130,15 +131,21 @@ class ShardLevel:
     def key_of(self, peer: bytes) -> bytes:
         return shard_key(peer, self.epoch)
 
-    def hear(self, author: bytes, now: float, level: int) -> None:
+    def hear(self, author: bytes, now: float, level: int, subnet: str | None = None) -> None:
         """A valid message of `author`, heard on our shard's topic at `level` (it publishes within one
-        level of it)."""
+        level of it). `subnet`: the author's own address block when it is connected to us directly; authors
+        connected from one subnet count once (GossipSub v1.1's IP colocation, P6), since peer ids are free."""
         self.heard[author, level] = now
+        if subnet is not None:
+            self.subnets[author] = subnet
+        else:
+            self.subnets.pop(author, None)
 
     def authors(self, now: float, level: int) -> int:
-        """Authors (self included) heard within the window that the topic of our shard at `level` hears."""
+        """Authors (self included) heard within the window that the topic of our shard at `level` hears, those
+        connected to us from one subnet counted once."""
         mine = prefix(self.key, level)
-        return 1 + len({p for (p, lv), t in self.heard.items()
+        return 1 + len({self.subnets.get(p, p) for (p, lv), t in self.heard.items()
                         if t >= now - self.window_s and abs(lv - level) <= 1
                         and (level == 0 or prefix(self.key_of(p), level) == mine)
                         and (self.useful is None or self.useful(p))})
@@ -148,9 +155,12 @@ class ShardLevel:
         levels at which connected peers subscribe to a shard of ours (unverified)."""
         for k in [k for k, t in self.heard.items() if t < now - self.window_s]:
             del self.heard[k]
+        for author in set(self.subnets) - {p for p, _ in self.heard}:
+            del self.subnets[author]
         if epoch_of(now, self.epoch_s) != self.epoch:
             self.epoch, self.since = epoch_of(now, self.epoch_s), now
             self.heard.clear()  # heard in the old shard: they count nowhere now
+            self.subnets.clear()
             self.probes.clear()
             self.probed.clear()  # the new shards are other peers' too: any level may be probed again
             return True

@@ -231,3 +231,20 @@ def test_authors_a_training_node_never_used_do_not_set_its_level_and_its_useful_
     hear_all(shard, ground, 41.0, 8)
     # its old neighbours' subscriptions start a probe of level 0, which hears its useful authors: back at once
     assert shard.update(41.0, [0, 0]) and shard.level == 0 and shard.probed[0] == 41.0
+
+
+def test_authors_connected_from_one_subnet_count_once_and_others_one_each():
+    """Six ground ids on one host, each publishing groups anyone can compute, moved a node to level 8: ids are free,
+    addresses are not (GossipSub v1.1's IP colocation)."""
+    shard = level()
+    sybils, honest = peers_with_prefix("0", 6), peers_with_prefix("0", 3, skip=10**4)
+    for p in sybils:
+        shard.hear(p, 5.0, 0, subnet="198.51.100.0/24")
+    assert shard.authors(5.0, 0) == 2 and not shard.update(6.0, [])  # me and one subnet: no split
+    for k, p in enumerate(honest):  # two connected from their own subnets, one heard through a neighbour
+        shard.hear(p, 6.0, 0, subnet=f"203.0.{k}.0/24" if k < 2 else None)
+    assert shard.authors(6.0, 0) == 5
+    shard.hear(sybils[0], 7.0, 0)  # the same id later heard relayed, not connected: counted as itself
+    assert shard.authors(7.0, 0) == 6
+    shard.update(30.0, [])  # all out of the window: their subnets are forgotten with them
+    assert shard.subnets == {} and shard.authors(30.0, 0) == 1
