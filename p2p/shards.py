@@ -153,10 +153,7 @@ class ShardLevel:
     def update(self, now: float, hinted: Iterable[int] = ()) -> bool:
         """Re-decide the epoch, the level and the probes; True when the shard changed. `hinted`: the
         levels at which connected peers subscribe to a shard of ours (unverified)."""
-        for k in [k for k, t in self.heard.items() if t < now - self.window_s]:
-            del self.heard[k]
-        for author in set(self.subnets) - {p for p, _ in self.heard}:
-            del self.subnets[author]
+        self._forget(now)
         if epoch_of(now, self.epoch_s) != self.epoch:
             self.epoch, self.since = epoch_of(now, self.epoch_s), now
             self.heard.clear()  # heard in the old shard: they count nowhere now
@@ -185,6 +182,13 @@ class ShardLevel:
         self.probes.pop(target, None)
         self.level, self.since = target, now
         return True
+
+    def _forget(self, now: float) -> None:
+        """Authors not heard within the window, and their subnets."""
+        for k in [k for k, t in self.heard.items() if t < now - self.window_s]:
+            del self.heard[k]
+        for author in set(self.subnets) - {p for p, _ in self.heard}:
+            del self.subnets[author]
 
     def _probe(self, now: float, hinted: Iterable[int]) -> None:
         """End probes that listened a full window; start probes of hinted levels out of earshot."""
