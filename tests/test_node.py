@@ -74,8 +74,10 @@ def test_a_resumed_run_continues_exactly_where_it_stopped(tiny_a, cache_dir, tmp
     trained = [m for m in a[1:] if m["lr"] is not None]
     # the controller cut the rate (a step past SPIKE times the target), and a resume goes on from the cut rate:
     assert len({m["lr_next"] for m in trained}) > 1
-    for key in ("lr", "lr_next", "step_kl"):
-        assert [m[key] for m in b[1:] if m["lr"] is not None] == pytest.approx([m[key] for m in trained], rel=1e-3), key
+    # the rates alike; a step's KL alike up to float noise (a step at 3e-6 a token differed by 1e-8 between runs)
+    for key, noise in (("lr", 0.0), ("lr_next", 0.0), ("step_kl", 1e-7)):
+        assert [m[key] for m in b[1:] if m["lr"] is not None] == pytest.approx([m[key] for m in trained], rel=1e-3,
+                                                                                abs=noise), key
     assert all(m["n_local"] == 6 for m in b[1:])
 
     def selection_state(out: Path) -> dict:
