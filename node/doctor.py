@@ -89,7 +89,25 @@ def network(cfg: NodeConfig) -> list[tuple[str, str]]:
     rows.append(("announce", ", ".join(cfg.p2p.announce) or "none: peers learn the addresses above"))
     rows.append(("DHT rendezvous", dht_line(cfg)))
     rows.append(("mDNS (LAN)", mdns_line(cfg)))
+    rows.append(("UPnP port mapping", upnp_line(cfg)))
     return rows
+
+
+def upnp_line(cfg: NodeConfig) -> str:
+    """Whether the node will ask the LAN's router for its port (p2p/portmap.py); what the router answers is known
+    only once it runs (`port_mapping` in its status)."""
+    from multiaddr import Multiaddr
+
+    from p2p.host import advertised
+    from p2p.portmap import private_port
+
+    if not cfg.p2p.upnp:
+        return "off (--p2p.upnp false)"
+    where = private_port(advertised([Multiaddr(a) for a in cfg.p2p.listen]))
+    if where is None:
+        return "off: the node listens on no private IPv4 address (a public one needs no mapping; loopback cannot have one)"
+    return (f"on: asks the LAN's router to forward port {where[1]} to {where[0]} at start and removes it at stop; "
+            "the status page's port_mapping says what the router answered")
 
 
 def mdns_line(cfg: NodeConfig) -> str:

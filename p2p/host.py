@@ -37,6 +37,7 @@ from p2p.hints import REMEMBERED, HintBudget
 from p2p.lan import QUEUED, LanDiscovery
 from p2p.peerstore import OrderedPeerStore
 from p2p.policy import MessagePolicy
+from p2p.portmap import PortMap, private_port
 from p2p.pubsub import GuardedPubsub, gossipsub_router
 from p2p.reach import Reach, is_circuit, remote_ip, subnet_of
 from p2p.rendezvous import Rendezvous, rendezvous_key
@@ -119,6 +120,8 @@ class GossipHost:
         self.hints = HintBudget(cfg.max_backoff_s)  # every hint's failures, whoever gave it (peer exchange, the DHT)
         self.rendezvous: Rendezvous | None = None
         self.lan: LanDiscovery | None = None
+        self.portmap: PortMap | None = None
+        self.mapped: list[Multiaddr] = []  # the router's address and port forwarded to us (UPnP)
         announce = [Multiaddr(a) for a in cfg.announce] or None
         self.host = new_host(
             key_pair=key_pair,
@@ -147,7 +150,7 @@ class GossipHost:
 
     def _advertised(self, addrs: list[Multiaddr]) -> list[Multiaddr]:
         """What identify tells peers to dial (py-libp2p asks before `self.reach` exists)."""
-        direct = advertised(addrs)
+        direct = advertised(addrs) + getattr(self, "mapped", [])
         return self.reach.advertised(direct) if hasattr(self, "reach") else direct
 
     async def serve(self, stop: trio.Event, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -160,20 +163,43 @@ class GossipHost:
             await self.pubsub.wait_until_ready()
             self.host.set_stream_handler(TProtocol(self.cfg.peer_exchange_protocol()), self._serve_peer_list)
             self.addrs = [str(a) for a in self.host.get_addrs()]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self._follow_shard)
-                nursery.start_soon(self._publish_outbox)
-                nursery.start_soon(self._keep_bootstrap_peers)
-                nursery.start_soon(self._exchange_peers)
-                if self.cfg.dht_peers():
-                    nursery.start_soon(self._rendezvous)
-                if self.cfg.mdns:
-                    nursery.start_soon(self._lan)
-                nursery.start_soon(self.reach.run, self._connected, nursery)
-                task_status.started()
-                await stop.wait()
-                nursery.cancel_scope.cancel()
+            await self._map_port()
+            try:
+                await self._run_tasks(stop, task_status)
+            finally:
+                if self.portmap:
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(self.portmap.close)
             await self.pubsub.unsubscribe(self.topic)
+
+    async def _map_port(self) -> None:
+        """Ask the LAN's router to forward our port (`p2p.portmap`) before the dial-back check runs: a mapped port
+        makes the node public, with no relay."""
+        where = private_port(advertised(self.host.get_transport_addrs())) if self.cfg.upnp else None
+        if where:
+            self.portmap = PortMap(*where)
+            if mapped := await trio.to_thread.run_sync(self.portmap.open):
+                self.mapped = [mapped]
+                self.addrs.append(f"{mapped}/p2p/{self.me}")
+            else:
+                log.info("UPnP: %s; peers reach this node if its port is forwarded by hand, or through relays",
+                         self.portmap.why)
+
+    async def _run_tasks(self, stop: trio.Event, task_status) -> None:
+        """The node's discovery, gossip and reachability tasks, until `stop`."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._follow_shard)
+            nursery.start_soon(self._publish_outbox)
+            nursery.start_soon(self._keep_bootstrap_peers)
+            nursery.start_soon(self._exchange_peers)
+            if self.cfg.dht_peers():
+                nursery.start_soon(self._rendezvous)
+            if self.cfg.mdns:
+                nursery.start_soon(self._lan)
+            nursery.start_soon(self.reach.run, self._connected, nursery)
+            task_status.started()
+            await stop.wait()
+            nursery.cancel_scope.cancel()
 
     # -- shards -------------------------------------------------------------------------------
 
@@ -247,7 +273,8 @@ class GossipHost:
                 "shard_probes": sorted(self.shard.probes),
                 "peers_other_protocol": self.n_other_protocol, "peers_other_network": self.n_other_network,
                 "dht_providers": len(self.rendezvous.providers) if self.rendezvous else None,
-                "mdns": self.lan.active if self.lan else False}
+                "mdns": self.lan.active if self.lan else False,
+                "port_mapping": self.portmap.why if self.portmap else None}
 
     # -- gossip -------------------------------------------------------------------------------
 

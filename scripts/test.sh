@@ -11,7 +11,7 @@ apt_install() {
   shift 2
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "test: installing $* ($why)" >&2
-    apt-get update -qq && apt-get install -y -qq "$@" >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
   else
     echo "test: no $*: $without; on Debian/Ubuntu: sudo apt-get install $*" >&2
   fi
@@ -25,6 +25,7 @@ fi
 missing_net=()
 command -v ip >/dev/null || missing_net+=(iproute2)
 command -v nft >/dev/null || missing_net+=(nftables)
+command -v miniupnpd >/dev/null || missing_net+=(miniupnpd-nftables)  # the lab's UPnP router
 if [ ${#missing_net[@]} -gt 0 ]; then
   apt_install "the network lab's namespaces and NAT" "the network-lab tests are skipped" "${missing_net[@]}"
 fi

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from node.doctor import dht_line, mdns_line
+from node.doctor import dht_line, mdns_line, upnp_line
 from p2p.config import P2PConfig
 from tests.conftest import run_sapo
 from tests.test_plan import QWEN
@@ -30,7 +30,7 @@ def test_doctor_reports_the_machine_and_the_plan_for_this_cpu(tiny_a, cache_dir,
     assert r.returncode == 0, r.stderr[-2000:]
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in r.stdout.splitlines() if line.count("│") == 3}
     for row in ("torch", "host memory", "cuda", "cpu bfloat16", "mps", "vllm", "peft (LoRA)", "bitsandbytes", "p2p.listen", "addresses",
-                "DHT rendezvous", "mDNS (LAN)"):
+                "DHT rendezvous", "mDNS (LAN)", "UPnP port mapping"):
         assert row in rows, row
     # piped, the table keeps its own width: each row one line, not wrapped to 80 columns
     assert rows["host memory"].endswith("(what is available now, less a margin for the rest of the machine)")
@@ -57,6 +57,14 @@ def test_doctor_says_whether_and_from_where_the_node_looks_its_network_up_on_a_d
                                         ({"mdns": False}, "off (--p2p.mdns false)")])
 def test_doctor_says_whether_the_node_announces_itself_on_the_lan(p2p, words):
     assert words in mdns_line(SimpleNamespace(p2p=P2PConfig(**p2p)))
+
+
+@pytest.mark.parametrize("p2p, words", [({"listen": ["/ip4/192.168.1.20/tcp/7420"]}, "on: asks the LAN's router to forward "
+                                         "port 7420 to 192.168.1.20"),
+                                        ({"listen": ["/ip4/127.0.0.1/tcp/7420"]}, "off: the node listens on no private"),
+                                        ({"upnp": False}, "off (--p2p.upnp false)")])
+def test_doctor_says_whether_the_node_asks_the_router_for_its_port(p2p, words):
+    assert words in upnp_line(SimpleNamespace(p2p=P2PConfig(**p2p)))
 
 
 @pytest.mark.parametrize("card, expect", [(8, "bfloat16 weights, LoRA"), (80, "float32 weights, full fine-tuning")])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -164,6 +165,39 @@ def test_two_nodes_on_one_lan_find_each_other_with_mdns_and_no_address(lab, tmp_
             assert log_lines(p, " ERROR ") == []
     finally:
         for p in nodes:
+            p.stop()
+
+
+def test_a_node_behind_a_upnp_router_maps_its_port_is_dialed_directly_and_unmaps_it_at_stop(lab, tmp_path):
+    """The home router runs a UPnP IGD (miniupnpd): the node asks it for its port, the dial-back check finds it
+    reachable (public, no relay), a stranger given only the router's address reaches it, and the mapping is gone
+    once it stops."""
+    if shutil.which("miniupnpd") is None:
+        message = "miniupnpd is not installed (Debian: apt-get install miniupnpd-nftables; scripts/test.sh does)"
+        pytest.fail(message) if os.environ.get("CI") == "true" else pytest.skip(message)
+    public, home = lab.add_host(), lab.add_host(nat=True, upnp=True)
+
+    def probe(name: str, host: netlab.LabHost, *extra: str) -> ProbeProcess:
+        return ProbeProcess(tmp_path, name, "--listen", f"/ip4/{host.ip}/tcp/4001", "--rate", "1", "--groups", "1",
+                            *extra, prefix=host.cmd())
+
+    boot = probe("boot", public)
+    node = probe("home", home, "--bootstrap", boot.addr)
+    started = [boot, node]
+    try:
+        node.wait_for(lambda: node.stats().get("reachability") == "public" and node.stats().get("relays") == 0, 60,
+                      "reachable through its mapped port, with no relay")
+        assert node.stats()["port_mapping"].startswith(f"mapped {home.seen_as}:4001 -> {home.ip}:4001")
+        assert f"dnat ip to {home.ip}:4001" in lab.mappings(2)
+        stranger = lab.add_host()
+        since = time.time()
+        started.append(late := probe("stranger", stranger, "--bootstrap", f"/ip4/{home.seen_as}/tcp/4001/p2p/{node.peer_id}"))
+        wait_heard(late, [node], since, timeout=60)
+        node.stop()
+        assert "dnat" not in lab.mappings(2)
+        assert log_lines(node, " ERROR ") == []
+    finally:
+        for p in started:
             p.stop()
 
 

@@ -5,7 +5,9 @@ namespaces; `close` kills what the lab started and deletes every namespace it ma
 
 Addresses: host i sits on 198.18.i.0/24 (the middle is .1, the host or its router .2), a range that
 stands for the internet here (nodes treat it as public); behind a NAT the home network is
-192.168.i.0/24 (router .1, host .2). `python -m scripts.bench.lab.netlab echo|ping` is the lab's
+192.168.i.0/24 (router .1, host .2). A router that runs a UPnP IGD (miniupnpd, `add_host(upnp=True)`) sits on
+11.18.i.0/24 instead: miniupnpd refuses to map ports on a reserved address such as 198.18/15, and 11/8, public
+space elsewhere, is this lab's own inside its namespaces (nothing is routed out of them). `python -m scripts.bench.lab.netlab echo|ping` is the lab's
 UDP round-trip probe, run inside a namespace.
 """
 
@@ -23,6 +25,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+UPNP_NFT = """table inet filter {
+  chain miniupnpd {
+  }
+  chain prerouting_miniupnpd {
+  }
+  chain postrouting_miniupnpd {
+  }
+  chain forward {
+    type filter hook forward priority 0; policy accept;
+    jump miniupnpd
+  }
+  chain prerouting {
+    type nat hook prerouting priority -100; policy accept;
+    jump prerouting_miniupnpd
+  }
+  chain postrouting {
+    type nat hook postrouting priority 100; policy accept;
+    jump postrouting_miniupnpd
+  }
+}
+"""  # the chains miniupnpd (nftables build) adds its rules to, by its default names
 TABLE = "100"  # the middle's routing table that sends every forwarded packet through the lossy link
 
 
@@ -68,6 +91,7 @@ class Lab:
     prefix: str = field(default_factory=lambda: f"sapo{os.getpid() % 100000}")
     hosts: list[LabHost] = field(default_factory=list)
     lans: list[list[LabHost]] = field(default_factory=list)
+    routers: dict[int, str] = field(default_factory=dict)  # host index -> its router namespace, where miniupnpd runs
     namespaces: list[str] = field(default_factory=list)
     procs: list[subprocess.Popen] = field(default_factory=list)
 
@@ -103,29 +127,53 @@ class Lab:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def add_host(self, nat: bool = False) -> LabHost:
+    def add_host(self, nat: bool = False, upnp: bool = False) -> LabHost:
+        """A host on the lab's internet, or behind a home router that masquerades (`nat`) and, with `upnp`, maps
+        ports on request (miniupnpd, UPnP IGD and NAT-PMP)."""
         i = len(self.hosts) + 1
         ns = f"{self.prefix}-h{i}"
         edge = f"{self.prefix}-r{i}" if nat else ns  # the namespace on the middle's link
+        net = f"11.18.{i}" if upnp else f"198.18.{i}"
         self._netns(ns)
         if nat:
             self._netns(edge)
-        self._link(self.middle, f"m{i}", f"198.18.{i}.1", edge, "wan", f"198.18.{i}.2")
+        self._link(self.middle, f"m{i}", f"{net}.1", edge, "wan", f"{net}.2")
         if self.impaired:  # forwarded packets from this link go through the lossy link, back out by the main table
             run("ip", "-n", self.middle, "rule", "add", "iif", f"m{i}", "lookup", TABLE)
         if nat:
             self._sysctl(edge, "net.ipv4.ip_forward=1")
             self._link(edge, "lan", f"192.168.{i}.1", ns, "eth0", f"192.168.{i}.2")
-            run("ip", "-n", edge, "route", "add", "default", "via", f"198.18.{i}.1")
+            run("ip", "-n", edge, "route", "add", "default", "via", f"{net}.1")
             run("ip", "-n", ns, "route", "add", "default", "via", f"192.168.{i}.1")
             run("ip", "netns", "exec", edge, "nft", "-f", "-", stdin=(
                 "table ip nat {\n chain post {\n  type nat hook postrouting priority 100;\n  oifname \"wan\" masquerade\n }\n}\n"))
-            host = LabHost(ns, f"192.168.{i}.2", f"198.18.{i}.2")
+            host = LabHost(ns, f"192.168.{i}.2", f"{net}.2")
+            if upnp:
+                self._upnp(edge, host.seen_as, i)
         else:
-            run("ip", "-n", ns, "route", "add", "default", "via", f"198.18.{i}.1")
-            host = LabHost(ns, f"198.18.{i}.2", f"198.18.{i}.2")
+            run("ip", "-n", ns, "route", "add", "default", "via", f"{net}.1")
+            host = LabHost(ns, f"{net}.2", f"{net}.2")
         self.hosts.append(host)
         return host
+
+    def _upnp(self, router: str, external: str, i: int) -> None:
+        """miniupnpd on the router `router`: the nftables chains it fills (its defaults' names), a config that lets
+        the home network map ports 1024 and up to itself, and the daemon, in the foreground, logged."""
+        run("ip", "netns", "exec", router, "nft", "-f", "-", stdin=UPNP_NFT)
+        conf = self.workdir / f"miniupnpd-{i}.conf"
+        conf.write_text(f"ext_ifname=wan\nlistening_ip=lan\next_ip={external}\nhttp_port=5000\nenable_natpmp=yes\n"
+                        f"enable_upnp=yes\nsecure_mode=yes\nsystem_uptime=yes\nuuid=3d3cec3a-8cf0-11e0-98ee-00000000000{i % 10}\n"
+                        f"allow 1024-65535 192.168.{i}.0/24 1024-65535\ndeny 0-65535 0.0.0.0/0 0-65535\n")
+        log = self.workdir / f"miniupnpd-{i}.log"
+        self.procs.append(subprocess.Popen(["ip", "netns", "exec", router, "miniupnpd", "-d", "-f", str(conf)],
+                                           stdout=open(log, "ab"), stderr=subprocess.STDOUT))
+        self.routers[i] = router
+
+    def mappings(self, host_index: int) -> str:
+        """The port mappings the UPnP router of host `host_index` (1-based) holds: its nftables DNAT chain."""
+        done = subprocess.run(["ip", "netns", "exec", self.routers[host_index], "nft", "list", "chain", "inet", "filter",
+                               "prerouting_miniupnpd"], capture_output=True, text=True, timeout=30)
+        return done.stdout
 
     def add_lan(self, n: int) -> list[LabHost]:
         """`n` hosts on one Ethernet segment (a bridge in a namespace of its own), 10.77.<lan>.0/24 with no router
