@@ -26,7 +26,7 @@ from multiaddr import Multiaddr
 log = logging.getLogger(__name__)
 
 LOOKUP_TIMEOUT_S = 30.0  # one provide or one lookup, over however many DHT hops
-RETRY_S = 10.0  # the next lookup, while the node has no swarm peer
+RETRY_S = 10.0  # the first wait before the next lookup while the node has no swarm peer, doubling up to REFRESH_S
 REFRESH_S = 600.0  # the next lookup (and a fresh provider record), once it has some
 PROVIDERS = 32  # providers asked for per lookup: hints, dialed a few at a time
 RESOLVE_TIMEOUT_S = 10.0  # one /dnsaddr name's DNS TXT lookups
@@ -55,10 +55,11 @@ class Rendezvous:
         self.providers: set[ID] = set()  # every provider seen, for stats
 
     async def run(self, found: Callable[[list[PeerInfo]], Awaitable[None]], has_peers: Callable[[], bool]) -> None:
-        """Provide and look up, then hand what was found to `found`; again in `RETRY_S` while `has_peers()` is
-        false, else in `REFRESH_S`. Every `RETRY_S` the connections DHT servers hold to us are closed (a server
+        """Provide and look up, then hand what was found to `found`; again in `RETRY_S`, doubling, while
+        `has_peers()` is false (a node alone on a network nobody else has joined asks less and less often), else in
+        `REFRESH_S`. Every `RETRY_S` the connections DHT servers hold to us are closed (a server
         may dial its table's peers, clients included)."""
-        due = 0.0
+        due, wait = 0.0, RETRY_S
         async with background_trio_service(self.dht):
             while True:
                 if trio.current_time() >= due:
@@ -67,7 +68,10 @@ class Rendezvous:
                         self.counts["dht_lookups"] += 1
                         self.providers.update(i.peer_id for i in infos)
                         await found(infos)
-                    due = trio.current_time() + (REFRESH_S if has_peers() else RETRY_S)
+                    if has_peers():
+                        due, wait = trio.current_time() + REFRESH_S, RETRY_S
+                    else:
+                        due, wait = trio.current_time() + wait, min(2 * wait, REFRESH_S)
                 await self._leave_dht_servers()
                 await trio.sleep(RETRY_S)
 

@@ -190,7 +190,7 @@ def test_a_flood_of_fake_providers_costs_a_few_connection_attempts_and_none_once
         servers.remove_providers(key)
         time.sleep(60)  # past py-libp2p's 60 s ban of a failed peer: nothing redials the fake providers
         assert counter.count == during, f"{counter.count - during} connections to fake providers after they left"
-        assert node.stats()["dht_lookups"] >= 6 and log_lines(node, " ERROR ") == []
+        assert node.stats()["dht_lookups"] >= 4 and log_lines(node, " ERROR ") == []  # at 0, 10, 30, 70 s: backing off
     finally:
         counter.close()
         servers.close()
