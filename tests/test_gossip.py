@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 import signal
 import socket
 import threading
@@ -379,19 +380,14 @@ class ConnectionCounter:
         self.servers = [socket.create_server((h, 0)) for h in hosts]
         self.addrs = [f"/ip4/{h}/tcp/{s.getsockname()[1]}" for h, s in zip(hosts, self.servers)]
         self.count, self._stop = 0, threading.Event()
-        for server in self.servers:
-            server.settimeout(0.2)
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
     def _accept(self) -> None:
         while not self._stop.is_set():
-            for server in self.servers:
-                try:
-                    server.accept()[0].close()
-                    self.count += 1
-                except TimeoutError:
-                    pass
+            for server in select.select(self.servers, [], [], 0.2)[0]:  # all at once: close() waits for one pass
+                server.accept()[0].close()
+                self.count += 1
 
     def close(self) -> None:
         self._stop.set()
