@@ -457,7 +457,12 @@ class GossipHost:
         """Peers announced on the LAN (`p2p.lan`), dialed as hints under the same budget as peer exchange."""
         send, receive = trio.open_memory_channel[PeerInfo](QUEUED)
         self.lan = LanDiscovery(self.host, self.base, advertised(self.host.get_transport_addrs()), send, self.counts)
-        await trio.to_thread.run_sync(self.lan.start)
+        try:
+            await trio.to_thread.run_sync(self.lan.start)
+        except Exception as e:  # no multicast here (a container, a firewall): the other ways to find peers remain
+            log.warning("mDNS unavailable (%s): peers on the LAN are found through bootstrap peers and the DHT only", e)
+            await trio.to_thread.run_sync(self.lan.stop)
+            return
         try:
             async for info in receive:
                 connected = self._connected()
