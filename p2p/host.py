@@ -423,7 +423,6 @@ class GossipHost:
         address is logged once. A neighbour that does not answer (peer exchange is optional for other
         implementations) is not asked again for a while.
         """
-        budget = self.hints
         silent = SeenKeys(self.cfg.max_backoff_s, REMEMBERED)  # neighbours that did not answer, not asked again yet
         wait = 0.3  # the first ask comes right after the bootstrap connection, to mesh quickly
         while True:
@@ -431,7 +430,7 @@ class GossipHost:
             wait = self.cfg.peer_exchange_s * random.uniform(0.5, 1.0)
             connected, now = self._connected(), trio.current_time()
             silent.forget_expired(now)
-            askable = [p for p in connected if p not in silent and budget.may_ask(p, now)]
+            askable = [p for p in connected if p not in silent and self.hints.may_ask(p, now)]
             if not askable or not self._wants_peers():
                 continue
             responder = random.choice(askable)
@@ -439,7 +438,7 @@ class GossipHost:
             if infos is None:
                 silent.add(responder, trio.current_time())
                 continue
-            await self._dial_hints(responder, infos, connected, budget)
+            await self._dial_hints(responder, infos, connected)
 
     async def _rendezvous(self) -> None:
         """Peers found on the DHT (`p2p.rendezvous`), dialed as hints under the same budget as peer exchange."""
@@ -448,8 +447,8 @@ class GossipHost:
                                      self.counts)
 
         async def found(infos: list[PeerInfo]) -> None:
-            if self._wants_peers() and self.hints.may_ask(DHT_SOURCE, trio.current_time()):
-                await self._dial_hints(DHT_SOURCE, infos, self._connected(), self.hints)
+            if self._wants_peers():
+                await self._dial_hints(DHT_SOURCE, infos, self._connected())
 
         await self.rendezvous.run(found, lambda: bool(self.pubsub.peers))
 
@@ -465,16 +464,16 @@ class GossipHost:
             return
         try:
             async for info in receive:
-                connected = self._connected()
-                if self._wants_peers() and info.peer_id not in connected:
-                    await self._dial_hints(LAN_SOURCE, [info], connected, self.hints)
+                if self._wants_peers():
+                    await self._dial_hints(LAN_SOURCE, [info], self._connected())
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self.lan.stop)
 
-    async def _dial_hints(self, responder: Hashable, infos: list[PeerInfo], connected: set[ID], budget: HintBudget) -> None:
+    async def _dial_hints(self, responder: Hashable, infos: list[PeerInfo], connected: set[ID]) -> None:
         """Dial the new peers of one answer, nearest our shard first, within the answer's and the addresses'
-        budgets; a failed dial counts against its addresses and the responder."""
+        budgets (`self.hints`); a failed dial counts against its addresses and the responder."""
+        budget = self.hints
         dials, proven = 0, responder in self.bootstrap_ids
         own = advertised(self.host.get_transport_addrs())
         random.shuffle(infos)  # then our own shard first: the peers whose rollouts we hear

@@ -88,7 +88,8 @@ class Rendezvous:
                         log.debug("DHT bootstrap peer %s unreachable: %s", info.peer_id, e)
                         continue
             await self.dht.add_peer(info.peer_id)
-        if any(i.peer_id in set(self.host.get_connected_peers()) for i in self.bootstrap):
+        connected = set(self.host.get_connected_peers())
+        if any(i.peer_id in connected for i in self.bootstrap):
             return True
         self.counts["dht_unreachable"] += 1
         return False
