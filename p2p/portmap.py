@@ -15,6 +15,8 @@ import logging
 import miniupnpc
 from multiaddr import Multiaddr
 
+from p2p.reach import PRIVATE_NETS
+
 log = logging.getLogger(__name__)
 
 DISCOVER_MS = 2000  # how long the SSDP search for a router waits for answers
@@ -22,13 +24,18 @@ LEASE_S = 3600  # the mapping's lease: renewed by the next start, gone by itself
 DESCRIPTION = "sapo-node"
 
 
+def is_private(ip: str) -> bool:
+    """Private as the rest of the node counts it (`p2p.reach.PRIVATE_NETS`: a home network, CGNAT), not as Python's
+    `is_private`, which also counts documentation and benchmarking ranges (the network lab's internet)."""
+    return any(ipaddress.ip_address(ip) in net for net in PRIVATE_NETS)
+
+
 def private_port(addrs: list[Multiaddr]) -> tuple[str, int] | None:
     """The first listening (IPv4, TCP) address on a private network a router could forward to: (ip, port)."""
     for a in addrs:
         parts = str(a).split("/")
         if len(parts) > 4 and parts[1] == "ip4" and parts[3] == "tcp":
-            ip = ipaddress.ip_address(parts[2])
-            if ip.is_private and not ip.is_loopback and not ip.is_link_local:
+            if is_private(parts[2]) and not ipaddress.ip_address(parts[2]).is_link_local:
                 return parts[2], int(parts[4])
     return None
 
@@ -57,7 +64,7 @@ class PortMap:
             return None
         self._gateway, self.external = gateway, external
         self.why = f"mapped {external}:{self.port} -> {self.ip}:{self.port}"
-        if ipaddress.ip_address(external).is_private:
+        if is_private(external):
             self.why += " (the router's own address is private: another NAT lies beyond it)"
         log.info("UPnP: the router forwards %s:%d to this node", external, self.port)
         return Multiaddr(f"/ip4/{external}/tcp/{self.port}")
