@@ -32,7 +32,9 @@ def check_multiaddrs(addrs: list[str], need_peer_id: bool, dnsaddr: bool = False
         except Exception as e:  # multiaddr raises several unrelated types for bad text
             raise ValueError(f"not a multiaddr: {a!r} ({e})") from None
         names = [p.name for p in parsed.protocols()]
-        if dnsaddr and names[:1] == ["dnsaddr"] and "p2p" in names:
+        if dnsaddr and names[:1] == ["dnsaddr"]:
+            if "p2p" not in names:
+                raise ValueError(f"{a!r} has no /p2p/<peer id> part: a /dnsaddr name is resolved to one peer's addresses")
             continue
         if "tcp" not in names:  # py-libp2p would log the failure and carry on without the address
             raise ValueError(f"{a!r} has no /tcp/<port> part: nodes speak libp2p over TCP only")

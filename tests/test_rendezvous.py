@@ -39,6 +39,8 @@ def test_the_dht_is_off_with_one_flag_and_a_given_list_replaces_the_profiles():
     assert P2PConfig(dht_bootstrap=[addr], dht=False).dht_peers() == []
     with pytest.raises(ValueError, match="/p2p/<peer id>"):
         P2PConfig(dht_bootstrap=["/ip4/127.0.0.1/tcp/4001"])
+    with pytest.raises(ValueError, match="a /dnsaddr name is resolved to one peer's addresses"):
+        P2PConfig(dht_bootstrap=["/dnsaddr/bootstrap.libp2p.io"])
 
 
 def test_a_dnsaddr_dht_peer_is_dialed_at_the_tcp_addresses_its_dns_records_give_for_it():
