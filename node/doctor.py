@@ -106,8 +106,8 @@ def upnp_line(cfg: NodeConfig) -> str:
     where = private_port(advertised([Multiaddr(a) for a in cfg.p2p.listen]))
     if where is None:
         return "off: the node listens on no private IPv4 address (a public one needs no mapping; loopback cannot have one)"
-    return (f"on: asks the LAN's router to forward port {where[1]} to {where[0]} at start and removes it at stop; "
-            "the status page's port_mapping says what the router answered")
+    return (f"on: asks the LAN's router to forward port {where[1]} to this machine's address on the router's network "
+            "at start and removes it at stop; the status page's port_mapping says what the router answered")
 
 
 def mdns_line(cfg: NodeConfig) -> str:

@@ -58,6 +58,8 @@ class PortMap:
                 return None
             gateway.selectigd()
             external = gateway.externalipaddress()
+            # our address on the router's own network (a machine with several, docker0's among them, has one there)
+            self.ip = gateway.lanaddr or self.ip
             gateway.addportmapping(self.port, "TCP", self.ip, self.port, DESCRIPTION, "", LEASE_S)
         except Exception as e:  # miniupnpc raises Exception with the router's error text, "Success" included
             self.why = f"the router refused: {e}" if str(e) != "Success" else "no UPnP router answered on the LAN"

@@ -60,7 +60,7 @@ def test_doctor_says_whether_the_node_announces_itself_on_the_lan(p2p, words):
 
 
 @pytest.mark.parametrize("p2p, words", [({"listen": ["/ip4/192.168.1.20/tcp/7420"]}, "on: asks the LAN's router to forward "
-                                         "port 7420 to 192.168.1.20"),
+                                         "port 7420 to this machine's address on the router's network"),
                                         ({"listen": ["/ip4/127.0.0.1/tcp/7420"]}, "off: the node listens on no private"),
                                         ({"upnp": False}, "off (--p2p.upnp false)")])
 def test_doctor_says_whether_the_node_asks_the_router_for_its_port(p2p, words):

@@ -25,6 +25,7 @@ class Gateway:
 
     def __init__(self, devices: int = 1, refuse: str | None = None):
         self.devices, self.refuse, self.mapped, self.discoverdelay = devices, refuse, {}, 0
+        self.lanaddr = "192.168.1.20"  # the address the router was reached from
 
     def discover(self) -> int:
         return self.devices
@@ -52,7 +53,7 @@ class Gateway:
     (Gateway(refuse="ConflictInMappingEntry"), None, "the router refused: ConflictInMappingEntry")])
 def test_a_mapping_is_asked_for_and_removed_and_a_failure_says_why(gateway, mapped, why, monkeypatch):
     monkeypatch.setattr(p2p.portmap, "miniupnpc", SimpleNamespace(UPnP=lambda: gateway))
-    portmap = PortMap("192.168.1.20", 7420)
+    portmap = PortMap("172.17.0.1", 7420)  # the first private address found: docker0's, not the LAN's
     got = portmap.open()
     assert (str(got) if got else None) == mapped and portmap.why.startswith(why)
     if mapped:
