@@ -186,7 +186,8 @@ def families(s: dict) -> list[Metric]:
     metric("relays", "gauge", "relays this node holds a reservation with (behind NAT)", [({}, p2p.get("relays"))])
     metric("relayed_peers", "gauge", "peers connected through a relay", [({}, p2p.get("relayed_peers"))])
     metric("relay_refused_total", "counter", "relay reservations refused: the asker is not a participant this node "
-           "dialed back and could not reach, or every slot is taken", [({}, p2p.get("relay_refused", 0))])
+           "dialed back and could not reach, has taken part for less than p2p.relay_after_s, its address holds its "
+           "share, or every slot is taken", [({}, p2p.get("relay_refused", 0))])
     metric("relayed_bytes_total", "counter", "bytes this node relayed between peers behind NAT",
            [({}, p2p.get("relayed_bytes", 0))])
     metric("relay_paced_seconds_total", "counter", "seconds relayed circuits waited for p2p.relay_kib_per_s",

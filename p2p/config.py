@@ -120,6 +120,9 @@ class P2PConfig(Section):
         "cannot dial (behind a home router) is reached through relays")
     relays: int = Field(2, ge=1, le=8, description="relays a node that cannot be dialed keeps a reservation with")
     relay_slots: int = Field(32, ge=0, description="peers behind NAT a dialable node relays for (0: none)")
+    relay_after_s: float = Field(600.0, ge=0, description="how long a peer behind NAT must have taken part (its signed "
+                                 "messages accepted here, with no silence of 20 minutes) before it may reserve one of this "
+                                 "node's relay slots: a peer id and a computable group cost nothing, time does")
     relay_circuit_s: int = Field(600, ge=1, description="longest a relayed connection lasts before its peer dials "
                                  "it again (the reachability recheck period)")
     relay_circuit_mib: int = Field(64, ge=1, description="most bytes one relayed connection carries, both ways "

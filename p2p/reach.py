@@ -66,19 +66,49 @@ def subnet_of(ip: str) -> str:
     return str(ipaddress.ip_network(f"{ip}/{24 if ipaddress.ip_address(ip).version == 4 else 48}", strict=False))
 
 
+class Participants:
+    """Peers whose signed messages our validator accepted within `ttl`, each with when its current run of
+    participation began: one computable group costs nothing, so a relay slot also asks for time."""
+
+    def __init__(self, ttl: float, max_keys: int):
+        self.last = SeenKeys(ttl, max_keys)
+        self.since: dict[ID, float] = {}  # peer -> its first accepted message since it last fell silent for `ttl`
+
+    def __contains__(self, peer: ID) -> bool:
+        return peer in self.last
+
+    def add(self, peer: ID, now: float) -> None:
+        self.last.forget_expired(now)  # a peer silent past `ttl` starts over
+        if peer not in self.last:
+            self.since[peer] = now
+        self.last.add(peer, now)
+        if len(self.since) > 2 * self.last.max_keys:
+            self.forget_expired(now)
+
+    def forget_expired(self, now: float) -> None:
+        self.last.forget_expired(now)
+        for peer in [p for p in self.since if p not in self.last]:
+            del self.since[peer]
+
+    def age(self, peer: ID, now: float) -> float | None:
+        """Seconds this peer has taken part without a silence of `ttl`, or None when it does not now."""
+        return now - self.since[peer] if peer in self.last and peer in self.since else None
+
+
 class ParticipantSlots(RelayResourceManager):
     """Relay slots for participants only. A peer may reserve when, within `UNREACHABLE_S`, this node dialed
-    it back over a direct connection and reached none of its ports (it needs a relay) and accepted a signed
-    message of useful groups it wrote (it takes part in the swarm), and while fewer than `SLOTS_PER_IP` slots are
-    held from its IP address and `SLOTS_PER_SUBNET` from its subnet: peer ids are free, and strangers who each
-    published one computable group got 32 of 34 slots. A slot is freed when its holder disconnects. Every refusal
-    is counted, a full relay's included (relayed bytes by `RelayMeter`)."""
+    it back over a direct connection and reached none of its ports (it needs a relay), its signed messages have
+    been accepted here for `min_age_s` with no silence of `UNREACHABLE_S` (strangers who each published one
+    computable group got 32 of 34 slots: anyone can solve a public generator's task, but no one can buy time),
+    and while fewer than `SLOTS_PER_IP` slots are held from its IP address and `SLOTS_PER_SUBNET` from its
+    subnet (peer ids are free). A slot is freed when its holder disconnects. Every refusal is counted, a full
+    relay's included (relayed bytes by `RelayMeter`)."""
 
-    def __init__(self, limits: RelayLimits, host: IHost, counts: Counter[str]):
+    def __init__(self, limits: RelayLimits, host: IHost, counts: Counter[str], min_age_s: float):
         super().__init__(limits, host)
-        self.counts = counts
+        self.counts, self.min_age_s = counts, min_age_s
         self.unreachable = SeenKeys(UNREACHABLE_S, 4096)  # peers our dial-back could not reach
-        self.participants = SeenKeys(UNREACHABLE_S, 4096)  # authors of messages our validator accepted
+        self.participants = Participants(UNREACHABLE_S, 4096)  # authors of messages our validator accepted
 
     def can_accept_reservation(self, peer_id: ID) -> bool:
         now = trio.current_time()
@@ -86,6 +116,10 @@ class ParticipantSlots(RelayResourceManager):
         self.participants.forget_expired(now)
         if peer_id not in self.unreachable or peer_id not in self.participants or not super().can_accept_reservation(peer_id):
             self.counts["relay_refused"] += 1
+            return False
+        if self.participants.age(peer_id, now) < self.min_age_s:
+            self.counts["relay_refused"] += 1
+            self.counts["relay_refused_new"] += 1
             return False
         if self._crowded(peer_id):
             self.counts["relay_refused"] += 1
@@ -205,7 +239,7 @@ class Reach:
         limits = RelayLimits(duration=cfg.relay_circuit_s, data=cfg.relay_circuit_mib << 20, max_circuit_conns=8,
                              max_reservations=cfg.relay_slots)
         self.protocol = MeteredRelay(host, limits, RelayMeter(cfg.relay_kib_per_s << 10, counts))
-        self.slots = self.protocol.resource_manager = ParticipantSlots(limits, host, counts)
+        self.slots = self.protocol.resource_manager = ParticipantSlots(limits, host, counts, cfg.relay_after_s)
         self.transport = CircuitV2Transport(host, self.protocol, RelayConfig(roles=RelayRole.STOP | RelayRole.CLIENT))
         self.dialback_protocol = TProtocol(f"/sapo/{cfg.profile().namespace}/dialback/1.0.0")
         self.reserved: dict[ID, Multiaddr] = {}  # relay -> our address through it (without /p2p/<us>)

@@ -77,13 +77,16 @@ def test_gossip_over_100_ms_and_1_percent_loss_reaches_every_node_within_the_bou
     assert len(published) >= 4 * 28
 
 
+RELAY_AFTER = ["--p2p.relay_after_s", "10"]  # a home takes part 10 s before its relay slot (600 s by default: test_reach)
+
+
 def test_two_nodes_behind_nat_find_that_out_and_connect_through_a_bootstrap_only_relay(lab, tmp_path):
     public, home_a, home_b = lab.add_host(), lab.add_host(nat=True), lab.add_host(nat=True)
     key = tmp_path / "relay.key"
     addr = f"/ip4/{public.ip}/tcp/4001/p2p/{peer_id(load_or_create(key))}"
     relay = subprocess.Popen(public.cmd(sys.executable, "-m", "node.cli", "run", "--bootstrap-only", "--out",
                                         str(tmp_path / "relay"), "--listen", f"/ip4/{public.ip}/tcp/4001",
-                                        "--p2p.key_file", str(key)),
+                                        "--p2p.key_file", str(key), *RELAY_AFTER),
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "relay.log", "wb"))
     homes = [ProbeProcess(tmp_path, name, "--listen", f"/ip4/{host.ip}/tcp/4001", "--rate", "1", "--groups", "1",
                           "--bootstrap", addr, prefix=host.cmd()) for name, host in (("home-a", home_a), ("home-b", home_b))]
@@ -106,14 +109,16 @@ def test_two_nodes_behind_nat_find_that_out_and_connect_through_a_bootstrap_only
 def test_a_stranger_gets_no_relay_slot_and_no_dial_back_through_the_relay_while_a_home_gets_its_slot(lab, tmp_path):
     """Over the wire, what tests/test_reach.py checks of the rules: a stranger that asks a public node for a
     relay slot at once (no dial-back first), or after a dial-back on a closed port (it passes for a peer behind
-    NAT, but has taken no part), is refused; a node behind NAT that publishes is not; and a dial-back asked
+    NAT, but has taken no part), or after publishing groups anyone can compute for a few seconds (it has taken part,
+    but not for `p2p.relay_after_s`), is refused; a node behind NAT that publishes is not, once it has taken part that
+    long; and a dial-back asked
     through the relay is answered `relayed` instead of scanning the relay's host."""
     public, home_host, stranger_host = lab.add_host(), lab.add_host(nat=True), lab.add_host()
     key = tmp_path / "relay.key"
     addr = f"/ip4/{public.ip}/tcp/4001/p2p/{peer_id(load_or_create(key))}"
     relay = subprocess.Popen(public.cmd(sys.executable, "-m", "node.cli", "run", "--bootstrap-only", "--out",
                                         str(tmp_path / "relay"), "--listen", f"/ip4/{public.ip}/tcp/4001",
-                                        "--p2p.key_file", str(key), "--p2p.reachability", "public"),
+                                        "--p2p.key_file", str(key), "--p2p.reachability", "public", *RELAY_AFTER),
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "relay.log", "wb"))
     probes = []
     try:
@@ -123,6 +128,10 @@ def test_a_stranger_gets_no_relay_slot_and_no_dial_back_through_the_relay_while_
         probes.append(posing := ProbeProcess(tmp_path, "posing", "--listen", f"/ip4/{stranger_host.ip}/tcp/4003",
                                              "--bootstrap", addr, "--squat", "--closed-port", "9", prefix=stranger_host.cmd()))
         assert posing.wait_for(lambda: posing.events("squat"), 60, "an answer")[0]["granted"] is False
+        probes.append(solver := ProbeProcess(tmp_path, "solver", "--listen", f"/ip4/{stranger_host.ip}/tcp/4004",
+                                             "--bootstrap", addr, "--squat", "--closed-port", "9", "--squat-after", "3",
+                                             "--rate", "1", "--groups", "1", "--wrap", "", prefix=stranger_host.cmd()))
+        assert solver.wait_for(lambda: solver.events("squat"), 60, "an answer")[0]["granted"] is False
         probes.append(home := ProbeProcess(tmp_path, "home", "--listen", f"/ip4/{home_host.ip}/tcp/4001", "--rate", "1",
                                            "--groups", "1", "--bootstrap", addr, prefix=home_host.cmd()))
         home.wait_for(lambda: home.stats().get("relays", 0) > 0, 120, "a relay slot")  # after its first groups reach the relay
@@ -243,7 +252,7 @@ def test_a_node_behind_nat_trains_on_the_swarms_groups_and_the_swarm_on_its(lab,
     key = tmp_path / "public.key"
     addr = f"/ip4/{public.ip}/tcp/4001/p2p/{peer_id(load_or_create(key))}"
     common = ["--model.cache_dir", str(cache_dir), *TRAIN]
-    nodes = [lab_node(public, tmp_path, "public", *common, "--p2p.key_file", str(key)),
+    nodes = [lab_node(public, tmp_path, "public", *common, "--p2p.key_file", str(key), *RELAY_AFTER),
              lab_node(home, tmp_path, "home", *common, "--bootstrap", addr)]  # redials until the public node listens
     rows = train_until(tmp_path, nodes, ["public", "home"], ["home"])
     assert rows["public"][-1]["p2p"]["reachability"] == "public"
@@ -260,7 +269,7 @@ def test_an_operators_testnet_bootstrap_joins_two_homes_behind_nat_that_know_onl
     listing.write_text(f"# the operator's list\n/ip4/{public.ip}/tcp/4001/p2p/{peer_id(load_or_create(key))}\n")
     testnet = ["--network", "testnet", "--p2p.bootstrap_file", str(listing), "--p2p.dht", "false"]  # no public DHT
     nodes = [lab_node(public, tmp_path, "operator", "--bootstrap-only", "--p2p.key_file", str(key),
-                      "--p2p.reachability", "public", *testnet)]
+                      "--p2p.reachability", "public", *testnet, *RELAY_AFTER)]
     nodes += [lab_node(host, tmp_path, f"home{k}", "--model.cache_dir", str(cache_dir), *TRAIN, *testnet)
               for k, host in enumerate(homes)]
     train_until(tmp_path, nodes, ["home0", "home1"], ["home0", "home1"])

@@ -131,7 +131,7 @@ def test_relay_slots_go_only_to_participants_our_dial_back_could_not_reach_and_f
     """A stranger that asked for a dial-back on a closed port got a slot (32 of 34 did, and one pair used the
     relay's whole budget): a slot needs a signed, useful message of its own as well. A full relay's refusals
     were not counted."""
-    node = reach(Reachability.PUBLIC, relay_slots=1)
+    node = reach(Reachability.PUBLIC, relay_slots=1, relay_after_s=0)
     stranger, member, late = peer(after=node), peer(after=node), peer(after=node)
     slots, connections = node.slots, node.host.get_network().connections
 
@@ -162,7 +162,7 @@ def conn_from(ip: str) -> SimpleNamespace:
 
 def test_relay_slots_are_limited_per_ip_address_and_per_subnet():
     """Peer ids are free: 32 of 34 strangers on one host got slots once each had published one computable group."""
-    node = reach(Reachability.PUBLIC, relay_slots=16)
+    node = reach(Reachability.PUBLIC, relay_slots=16, relay_after_s=0)
     slots, connections = node.slots, node.host.get_network().connections
 
     def asks(ip: str | None) -> bool:
@@ -181,6 +181,52 @@ def test_relay_slots_are_limited_per_ip_address_and_per_subnet():
             [True] * (SLOTS_PER_SUBNET - SLOTS_PER_IP) + [False] * SLOTS_PER_IP  # the /24 is full
         assert asks("198.19.0.1") and asks("2001:db8:1::1") and not asks(None)  # another /24; IPv6; not connected
         assert node.counts["relay_refused_address"] == 2 + SLOTS_PER_IP + 1 == node.counts["relay_refused"]
+
+    trio.run(scenario, clock=MockClock(autojump_threshold=0))
+
+
+def test_relay_slots_wait_until_a_peer_has_taken_part_for_relay_after_s_without_falling_silent():
+    """One computable group (right answers to a public generator's task) proved a stranger a participant: 32 of
+    34 strangers got slots. Time is what a free identity cannot buy."""
+    node = reach(Reachability.PUBLIC, relay_slots=4)
+    assert node.slots.min_age_s == P2PConfig().relay_after_s == 600
+    slots, connections = node.slots, node.host.get_network().connections
+    newcomer, quiet = peer(after=node), peer(after=node)
+    for i, p in enumerate((newcomer, quiet)):
+        connections[p] = [conn_from(f"198.18.{i}.1")]
+
+    async def takes_part(p: ID, seconds: float, every: float = 60) -> None:
+        for _ in range(int(seconds // every)):
+            slots.participants.add(p, trio.current_time())
+            slots.unreachable.add(p, trio.current_time())
+            await trio.sleep(every)
+
+    async def scenario() -> None:
+        await takes_part(newcomer, 60)
+        assert not slots.can_accept_reservation(newcomer) and node.counts["relay_refused_new"] == 1
+        await takes_part(newcomer, 540)
+        assert slots.can_accept_reservation(newcomer)  # 10 minutes of messages
+        await takes_part(quiet, 600)
+        await trio.sleep(UNREACHABLE_S + 1)  # silent past the window: its time starts over
+        await takes_part(quiet, 120)
+        assert not slots.can_accept_reservation(quiet) and node.counts["relay_refused_new"] == 2
+        assert node.counts["relay_refused"] == 2
+
+    trio.run(scenario, clock=MockClock(autojump_threshold=0))
+
+
+def test_participants_forget_the_silent_and_stay_bounded():
+    slots = reach(Reachability.PUBLIC).slots
+    many = [ID(b"peer%d" % i) for i in range(3 * 4096)]
+
+    async def scenario() -> None:
+        for p in many:
+            slots.participants.add(p, trio.current_time())
+        assert len(slots.participants.since) <= 2 * 4096 + 1 and many[-1] in slots.participants
+        assert slots.participants.age(many[-1], trio.current_time()) == 0
+        await trio.sleep(UNREACHABLE_S + 1)
+        slots.participants.forget_expired(trio.current_time())
+        assert not slots.participants.since and slots.participants.age(many[-1], trio.current_time()) is None
 
     trio.run(scenario, clock=MockClock(autojump_threshold=0))
 

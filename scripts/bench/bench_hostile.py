@@ -60,6 +60,7 @@ one. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -191,10 +192,11 @@ class Procs:
             time.sleep(0.5)
 
     def three_windows(self, window: float, hostile: int, addr: str, liar_args, prefix: list[str] = (),
-                      on_mark=lambda: None) -> dict[str, tuple[float, float]]:
+                      on_mark=lambda: None, after: float | None = None, pieces: int = 1) -> dict[str, tuple[float, float]]:
         """Before, during and after an attack: `hostile` probes (`liar_args(h)` each, inside `prefix`) join
-        through `addr` for the middle window, then leave. `on_mark()` runs at each window's edge. Returns
-        each window's (start, end)."""
+        through `addr` for the middle window, then leave; the last window lasts `after` (default `window`).
+        `on_mark()` runs at each window's edge, and `pieces` times in all over the last. Returns each window's
+        (start, end)."""
         marks = [time.time()]
         on_mark()
         time.sleep(window)
@@ -207,9 +209,10 @@ class Procs:
         self.stop(liars)
         marks.append(time.time())
         on_mark()
-        time.sleep(window)
+        for _ in range(pieces):
+            time.sleep((window if after is None else after) / pieces)
+            on_mark()
         marks.append(time.time())
-        on_mark()
         return dict(zip(("before", "attack", "after"), zip(marks, marks[1:])))
 
     def errors(self, name: str) -> list[str]:
@@ -353,38 +356,54 @@ def probe_events(events: Path, kind: str = "stats") -> list[dict]:
     return [e for e in json_lines(events) if e.get("event") == kind]
 
 
-def run_px_aim(size: int, hostile: int, window: float, code: Path, work: Path) -> dict:
-    """N gossip probes; H strangers answer every peer-exchange ask with 32 made-up peers at random ports
-    of 127.0.0.1. Per window: the dials each honest node made and the hints that failed."""
+def run_px_aim(size: int, hostile: int, window: float, code: Path, work: Path, after: float) -> dict:
+    """N gossip probes on one lab host; for the middle window H strangers on another answer every peer-exchange ask
+    with 32 made-up peers at random ports of a third, where nothing listens. Per window: the dials each honest
+    node counted, its failed hints, and every connection attempt from the honest host to the hinted one that its
+    packet filter saw (what a library's own dialer adds is there, whatever the node counts); the last window
+    lasts `after` seconds, also counted by minute."""
     procs = Procs(work, code)
     honest = [f"gossip{i}" for i in range(size)]
-    try:
-        first = procs.start(honest[0], probe_module(procs.code), "--key", str(work / "gossip0.key"), "--rate", "0.5", "--groups", "1",
-                            "--events", str(work / "gossip0.jsonl"))
-        deadline = time.monotonic() + 120
-        while not (ready := probe_events(work / "gossip0.jsonl", "ready")):
-            if time.monotonic() > deadline or first.poll() is not None:
-                raise RuntimeError(f"the first node did not start (see {work})")
-            time.sleep(0.5)
-        addr = next(a for a in ready[0]["addrs"] if a.startswith("/ip4/127.0.0.1/")) + f"/p2p/{ready[0]['peer_id']}"
-        for name in honest[1:]:
-            procs.start(name, probe_module(procs.code), "--key", str(work / f"{name}.key"), "--bootstrap", addr, "--rate", "0.5",
-                        "--groups", "1", "--events", str(work / f"{name}.jsonl"))
-        time.sleep(20)  # mesh
-        phases = procs.three_windows(window, hostile, addr, lambda h: ["--lie-peers", "127.0.0.1"])
-    finally:
-        procs.stop()
-    out = {}
-    for phase, (a, b) in phases.items():
-        per_node = {}
-        for n in honest:
-            inside = [e for e in probe_events(work / f"{n}.jsonl") if a <= e["t"] <= b]
-            per_node[n] = {k: inside[-1].get(k, 0) - inside[0].get(k, 0) if inside else None
-                           for k in ("dials", "dial_failed", "hints_failed")}
-        out[phase] = {"nodes": per_node, "dials_per_node_per_min": statistics.mean(
-            (v["dials"] or 0) for v in per_node.values()) * 60 / (b - a)}
-    return {"attack": "px-aim", "size": size, "hostile": hostile, "window_s": window, "phases": out,
+    syns: list[tuple[float, int]] = []
+    with netlab.Lab(work / "lab") as lab:
+        home, strangers, hinted = lab.add_host(), lab.add_host(), lab.add_host()
+        count_syns = lab.syn_counter(home, hinted.ip)
+        listen = ["--listen", f"/ip4/{home.ip}/tcp/0", "--rate", "0.5", "--groups", "1"]
+        try:
+            first = procs.start(honest[0], probe_module(procs.code), "--key", str(work / "gossip0.key"), *listen,
+                                "--events", str(work / "gossip0.jsonl"), prefix=home.cmd())
+            deadline = time.monotonic() + 120
+            while not (ready := probe_events(work / "gossip0.jsonl", "ready")):
+                if time.monotonic() > deadline or first.poll() is not None:
+                    raise RuntimeError(f"the first node did not start (see {work})")
+                time.sleep(0.5)
+            addr = next(a for a in ready[0]["addrs"] if a.startswith(f"/ip4/{home.ip}/")) + f"/p2p/{ready[0]['peer_id']}"
+            for name in honest[1:]:
+                procs.start(name, probe_module(procs.code), "--key", str(work / f"{name}.key"), "--bootstrap", addr,
+                            *listen, "--events", str(work / f"{name}.jsonl"), prefix=home.cmd())
+            time.sleep(20)  # mesh
+            phases = procs.three_windows(window, hostile, addr, lambda h: [
+                "--lie-peers", hinted.ip, "--listen", f"/ip4/{strangers.ip}/tcp/0"], prefix=strangers.cmd(),
+                on_mark=lambda: syns.append((time.time(), count_syns())), after=after, pieces=max(1, round(after / 60)))
+        finally:
+            procs.stop()
+    after_marks = [c for t, c in syns if t >= phases["after"][0] - 1]
+    return {"attack": "px-aim", "size": size, "hostile": hostile, "window_s": window, "after_s": after,
+            "phases": {phase: px_window(work, honest, syns, a, b) for phase, (a, b) in phases.items()},
+            "attempts_at_hinted_host_by_minute_after": [b - a for a, b in zip(after_marks, after_marks[1:])],
             **procs.outcome(honest)}
+
+
+def px_window(work: Path, honest: list[str], syns: list[tuple[float, int]], a: float, b: float) -> dict:
+    """One window of px-aim: what each honest node counted of its dials, and the attempts the filter saw."""
+    per_node = {}
+    for n in honest:
+        inside = [e for e in probe_events(work / f"{n}.jsonl") if a <= e["t"] <= b]
+        per_node[n] = {k: inside[-1].get(k, 0) - inside[0].get(k, 0) if inside else None
+                       for k in ("dials", "dial_failed", "hints_failed")}
+    counted = [c for t, c in syns if a - 1 <= t <= b + 1]  # the marks at the window's edges
+    return {"nodes": per_node, "dials_per_node_per_min": statistics.mean((v["dials"] or 0) for v in per_node.values())
+            * 60 / (b - a), "attempts_at_hinted_host": counted[-1] - counted[0]}
 
 
 GRIND_LEVEL = 8  # level-grind: the strangers' ids are ground into the first node's shard this deep
@@ -411,37 +430,50 @@ def grind_keys(work: Path, target: str, names: list[str], level: int = GRIND_LEV
 
 
 def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path,
-                     rule: str, grind: bool = False) -> dict:
+                     rule: str, grind: bool = False, computable: bool = False, in_lab: bool = False) -> dict:
     """Subscribe-only strangers (half at level 24 of their own shards, half claiming every level of the first
     node's); with `grind`, strangers whose ids are ground into the first node's level-8 shard, pinned there,
-    each publishing one valid group every 3 s and claiming its shards (the target probes level 8 and hears them)."""
+    each publishing one valid group every 3 s (`computable`: bare right and wrong answers, which anyone can
+    compute and the node's selection counts as useful) and claiming its shards (the target probes level 8 and
+    hears them). With `in_lab`, every honest process on a lab host of its own and the strangers on one more (one
+    address, as a single machine's), else all on 127.0.0.1."""
     procs = Procs(work, code)
     trainers = [f"node{i}" for i in range(min(3, size))]
     gossipers = [f"gossip{i}" for i in range(size - len(trainers))]
-    ports = {n: free_port() for n in trainers}
-    target_id, addr = peer_id(code, work / trainers[0], procs.env, f"/ip4/127.0.0.1/tcp/{ports[trainers[0]]}")
-    try:
-        for i, name in enumerate(trainers):
-            procs.start(name, "node.cli", "run", *node_args(work / name, ports[name], seed + i, cache, rule),
-                        *(["--bootstrap", addr] if i else []))
-        for name in gossipers:
-            procs.start(name, probe_module(procs.code), "--key", str(work / f"{name}.key"), "--bootstrap", addr, "--rate", "0.5",
-                        "--groups", "4", "--events", str(work / f"{name}.jsonl"))
-        procs.wait_started([work / n for n in trainers])
-        if grind:
-            grind_keys(work, target_id, [f"liar{h}" for h in range(hostile)])
-            liar_args = lambda h: ["--claim-shards-of", target_id, "--shards", json.dumps({"level": GRIND_LEVEL}),  # noqa: E731
-                                   "--rate", "0.33", "--groups", "1"]
-        else:  # half aim at the first node's own shards, half claim level 24 of theirs
-            liar_args = lambda h: (["--claim-shards-of", target_id] if h % 2 == 0  # noqa: E731
-                                   else ["--shards", json.dumps({"level": 24})])
-        phases = procs.three_windows(window, hostile, addr, liar_args)
-    finally:
-        procs.stop()
+    with netlab.Lab(work / "lab") if in_lab else contextlib.nullcontext() as lab:
+        hosts = {n: lab.add_host() if lab else None for n in [*trainers, *gossipers, "strangers"]}
+        ip = {n: h.ip if h else "127.0.0.1" for n, h in hosts.items()}
+        within = {n: h.cmd() if h else [] for n, h in hosts.items()}
+        ports = {n: free_port() for n in trainers}
+        target_id, addr = peer_id(code, work / trainers[0], procs.env, f"/ip4/{ip[trainers[0]]}/tcp/{ports[trainers[0]]}")
+        try:
+            for i, name in enumerate(trainers):
+                procs.start(name, "node.cli", "run", *node_args(work / name, ports[name], seed + i, cache, rule, ip[name]),
+                            *(["--bootstrap", addr] if i else []), prefix=within[name])
+            for name in gossipers:
+                procs.start(name, probe_module(procs.code), "--key", str(work / f"{name}.key"), "--bootstrap", addr,
+                            "--rate", "0.5", "--groups", "4", "--events", str(work / f"{name}.jsonl"),
+                            "--listen", f"/ip4/{ip[name]}/tcp/{free_port()}", prefix=within[name])
+            procs.wait_started([work / n for n in trainers])
+            liar_args = level_liar_args(work, target_id, hostile, grind, computable)
+            phases = procs.three_windows(window, hostile, addr, lambda h: [
+                *liar_args(h), "--listen", f"/ip4/{ip['strangers']}/tcp/{free_port()}"], prefix=within["strangers"])
+        finally:
+            procs.stop()
     out = {phase: hijack_window(work, trainers, gossipers, a, b) for phase, (a, b) in phases.items()}
     return {"attack": "level-grind" if grind else "level-hijack", "size": size, "hostile": hostile, "seed": seed, "rule": rule,
-            "window_s": window, "phases": out,
+            "window_s": window, "computable": computable, "lab": in_lab, "phases": out,
             **procs.outcome(trainers + gossipers, {n: work / n for n in trainers})}
+
+
+def level_liar_args(work: Path, target_id: str, hostile: int, grind: bool, computable: bool):
+    """Each stranger's probe flags: ground ids pinned at the target's level-8 shard publishing there (their keys
+    written to `work`), or half claiming every level of the target's shard and half level 24 of their own."""
+    if grind:
+        grind_keys(work, target_id, [f"liar{h}" for h in range(hostile)])
+        return lambda h: ["--claim-shards-of", target_id, "--shards", json.dumps({"level": GRIND_LEVEL}),
+                          "--rate", "0.33", "--groups", "1", *(["--wrap", ""] if computable else [])]
+    return lambda h: (["--claim-shards-of", target_id] if h % 2 == 0 else ["--shards", json.dumps({"level": 24})])
 
 
 def hijack_window(work: Path, trainers: list[str], gossipers: list[str], a: float, b: float) -> dict:
@@ -480,18 +512,25 @@ def relay_node(procs: Procs, lab, out: Path, *extra: str, train: tuple[int, Path
     return addr
 
 
-def run_relay_squat(hostile: int, slots: int, window: float, code: Path, work: Path, pose_nat: bool = False) -> dict:
+COMPUTABLE_S = 10  # relay-squat --computable: seconds each stranger publishes before it asks
+
+
+def run_relay_squat(hostile: int, slots: int, window: float, code: Path, work: Path, pose_nat: bool = False,
+                    computable: bool = False, relay_flags: list[str] = ()) -> dict:
     """H strangers ask a relay with `slots` slots for one each, straight away (with `pose_nat`, each after a
-    dial-back on a closed port, passing for a peer behind NAT), and stay; then they leave and two honest nodes
-    behind NAT start, publishing a group a second: which of them gets a slot within `window`."""
+    dial-back on a closed port, passing for a peer behind NAT; with `computable`, after publishing a group a
+    second of bare right and wrong answers, which anyone can compute, for `COMPUTABLE_S`), and stay; then they
+    leave and two honest nodes behind NAT start, publishing a group a second: which of them gets a slot within
+    `window`."""
     procs = Procs(work, code)
+    publish = ["--rate", "1", "--groups", "1", "--wrap", "", "--squat-after", str(COMPUTABLE_S)] if computable else []
     with netlab.Lab(work / "lab") as lab:
         try:
-            addr = relay_node(procs, lab, work / "relay", "--p2p.relay_slots", str(slots))
+            addr = relay_node(procs, lab, work / "relay", "--p2p.relay_slots", str(slots), *relay_flags)
             host = lab.add_host()
             strangers = [procs.probe(f"stranger{h}", "--listen", f"/ip4/{host.ip}/tcp/{RELAY_PORT + 1 + h}",
                                      "--bootstrap", addr, "--squat", *(["--closed-port", "9"] if pose_nat else []),
-                                     cwd=ROOT, prefix=host.cmd()) for h in range(hostile)]
+                                     *publish, cwd=ROOT, prefix=host.cmd()) for h in range(hostile)]
             granted = [s.wait_for(lambda s=s: s.events("squat"), 120, "an answer to its ask")[0]["granted"]
                        for s in strangers]
             procs.stop([s.name for s in strangers])
@@ -508,23 +547,26 @@ def run_relay_squat(hostile: int, slots: int, window: float, code: Path, work: P
         finally:
             procs.stop()
     return {"attack": "relay-squat", "hostile": hostile, "relay_slots": slots, "window_s": window, "pose_nat": pose_nat,
+            "computable": computable, "relay_flags": list(relay_flags),
             "strangers_granted": sum(granted), "homes_with_slot": len(got), "seconds_to_slot": got,
             **procs.outcome(["relay", "home0", "home1"])}
 
 
-def run_relay_abuse(hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path, rule: str) -> dict:
-    """A training node serves as the relay for a peer behind NAT; for the middle window `hostile` strangers
-    send it random bytes through that relay as fast as they go. Per window: the relay's seconds and CPU
-    seconds per round, and the bytes that arrived."""
+def run_relay_abuse(hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path, rule: str,
+                    relay_flags: list[str] = ()) -> dict:
+    """A training node serves as the relay for a peer behind NAT (which publishes a group a second: slots go to
+    participants); for the middle window `hostile` strangers on one address send it random bytes through that
+    relay as fast as they go. Per window: the relay's seconds and CPU seconds per round, and the bytes that
+    arrived."""
     procs = Procs(work, code)
     with netlab.Lab(work / "lab") as lab:
         try:
-            addr = relay_node(procs, lab, work / "relay", train=(seed, cache, rule))
+            addr = relay_node(procs, lab, work / "relay", *relay_flags, train=(seed, cache, rule))
             home = lab.add_host(nat=True)
             sink = procs.probe("sink", "--listen", f"/ip4/{home.ip}/tcp/{RELAY_PORT}", "--bootstrap", addr, "--sink",
-                               cwd=ROOT, prefix=home.cmd())
+                               "--rate", "1", "--groups", "1", cwd=ROOT, prefix=home.cmd())
             procs.wait_started([work / "relay"])  # raises if any process ended
-            sink.wait_for(lambda: sink.stats().get("relays", 0) > 0, 120, "a relay slot")
+            sink.wait_for(lambda: sink.stats().get("relays", 0) > 0, 900, "a relay slot")
             relay_pid, cpu, strangers = procs.procs["relay"].pid, [], lab.add_host()
             phases = procs.three_windows(
                 window, hostile, addr, lambda h: ["--listen", f"/ip4/{strangers.ip}/tcp/{RELAY_PORT + 1 + h}",
@@ -539,7 +581,8 @@ def run_relay_abuse(hostile: int, window: float, seed: int, code: Path, cache: P
         out[phase] = {"rounds": len(rs), "seconds_per_round": (b - a) / max(1, len(rs)),
                       "cpu_s_per_round": (cpu1 - cpu0) / max(1, len(rs)),
                       "relayed_mib_per_s": (got[-1] - got[0]) / 2**20 / (b - a) if got else 0.0}
-    return {"attack": "relay-abuse", "hostile": hostile, "seed": seed, "window_s": window, "phases": out,
+    return {"attack": "relay-abuse", "hostile": hostile, "seed": seed, "window_s": window, "relay_flags": list(relay_flags),
+            "phases": out,
             # against the windows around it: a tiny-a node's rounds shorten as it learns, so before alone flatters
             "round_time_ratio": out["attack"]["seconds_per_round"] / statistics.mean(
                 out[k]["seconds_per_round"] for k in ("before", "after")),
@@ -614,17 +657,20 @@ def level_hijack_report(runs: list[dict], commit: str, window: float) -> list[di
 
 def px_aim_report(runs: list[dict], commit: str, window: float) -> list[dict]:
     table = Table(title=f"peer-exchange answers aimed at one host (code {commit}, {window:.0f} s windows)")
-    for col in ("nodes", "strangers", "dials / node / min before / attack / after", "ERROR lines / lost"):
+    for col in ("nodes", "strangers", "dials / node / min before / attack / after",
+                "connection attempts at the hinted host before / attack / after", "after, by minute", "ERROR lines / lost"):
         table.add_column(col)
     for r in runs:
-        table.add_row(str(r["size"]), str(r["hostile"]), " / ".join(
-            f"{r['phases'][k]['dials_per_node_per_min']:.1f}" for k in ("before", "attack", "after")),
-            f"{error_lines(r)} / {lost(r)}")
+        ph = r["phases"]
+        table.add_row(str(r["size"]), str(r["hostile"]), " / ".join(f"{ph[k]['dials_per_node_per_min']:.1f}" for k in ph),
+                      " / ".join(str(ph[k]["attempts_at_hinted_host"]) for k in ph),
+                      " ".join(map(str, r["attempts_at_hinted_host_by_minute_after"])), f"{error_lines(r)} / {lost(r)}")
     print_table(Console(), table)
-    return [{"size": r["size"], "hostile": r["hostile"], **{f"dials_per_node_per_min_{k}": r["phases"][k][
-        "dials_per_node_per_min"] for k in ("before", "attack", "after")}, "error_lines": error_lines(r),
-        "lost": lost(r)}
-        for r in runs]
+    return [{"size": r["size"], "hostile": r["hostile"], "after_s": r["after_s"],
+             **{f"dials_per_node_per_min_{k}": r["phases"][k]["dials_per_node_per_min"] for k in r["phases"]},
+             **{f"attempts_at_hinted_host_{k}": r["phases"][k]["attempts_at_hinted_host"] for k in r["phases"]},
+             "attempts_by_minute_after": r["attempts_at_hinted_host_by_minute_after"],
+             "error_lines": error_lines(r), "lost": lost(r)} for r in runs]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -634,10 +680,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "strangers ground into a node's level-8 shard publishing there; "
                    "px-aim: peer-exchange answers aiming dials at one host; relay-squat: strangers taking relay "
                    "slots; relay-abuse: strangers pushing bytes through a training node's relay; dialback-relayed: "
-                   "a dial-back asked through a relay (the last three in a network lab of namespaces: root)")
+                   "a dial-back asked through a relay (these four in a network lab of namespaces: root)")
     p.add_argument("--slots", type=count, default=4, help="relay-squat: the relay's p2p.relay_slots")
     p.add_argument("--pose-nat", action="store_true", help="relay-squat: each stranger first asks for a dial-back on "
                    "a closed port, passing for a peer behind NAT")
+    p.add_argument("--computable", action="store_true", help="level-grind: the strangers publish groups of bare right "
+                   "and wrong answers, which anyone can compute and a node's selection finds useful; relay-squat: they "
+                   f"publish such groups for {COMPUTABLE_S} s before asking")
+    p.add_argument("--relay-after", type=bounded(float, ge=0), help="relay-squat, relay-abuse: the relay's "
+                   "p2p.relay_after_s (the checkout under test must know it; default: its own default)")
+    p.add_argument("--lab", action="store_true", help="level-hijack, level-grind: each honest node on a lab host of its "
+                   "own and the strangers on one more (root), not all on 127.0.0.1")
+    p.add_argument("--after", type=positive, help="px-aim: seconds counted after the liars leave (default: --window)")
     p.add_argument("--sizes", type=bounded(int, ge=3), nargs="+", default=[3, 9], help="level-hijack, px-aim: honest nodes")
     p.add_argument("--hostile", type=bounded(int, ge=0), nargs="+", default=[0, 1, 6], help="hostile identities per arm (0: baseline)")
     p.add_argument("--window", type=positive, default=60.0, help="seconds measured per run, after the warm-up")
@@ -654,7 +708,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache", type=Path, default=default_cache_dir(), help="model cache (tiny-a is built there)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    if args.attack in RELAY_ATTACKS and (why := netlab.unavailable()):
+    if (args.attack in RELAY_ATTACKS or args.attack == "px-aim" or args.lab) and (why := netlab.unavailable()):
         p.error(f"--attack {args.attack} needs the network lab: {why}")
     return args
 
@@ -682,10 +736,11 @@ def each_run(args: argparse.Namespace, one, *axes: list) -> list[dict]:
 
 def relay_attacks(args: argparse.Namespace, commit: str) -> dict:
     def one(work: Path, seed: int, h: int) -> dict:
+        relay_flags = [] if args.relay_after is None else ["--p2p.relay_after_s", str(args.relay_after)]
         if args.attack == "relay-squat":
-            return run_relay_squat(h, args.slots, args.window, args.code, work, args.pose_nat)
+            return run_relay_squat(h, args.slots, args.window, args.code, work, args.pose_nat, args.computable, relay_flags)
         if args.attack == "relay-abuse":
-            return run_relay_abuse(h, args.window, seed, args.code, args.cache, work, args.rule)
+            return run_relay_abuse(h, args.window, seed, args.code, args.cache, work, args.rule, relay_flags)
         return run_dialback_relayed(args.window, args.code, work, [RELAY_PORT, 22, 80, 443])
     runs = each_run(args, one, range(args.seeds), args.hostile)
     relay_report(runs, commit, args.window)
@@ -696,8 +751,8 @@ def swarm_attacks(args: argparse.Namespace, commit: str) -> dict:
     def one(work: Path, seed: int, size: int, h: int) -> dict:
         if args.attack in ("level-hijack", "level-grind"):
             return run_level_hijack(size, h, args.window, seed, args.code, args.cache, work, args.rule,
-                                    grind=args.attack == "level-grind")
-        return run_px_aim(size, h, args.window, args.code, work)
+                                    grind=args.attack == "level-grind", computable=args.computable, in_lab=args.lab)
+        return run_px_aim(size, h, args.window, args.code, work, args.after or args.window)
     runs = each_run(args, one, range(args.seeds), args.sizes, args.hostile)
     summary = (px_aim_report if args.attack == "px-aim" else level_hijack_report)(runs, commit, args.window)
     return {"rule": args.rule, "summary": summary, "runs": runs}

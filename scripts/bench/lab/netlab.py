@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,6 +175,20 @@ class Lab:
         done = subprocess.run(["ip", "netns", "exec", self.routers[host_index], "nft", "list", "chain", "inet", "filter",
                                "prerouting_miniupnpd"], capture_output=True, text=True, timeout=30)
         return done.stdout
+
+    def syn_counter(self, host: LabHost, target: str) -> Callable[[], int]:
+        """Count the TCP connections `host` opens to `target` from now on (SYNs leaving it, in its packet filter):
+        every attempt, whichever code in the host made it. Returns the reader."""
+        run("ip", "netns", "exec", host.ns, "nft", "-f", "-", stdin=(
+            "table ip sapo_count {\n chain out {\n  type filter hook output priority 0;\n"
+            f"  ip daddr {target} tcp flags & (syn | ack) == syn counter\n }}\n}}\n"))
+
+        def read() -> int:
+            done = subprocess.run(host.cmd("nft", "-j", "list", "table", "ip", "sapo_count"), capture_output=True,
+                                  text=True, timeout=30, check=True)
+            return next(e["rule"]["expr"][-1]["counter"]["packets"] for e in json.loads(done.stdout)["nftables"]
+                        if "rule" in e)
+        return read
 
     def add_lan(self, n: int) -> list[LabHost]:
         """`n` hosts on one Ethernet segment (a bridge in a namespace of its own), 10.77.<lan>.0/24 with no router

@@ -77,7 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--wrong", action="store_true", help="publish only different wrong answers (useless, but only "
                    "scoring shows it); by default half the completions hold the task's right answer")
     p.add_argument("--wrap", help="publish groups whose first half is this text before the task's right answer and "
-                   "second half wrong answers (the answer is regenerated from the task reference)")
+                   "second half wrong answers (the answer is regenerated from the task reference); --wrap '' publishes bare "
+                   "right and wrong answers: groups anyone can compute from the public generator")
     p.add_argument("--pad", help="fill each completion to --chars with this text repeated before its answer "
                    "(right but needlessly long answers: the length attack)")
     p.add_argument("--claim-shards-of", metavar="PEER_ID", type=_peer_id,
@@ -89,6 +90,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "without the dial-back a participant asks first, and hold it: a stranger squatting a relay")
     p.add_argument("--closed-port", type=int, help="--squat: first ask for a dial-back on this port, which nothing "
                    "answers: a stranger passing for a peer behind NAT")
+    p.add_argument("--squat-after", type=float, default=0.0, help="--squat: publish (--rate) this many seconds before "
+                   "asking: a stranger whose groups the relay has accepted")
     p.add_argument("--sink", action="store_true", help="count the bytes peers send to the lab's sink protocol")
     p.add_argument("--flood-through", metavar="CIRCUIT", help="send random bytes as fast as they go to the sink of "
                    "the peer at this relayed address (<relay addr>/p2p-circuit/p2p/<peer>): a relay abused as a pipe")
@@ -189,10 +192,6 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
     emit("ready", peer_id=gossip.peer_id, addrs=gossip.addrs)
     if args.sink:
         await asyncio.to_thread(gossip.call, attacks.serve_sink)
-    if args.squat:
-        relay = attacks.peer_of(args.bootstrap[0])
-        emit("squat", relay=str(relay), granted=await asyncio.to_thread(gossip.call, attacks.reserve_slot, relay,
-                                                                        args.closed_port))
     if args.ask_dialback:
         emit("dialback", reply=await asyncio.to_thread(gossip.call, attacks.ask_dialback, args.ask_dialback, args.ports))
     if args.flood_through:
@@ -222,7 +221,15 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
             await asyncio.sleep(1.0)
             emit("stats", **usage(), **gossip.stats())
 
-    tasks = [asyncio.create_task(c()) for c in (receive, report, *([publish] if args.rate > 0 else []))]
+    async def squat() -> None:  # then holds what it got until the probe stops
+        await asyncio.sleep(args.squat_after)
+        relay = attacks.peer_of(args.bootstrap[0])
+        emit("squat", relay=str(relay), granted=await asyncio.to_thread(gossip.call, attacks.reserve_slot, relay,
+                                                                        args.closed_port))
+        await asyncio.Event().wait()
+
+    tasks = [asyncio.create_task(c()) for c in (receive, report, *([publish] if args.rate > 0 else []),
+                                                *([squat] if args.squat else []))]
     stopped = asyncio.create_task(stop.wait())
     try:  # the loops only end by failing: the first failure stops the probe, loudly
         await asyncio.wait([stopped, *tasks], timeout=args.duration or None, return_when=asyncio.FIRST_COMPLETED)
