@@ -39,11 +39,19 @@ and rounds missing from or repeated in the training nodes' metrics ("lost" in th
 
 `--attack level-grind` is the same swarm and windows with strangers that cost more: their peer ids ground into the
 first node's level-8 shard this epoch (about 256 key generations each), each pinned at level 8, claiming every level
-of that node's shard (so that it probes level 8) and publishing one valid group with signal every 3 s there.
+of that node's shard (so that it probes level 8) and publishing one valid group with signal every 3 s there; with
+`--computable` the groups are bare right and wrong answers, which anyone can compute and a node's selection finds
+useful. `--lab` puts each honest node on a lab host of its own and the strangers on one more (one address, as one
+machine's).
 
-`--attack px-aim`: `--sizes` N gossip probes, and for the middle window H strangers that answer every
-peer-exchange ask with 32 made-up peers at random ports of 127.0.0.1 (`lab/probe.py --lie-peers`). Per
-window: the dials each honest node made, failed hints, and ERROR lines.
+`--attack px-aim`: `--sizes` N gossip probes on one lab host, and for the middle window H strangers on another
+that answer every peer-exchange ask with 32 made-up peers at random ports of a third (`lab/probe.py --lie-peers`).
+Per window: the dials each honest node counted, failed hints, every connection attempt the honest host's packet
+filter saw to the hinted one (a library's own dialer included), and ERROR lines; `--after` counts the last window
+longer, by minute.
+
+`--attack relay-squat --computable`: each stranger publishes groups anyone can compute before it asks for a slot;
+`--relay-after S` sets the relay's `p2p.relay_after_s` (relay-squat, relay-abuse).
 
 `--code DIR` runs the nodes from another checkout (e.g. a `git worktree` of an older commit) for a
 before/after comparison, `--rule` sets their swarm sampling rule; the hostile probes always run from this
@@ -53,8 +61,8 @@ one. Prints a table and writes JSON.
     .venv/bin/python scripts/bench/bench_hostile.py --flood wrapped --rule signal --hostile 0 6 --out docs/bench/hostile-wrapped-signal-2cpu.json
     .venv/bin/python scripts/bench/bench_hostile.py --attack level-hijack --sizes 3 9 --hostile 3 30 --window 45 --seeds 1 \
         --out docs/bench/hostile-level-hijack-2cpu.json
-    .venv/bin/python scripts/bench/bench_hostile.py --attack px-aim --sizes 3 9 --hostile 4 32 --window 60 --seeds 1 \
-        --out docs/bench/hostile-px-aim-2cpu.json
+    .venv/bin/python scripts/bench/bench_hostile.py --attack px-aim --sizes 3 --hostile 30 --window 120 --after 600 \
+        --seeds 1 --out docs/bench/hostile-px-aim-redials-after-2cpu.json
 """
 
 from __future__ import annotations
