@@ -18,6 +18,8 @@ from lab.probe import ProbeProcess
 from lab import netlab
 from tests.conftest import ROOT
 from tests.test_gossip import log_lines, wait_heard
+from tests.test_interop import js_peer  # noqa: F401 - a fixture
+from tests.test_rendezvous import JsDHTServer
 from tests.test_node import metrics
 
 REASON = netlab.unavailable()
@@ -281,3 +283,34 @@ def test_an_operators_testnet_bootstrap_joins_two_homes_behind_nat_that_know_onl
         assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
         if name != "operator":
             assert "no bootstrap peer" not in log
+
+
+def test_two_testnet_nodes_that_know_only_the_labs_dht_find_each_other_and_train_on_each_others_groups(
+        lab, tiny_a, cache_dir, js_peer, tmp_path):  # noqa: F811
+    """The public DHT's stand-in on the lab's paths: a py-libp2p DHT server on one host and a js-libp2p one
+    (@libp2p/kad-dht) on another that knows it. Two testnet nodes on hosts of their own, with no bootstrap peer and
+    one of the two servers each in place of kubo's list, find each other through the network's provider record and
+    train on each other's groups."""
+    py_host, js_host, a, b = (lab.add_host() for _ in range(4))
+    py = subprocess.Popen(py_host.cmd(sys.executable, "-m", "scripts.bench.lab.dht", "--listen-ip", py_host.ip), cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=open(tmp_path / "py-dht.log", "wb"), text=True)
+    js = None
+    try:
+        line = py.stdout.readline()
+        assert line, f"the py DHT server exited: {(tmp_path / 'py-dht.log').read_text()[-2000:]}"
+        py_addr = json.loads(line)["addrs"][0]
+        js = JsDHTServer(js_peer[0], [py_addr], tmp_path / "js-dht.log", f"/ip4/{js_host.ip}/tcp/4001", js_host.cmd())
+        common = ["--network", "testnet", "--model.cache_dir", str(cache_dir), *TRAIN]
+        nodes = [lab_node(host, tmp_path, name, *common, "--p2p.dht_bootstrap", json.dumps([dht]))
+                 for host, name, dht in ((a, "a", js.addr), (b, "b", py_addr))]
+        rows = train_until(tmp_path, nodes, ["a", "b"], [])
+    finally:
+        if js:
+            js.close()
+        py.send_signal(signal.SIGINT)
+        py.wait(30)
+    found = {name: max((r.get("p2p") or {}).get("dht_providers") or 0 for r in rows[name]) for name in rows}
+    assert max(found.values()) >= 1, found  # one looked the other up (which then needs no lookup: it was dialed)
+    for name in ("a", "b"):
+        log = (tmp_path / f"{name}.log").read_text()
+        assert " ERROR " not in log and "Traceback" not in log, log[-3000:]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 from collections import Counter
 from contextlib import AsyncExitStack
@@ -14,15 +13,15 @@ import pytest
 import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
-from libp2p.kad_dht.kad_dht import DHTMode, KadDHT, _encode_key
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.peer.peerinfo import PeerInfo
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
 from p2p.config import P2PConfig
 from p2p.hints import SOURCE_FAILURES
 from p2p.rendezvous import Rendezvous, rendezvous_key
+from lab.dht import DHTServers
 from tests.test_gossip import ConnectionCounter, log_lines, made_up_peer, spawn, wait_heard  # noqa: F401 - spawn is a fixture
 from tests.test_interop import INTEROP, js_peer, stop  # noqa: F401 - js_peer is a fixture
 
@@ -68,56 +67,15 @@ def test_a_dnsaddr_dht_peer_is_dialed_at_the_tcp_addresses_its_dns_records_give_
     assert P2PConfig(network="testnet").dht_peers() and P2PConfig(dht_bootstrap=[boot]).dht_peers() == [boot]
 
 
-class DHTServers:
-    """py-libp2p Kademlia DHT servers on 127.0.0.1 that know each other, on a trio thread of their own: the public
-    DHT's stand-in. `addrs`: their full multiaddrs."""
-
-    def __init__(self, n: int):
-        self.addrs: list[str] = []
-        self._ready, self._token, self._stop = threading.Event(), None, None
-        self._thread = threading.Thread(target=trio.run, args=(self._serve, n), daemon=True)
-        self._thread.start()
-        assert self._ready.wait(30), "the DHT servers did not start"
-
-    async def _serve(self, n: int) -> None:
-        self._token, self._stop = trio.lowlevel.current_trio_token(), trio.Event()
-        hosts = [new_host(key_pair=create_new_key_pair()) for _ in range(n)]
-        async with AsyncExitStack() as stack:
-            for h in hosts:
-                await stack.enter_async_context(h.run(listen_addrs=[Multiaddr("/ip4/127.0.0.1/tcp/0")]))
-            dhts = [KadDHT(h, DHTMode.SERVER) for h in hosts]
-            for d in dhts:
-                await stack.enter_async_context(background_trio_service(d))
-            for h, d in zip(hosts[1:], dhts[1:]):
-                await h.connect(info_from_p2p_addr(hosts[0].get_addrs()[0]))
-                await d.add_peer(hosts[0].get_id())
-                await dhts[0].add_peer(h.get_id())
-            self.addrs, self.dhts = [str(h.get_addrs()[0]) for h in hosts], dhts
-            self._ready.set()
-            await self._stop.wait()
-
-    def add_providers(self, key: str, providers: list[PeerInfo]) -> None:
-        """Provider records for `key` on the first server, as a flood of fake providers would leave them."""
-        store = self.dhts[0].provider_store
-        for info in providers:
-            trio.from_thread.run_sync(store.add_provider, _encode_key(key), info, trio_token=self._token)
-
-    def remove_providers(self, key: str) -> None:
-        trio.from_thread.run_sync(self.dhts[0].provider_store.providers.pop, _encode_key(key), None,
-                                  trio_token=self._token)
-
-    def close(self) -> None:
-        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        self._thread.join(timeout=10)
-
-
 class JsDHTServer:
-    """A js-libp2p Kademlia DHT server (tests/interop/dht.mjs) on 127.0.0.1 that knows `peers`."""
+    """A js-libp2p Kademlia DHT server (tests/interop/dht.mjs) that knows `peers`, on 127.0.0.1 or at `listen`
+    inside `prefix` (a lab namespace's `ip netns exec`)."""
 
-    def __init__(self, node: str, peers: list[str], log: Path):
+    def __init__(self, node: str, peers: list[str], log: Path, listen: str = "/ip4/127.0.0.1/tcp/0",
+                 prefix: list[str] = ()):
         args = [arg for p in peers for arg in ("--peer", p)]
-        self.proc = subprocess.Popen([node, str(INTEROP / "dht.mjs"), "--seconds", "600", *args], cwd=INTEROP,
-                                     stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True)
+        self.proc = subprocess.Popen([*prefix, node, str(INTEROP / "dht.mjs"), "--seconds", "600", "--listen", listen,
+                                      *args], cwd=INTEROP, stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True)
         line = self.proc.stdout.readline()
         assert line, f"the js DHT server exited: {log.read_text()[-2000:]}"
         self.addr = json.loads(line)["addr"]

@@ -1,11 +1,11 @@
 // A js-libp2p Kademlia DHT server (@libp2p/kad-dht, /ipfs/kad/1.0.0) on 127.0.0.1, for tests/test_rendezvous.py: the
 // independent implementation among the DHT servers that stand in for the public DHT.
 //
-// It listens on 127.0.0.1 only, dials only the peers it is given, and speaks TCP + Noise + yamux, as a public DHT
-// server does. It prints one JSON line with its full multiaddr once listening, and runs until SIGTERM/SIGINT or
-// its time limit.
+// It listens on 127.0.0.1 (or the --listen address: a lab namespace's), dials only addresses on its own /8 (the
+// peers it is given, those they name), and speaks TCP + Noise + yamux, as a public DHT server does. It prints one
+// JSON line with its full multiaddr once listening, and runs until SIGTERM/SIGINT or its time limit.
 //
-//   node dht.mjs --seconds 300 [--peer /ip4/127.0.0.1/tcp/PORT/p2p/ID ...]
+//   node dht.mjs --seconds 300 [--listen /ip4/IP/tcp/PORT] [--peer /ip4/127.0.0.1/tcp/PORT/p2p/ID ...]
 import './polyfill.mjs'
 import { parseArgs } from 'node:util'
 import { noise } from '@chainsafe/libp2p-noise'
@@ -18,7 +18,11 @@ import { multiaddr } from '@multiformats/multiaddr'
 import { createLibp2p } from 'libp2p'
 
 const { values: args } = parseArgs({
-  options: { seconds: { type: 'string' }, peer: { type: 'string', multiple: true, default: [] } }
+  options: {
+    seconds: { type: 'string' },
+    listen: { type: 'string', default: '/ip4/127.0.0.1/tcp/0' },
+    peer: { type: 'string', multiple: true, default: [] }
+  }
 })
 const seconds = Number(args.seconds)
 if (!(seconds > 0)) {
@@ -26,16 +30,17 @@ if (!(seconds > 0)) {
   process.exit(2)
 }
 
+const own = args.listen.split('/')[2].split('.')[0]  // the first octet of its address: the lab's, or loopback
 const node = await createLibp2p({
-  addresses: { listen: ['/ip4/127.0.0.1/tcp/0'] },
+  addresses: { listen: [args.listen] },
   transports: [tcp()],
   connectionEncrypters: [noise()],
   streamMuxers: [yamux()],
-  connectionGater: { denyDialMultiaddr: (ma) => !ma.toString().startsWith('/ip4/127.') },
+  connectionGater: { denyDialMultiaddr: (ma) => !ma.toString().startsWith(`/ip4/${own}.`) },
   services: {
     identify: identify(),
     ping: ping(),
-    // a server from the start (no waiting to learn it is public), and loopback addresses kept: the lab is 127.0.0.1
+    // a server from the start (no waiting to learn it is public), and private addresses kept: the lab's are
     dht: kadDHT({ protocol: '/ipfs/kad/1.0.0', clientMode: false, peerInfoMapper: (info) => info })
   }
 })
