@@ -160,12 +160,12 @@ def written_rows(out) -> list[dict]:
 
 
 def test_two_nodes_on_one_lan_find_each_other_with_mdns_and_no_address(lab, tmp_path):
-    """No bootstrap peer, no DHT: each announces itself on the LAN (mDNS, its network's service type) and dials the
-    other's announced address."""
+    """Testnet nodes with no bootstrap peer and no way to the public DHT: each announces itself on the LAN (mDNS, its
+    network's service type) and dials the other's announced address."""
     hosts = lab.add_lan(2)
     since = time.time()
     nodes = [ProbeProcess(tmp_path, f"lan{k}", "--listen", "/ip4/0.0.0.0/tcp/4001", "--rate", "1", "--groups", "1",
-                          prefix=host.cmd()) for k, host in enumerate(hosts)]
+                          "--network", "testnet", prefix=host.cmd()) for k, host in enumerate(hosts)]  # its DHT: unreachable
     try:
         for p in nodes:
             p.wait_for(lambda p=p: p.stats().get("mdns") is True, 30, "mDNS announcing on the LAN")
@@ -190,7 +190,7 @@ def test_a_node_behind_a_upnp_router_maps_its_port_is_dialed_directly_and_unmaps
 
     def probe(name: str, host: netlab.LabHost, *extra: str) -> ProbeProcess:
         return ProbeProcess(tmp_path, name, "--listen", f"/ip4/{host.ip}/tcp/4001", "--rate", "1", "--groups", "1",
-                            *extra, prefix=host.cmd())
+                            "--network", "testnet", *extra, prefix=host.cmd())
 
     boot = probe("boot", public)
     node = probe("home", home, "--bootstrap", boot.addr)
