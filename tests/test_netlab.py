@@ -179,6 +179,25 @@ def test_two_nodes_on_one_lan_find_each_other_with_mdns_and_no_address(lab, tmp_
             p.stop()
 
 
+def test_authors_connected_from_one_subnet_count_once_toward_the_shard_level(lab, tmp_path):
+    """Peer ids are free and one machine can run many: three authors on one lab host and one on another, each
+    connected to the node directly, count as two authors of its shard (GossipSub v1.1's IP colocation), so ids
+    from one address cannot split a node's shard."""
+    home, crowd, alone = lab.add_host(), lab.add_host(), lab.add_host()
+    node = ProbeProcess(tmp_path, "node", "--listen", f"/ip4/{home.ip}/tcp/4001", prefix=home.cmd())
+    authors = [ProbeProcess(tmp_path, f"crowd{k}", "--listen", f"/ip4/{crowd.ip}/tcp/{4001 + k}", "--rate", "1",
+                            "--groups", "1", "--bootstrap", node.addr, prefix=crowd.cmd()) for k in range(3)]
+    authors.append(ProbeProcess(tmp_path, "alone", "--listen", f"/ip4/{alone.ip}/tcp/4001", "--rate", "1", "--groups",
+                                "1", "--bootstrap", node.addr, prefix=alone.cmd()))
+    try:
+        wait_heard(node, authors, time.time(), timeout=60)
+        node.wait_for(lambda: node.stats().get("peers") == 4, 30, "four authors connected directly")
+        assert node.stats()["shard_authors"] == 1 + 2  # itself, the crowd's subnet, the other host
+    finally:
+        for p in [node, *authors]:
+            p.stop()
+
+
 def test_a_node_behind_a_upnp_router_maps_its_port_is_dialed_directly_and_unmaps_it_at_stop(lab, tmp_path):
     """The home router runs a UPnP IGD (miniupnpd): the node asks it for its port, the dial-back check finds it
     reachable (public, no relay), a stranger given only the router's address reaches it, and the mapping is gone
