@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 DIALBACK_TIMEOUT_S = 5.0
 DIALBACK_MAX_PORTS = 4
 DIALBACK_ASK = 3  # peers asked per check: public if any of them reached us
-RELAY_RETRY_S = 4.0  # a refusal is mostly a peer that has not yet learned it is public (a second after us, seen)
+RELAY_RETRY_S = 4.0  # a first refusal is mostly a peer that has not yet learned it is public (a second after us, seen)
+RELAY_RETRY_MAX_S = 60.0  # ... later ones a relay waiting for us to have taken part long enough (p2p.relay_after_s)
 RECHECK_S = 600.0  # addresses change (a new lease, a new router): check again this often
 UNREACHABLE_S = 2 * RECHECK_S  # a peer our dial-back could not reach may reserve a relay slot this long after
 CIRCUIT = "p2p-circuit"
@@ -93,6 +94,27 @@ class Participants:
     def age(self, peer: ID, now: float) -> float | None:
         """Seconds this peer has taken part without a silence of `ttl`, or None when it does not now."""
         return now - self.since[peer] if peer in self.last and peer in self.since else None
+
+
+class AskAgain:
+    """When this node may ask each relay for a slot again: `RELAY_RETRY_S` after its first refusal, doubling up to
+    `RELAY_RETRY_MAX_S` (a newcomer waits `p2p.relay_after_s` for its slot: asking every 4 s was 150 asks a relay)."""
+
+    def __init__(self, max_keys: int = 4096):
+        self.max_keys = max_keys
+        self._next: dict[ID, tuple[float, float]] = {}  # relay -> (when it may be asked again, the last wait)
+
+    def may_ask(self, relay: ID, now: float) -> bool:
+        return now >= self._next.get(relay, (now, 0.0))[0]
+
+    def refused(self, relay: ID, now: float) -> None:
+        wait = min(2 * self._next.pop(relay, (now, RELAY_RETRY_S / 2))[1], RELAY_RETRY_MAX_S)
+        self._next[relay] = (now + wait, wait)
+        if len(self._next) > self.max_keys:
+            del self._next[next(iter(self._next))]  # the least recently refused
+
+    def granted(self, relay: ID) -> None:
+        self._next.pop(relay, None)
 
 
 class ParticipantSlots(RelayResourceManager):
@@ -288,7 +310,7 @@ class Reach:
         `connected()` gives the peers we hold direct connections to."""
         self.host.set_stream_handler(self.dialback_protocol, self._serve_dialback)
         await nursery.start(self._run_protocol)
-        tried = SeenKeys(RELAY_RETRY_S, 4096)  # peers that refused a reservation, not asked again for a while
+        ask = AskAgain()  # peers that refused a reservation are not asked again for a while
         checked_at = -RECHECK_S
         while True:
             now = trio.current_time()
@@ -303,10 +325,11 @@ class Reach:
                 for relay in [r for r in self.reserved if r not in peers]:
                     del self.reserved[relay]
                     log.info("lost relay %s", relay)
-                tried.forget_expired(now)
-                for relay in [p for p in peers if p not in self.reserved and p not in tried][:self.cfg.relays - len(self.reserved)]:
-                    if not await self._reserve(relay, nursery):
-                        tried.add(relay, now)
+                for relay in [p for p in peers if p not in self.reserved and ask.may_ask(p, now)][:self.cfg.relays - len(self.reserved)]:
+                    if await self._reserve(relay, nursery):
+                        ask.granted(relay)
+                    else:
+                        ask.refused(relay, now)
             await trio.sleep(2.0)
 
     def _serve_relay(self) -> None:

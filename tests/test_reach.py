@@ -16,7 +16,7 @@ from libp2p.peer.peerinfo import PeerInfo
 from multiaddr import Multiaddr
 
 from p2p.config import P2PConfig
-from p2p.reach import SLOTS_PER_IP, SLOTS_PER_SUBNET, UNREACHABLE_S, Reach, Reachability, _private_net, is_circuit
+from p2p.reach import AskAgain, SLOTS_PER_IP, SLOTS_PER_SUBNET, UNREACHABLE_S, Reach, Reachability, _private_net, is_circuit
 
 HOME = [Multiaddr("/ip4/192.168.3.2/tcp/7420")]
 CIRCUIT = "/ip4/198.18.1.2/tcp/7420/p2p/12D3KooWEm5ckQy2MGzaxaFwYEHBSaiLKHJSGfcot2iSVfqKr2r6/p2p-circuit"
@@ -303,3 +303,21 @@ def test_relay_caps_come_from_the_config():
                  new_host(key_pair=create_new_key_pair()), Counter())
     limits = node.protocol.limits
     assert (limits.duration, limits.data, limits.max_reservations) == (30, 2 << 20, 3)
+
+
+def test_a_refusing_relay_is_asked_again_after_4_s_doubling_to_a_minute_and_at_once_after_a_grant():
+    """A newcomer waits p2p.relay_after_s (10 minutes) for its slot: asking every 4 s was 150 asks of one relay."""
+    ask, relay, other = AskAgain(max_keys=2), ID(b"relay"), ID(b"other")
+    now, asked = 0.0, []
+    while now < 600:
+        if ask.may_ask(relay, now):
+            asked.append(now)
+            ask.refused(relay, now)
+        now += 1.0
+    assert asked[:6] == [0, 4, 12, 28, 60, 120] and len(asked) == 13  # then every 60 s
+    assert ask.may_ask(other, now)  # another relay is asked at once
+    ask.granted(relay)
+    assert ask.may_ask(relay, now)
+    for k in range(3):
+        ask.refused(ID(b"r%d" % k), now)
+    assert len(ask._next) == 2  # bounded: the least recently refused go first
