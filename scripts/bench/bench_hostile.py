@@ -45,7 +45,8 @@ useful. `--lab` puts each honest node on a lab host of its own and the strangers
 machine's).
 
 `--attack px-aim`: `--sizes` N gossip probes on one lab host, and for the middle window H strangers on another
-that answer every peer-exchange ask with 32 made-up peers at random ports of a third (`lab/probe.py --lie-peers`).
+that answer every peer-exchange ask with 32 made-up peers at random ports of 64 addresses of a third, which accepts
+every connection and closes it (`lab/probe.py --lie-peers`).
 Per window: the dials each honest node counted, failed hints, every connection attempt the honest host's packet
 filter saw to the hinted one (a library's own dialer included), and ERROR lines; `--after` counts the last window
 longer, by minute.
@@ -364,18 +365,21 @@ def probe_events(events: Path, kind: str = "stats") -> list[dict]:
     return [e for e in json_lines(events) if e.get("event") == kind]
 
 
+HINTED_ADDRS = 64  # px-aim: the addresses the liars' made-up peers are spread over (a host cap is per address)
+
+
 def run_px_aim(size: int, hostile: int, window: float, code: Path, work: Path, after: float) -> dict:
     """N gossip probes on one lab host; for the middle window H strangers on another answer every peer-exchange ask
-    with 32 made-up peers at random ports of a third, where nothing listens. Per window: the dials each honest
-    node counted, its failed hints, and every connection attempt from the honest host to the hinted one that its
-    packet filter saw (what a library's own dialer adds is there, whatever the node counts); the last window
-    lasts `after` seconds, also counted by minute."""
+    with 32 made-up peers at random ports of `HINTED_ADDRS` addresses of a third, which accepts every TCP connection
+    and closes it (others' hosts). Per window: the dials each honest node counted, its failed hints, and every
+    connection attempt from the honest host to the hinted one that its packet filter saw (what a library's own
+    dialer adds is there, whatever the node counts); the last window lasts `after` seconds, also counted by minute."""
     procs = Procs(work, code)
     honest = [f"gossip{i}" for i in range(size)]
     syns: list[tuple[float, int]] = []
     with netlab.Lab(work / "lab") as lab:
-        home, strangers, hinted = lab.add_host(), lab.add_host(), lab.add_host()
-        count_syns = lab.syn_counter(home, hinted.ip)
+        home, strangers, hinted = lab.add_host(), lab.add_host(), lab.add_open_host(HINTED_ADDRS)
+        count_syns = lab.syn_counter(home, f"{hinted[0].rsplit('.', 1)[0]}.0/24")
         listen = ["--listen", f"/ip4/{home.ip}/tcp/0", "--rate", "0.5", "--groups", "1"]
         try:
             first = procs.start(honest[0], probe_module(procs.code), "--key", str(work / "gossip0.key"), *listen,
@@ -391,7 +395,7 @@ def run_px_aim(size: int, hostile: int, window: float, code: Path, work: Path, a
                             *listen, "--events", str(work / f"{name}.jsonl"), prefix=home.cmd())
             time.sleep(20)  # mesh
             phases = procs.three_windows(window, hostile, addr, lambda h: [
-                "--lie-peers", hinted.ip, "--listen", f"/ip4/{strangers.ip}/tcp/0"], prefix=strangers.cmd(),
+                "--lie-peers", ",".join(hinted), "--listen", f"/ip4/{strangers.ip}/tcp/0"], prefix=strangers.cmd(),
                 on_mark=lambda: syns.append((time.time(), count_syns())), after=after, pieces=max(1, round(after / 60)))
         finally:
             procs.stop()

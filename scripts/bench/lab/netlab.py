@@ -8,7 +8,7 @@ stands for the internet here (nodes treat it as public); behind a NAT the home n
 192.168.i.0/24 (router .1, host .2). A router that runs a UPnP IGD (miniupnpd, `add_host(upnp=True)`) sits on
 11.18.i.0/24 instead: miniupnpd refuses to map ports on a reserved address such as 198.18/15, and 11/8, public
 space elsewhere, is this lab's own inside its namespaces (nothing is routed out of them). `python -m scripts.bench.lab.netlab echo|ping` is the lab's
-UDP round-trip probe, run inside a namespace.
+UDP round-trip probe, run inside a namespace; `accept` the open host's TCP listener.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ UPNP_NFT = """table inet filter {
   }
 }
 """  # the chains miniupnpd (nftables build) adds its rules to, by its default names
+ACCEPT_PORT = 9  # add_open_host: every port is redirected here, where connections are accepted and closed
 TABLE = "100"  # the middle's routing table that sends every forwarded packet through the lossy link
 
 
@@ -176,6 +177,22 @@ class Lab:
                                "prerouting_miniupnpd"], capture_output=True, text=True, timeout=30)
         return done.stdout
 
+    def add_open_host(self, addresses: int) -> list[str]:
+        """A host at `addresses` addresses (198.18.i.10 and up) that accepts a TCP connection on every port and
+        closes it at once: what a liar may name as peers (the hosts of others), each dial reaching TCP and failing
+        the handshake. Returns its addresses."""
+        host = self.add_host()
+        i = len(self.hosts)
+        ips = [f"198.18.{i}.{10 + k}" for k in range(addresses)]
+        for ip in ips:
+            run("ip", "-n", host.ns, "addr", "add", f"{ip}/32", "dev", "wan")
+        run("ip", "netns", "exec", host.ns, "nft", "-f", "-", stdin=(
+            f"table ip nat {{\n chain pre {{\n  type nat hook prerouting priority -100;\n"
+            f"  tcp dport != {ACCEPT_PORT} redirect to :{ACCEPT_PORT}\n }}\n}}\n"))
+        self.procs.append(subprocess.Popen(host.cmd(sys.executable, "-m", "scripts.bench.lab.netlab", "accept",
+                                                    str(ACCEPT_PORT)), cwd=ROOT))
+        return ips
+
     def syn_counter(self, host: LabHost, target: str) -> Callable[[], int]:
         """Count the TCP connections `host` opens to `target` from now on (SYNs leaving it, in its packet filter):
         every attempt, whichever code in the host made it. Returns the reader."""
@@ -266,6 +283,13 @@ def _echo(ip: str, port: int) -> None:
             s.sendto(data, addr)
 
 
+def _accept(port: int) -> None:
+    with socket.create_server(("0.0.0.0", port), backlog=128) as s:
+        while True:
+            conn, _ = s.accept()
+            conn.close()
+
+
 def _ping(target: str, port: int, count: int, interval_s: float) -> None:
     sent: dict[int, float] = {}
     rtts: list[float] = []
@@ -294,5 +318,7 @@ def _ping(target: str, port: int, count: int, interval_s: float) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "echo":
         _echo(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "accept":
+        _accept(int(sys.argv[2]))
     else:
         _ping(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))

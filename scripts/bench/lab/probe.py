@@ -84,8 +84,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--claim-shards-of", metavar="PEER_ID", type=_peer_id,
                    help="also subscribe (without reading) to every level of this peer's shard this epoch: a peer "
                    "claiming to listen where the target would hear it")
-    p.add_argument("--lie-peers", metavar="IP", help="answer peer exchange with 32 made-up peers, each at another "
-                   "port of this IP: a peer aiming the swarm's dials at a host")
+    p.add_argument("--lie-peers", metavar="IP[,IP...]", help="answer peer exchange with 32 made-up peers, each at a "
+                   "random port of one of these IPs: a peer aiming the swarm's dials at hosts")
     p.add_argument("--squat", action="store_true", help="ask the first bootstrap peer for a relay slot at once, "
                    "without the dial-back a participant asks first, and hold it: a stranger squatting a relay")
     p.add_argument("--closed-port", type=int, help="--squat: first ask for a dial-back on this port, which nothing "
@@ -144,13 +144,18 @@ def synthetic_groups(rng: random.Random, round_: int, n: int, completions: int, 
     return [group(index) for index in range(round_ * n, round_ * n + n)]
 
 
-def lying_peer_list(ip: str) -> Callable:
-    """A peer-exchange answer of 32 fresh peer ids at random ports of `ip`, new ones each time."""
-    family = "ip6" if ":" in ip else "ip4"
+def lying_peer_list(ips: str) -> Callable:
+    """A peer-exchange answer of 32 fresh peer ids, each at a random port of one of `ips` (comma-separated), new
+    ones each time."""
+    hosts = ips.split(",")
+
+    def addr() -> str:
+        ip = random.choice(hosts)
+        return f"/{'ip6' if ':' in ip else 'ip4'}/{ip}/tcp/{random.randrange(1024, 65536)}"
 
     async def answer(stream) -> None:
-        entries = [{"id": ID.from_pubkey(create_new_key_pair().public_key).to_base58(),
-                    "addrs": [f"/{family}/{ip}/tcp/{random.randrange(1024, 65536)}"]} for _ in range(32)]
+        entries = [{"id": ID.from_pubkey(create_new_key_pair().public_key).to_base58(), "addrs": [addr()]}
+                   for _ in range(32)]
         await stream.write(msgpack.packb(entries))
         await stream.close()
 
@@ -254,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = P2PConfig(network=args.network, listen=[args.listen], bootstrap=args.bootstrap,
                         dht_bootstrap=args.dht_bootstrap, mesh_degree=args.mesh_degree,
                         max_peers=args.max_peers, shards=args.shards,
+                        # a squatter asks for no dial-back of its own: the relay answers one a minute, and
+                        # --closed-port's must be the one it dials
+                        reachability="public" if args.squat else "auto",
                         limits={"max_author_kib_per_s": UNPACED_KIB_PER_S} if args.unpaced else {})
     except ValidationError as e:
         print(f"probe: {describe(e)}", file=sys.stderr)
