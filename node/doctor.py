@@ -89,7 +89,7 @@ def network(cfg: NodeConfig) -> list[tuple[str, str]]:
     rows.append(("announce", ", ".join(cfg.p2p.announce) or "none: peers learn the addresses above"))
     rows.append(("DHT rendezvous", dht_line(cfg)))
     rows.append(("mDNS (LAN)", mdns_line(cfg)))
-    rows.append(("UPnP port mapping", upnp_line(cfg)))
+    rows.append(("port mapping (UPnP, NAT-PMP)", upnp_line(cfg)))
     return rows
 
 
@@ -106,7 +106,8 @@ def upnp_line(cfg: NodeConfig) -> str:
     where = private_port(advertised([Multiaddr(a) for a in cfg.p2p.listen]))
     if where is None:
         return "off: the node listens on no private IPv4 address (a public one needs no mapping; loopback cannot have one)"
-    return (f"on: asks the LAN's router to forward port {where[1]} to this machine's address on the router's network "
+    return (f"on: asks the LAN's router (UPnP, else NAT-PMP) to forward port {where[1]} to this machine's address on "
+            "the router's network "
             "at start and removes it at stop; the status page's port_mapping says what the router answered")
 
 

@@ -110,7 +110,7 @@ class P2PConfig(Section):
                       "peers, or dht_bootstrap): provide its rendezvous key and look it up (docs/network.md)")
     dht_bootstrap: AddrList = Field(default_factory=list, description="full multiaddrs of DHT peers to look the network "
                                     "up from, in place of the network profile's")
-    upnp: bool = Field(True, description="ask the LAN's router (UPnP IGD) to forward the listening port when the node "
+    upnp: bool = Field(True, description="ask the LAN's router (UPnP IGD, else NAT-PMP) to forward the listening port when the node "
                        "listens on a private address, and remove the mapping at stop")
     mdns: bool = Field(True, description="find peers of the network on the LAN with mDNS (only on the interfaces the node "
                        "listens on: none on 127.0.0.1)")

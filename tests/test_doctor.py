@@ -30,7 +30,7 @@ def test_doctor_reports_the_machine_and_the_plan_for_this_cpu(tiny_a, cache_dir,
     assert r.returncode == 0, r.stderr[-2000:]
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in r.stdout.splitlines() if line.count("│") == 3}
     for row in ("torch", "host memory", "cuda", "cpu bfloat16", "mps", "vllm", "peft (LoRA)", "bitsandbytes", "p2p.listen", "addresses",
-                "DHT rendezvous", "mDNS (LAN)", "UPnP port mapping"):
+                "DHT rendezvous", "mDNS (LAN)", "port mapping (UPnP, NAT-PMP)"):
         assert row in rows, row
     # piped, the table keeps its own width: each row one line, not wrapped to 80 columns
     assert rows["host memory"].endswith("(what is available now, less a margin for the rest of the machine)")
@@ -59,7 +59,7 @@ def test_doctor_says_whether_the_node_announces_itself_on_the_lan(p2p, words):
     assert words in mdns_line(SimpleNamespace(p2p=P2PConfig(**p2p)))
 
 
-@pytest.mark.parametrize("p2p, words", [({"listen": ["/ip4/192.168.1.20/tcp/7420"]}, "on: asks the LAN's router to forward "
+@pytest.mark.parametrize("p2p, words", [({"listen": ["/ip4/192.168.1.20/tcp/7420"]}, "on: asks the LAN's router (UPnP, else NAT-PMP) to forward "
                                          "port 7420 to this machine's address on the router's network"),
                                         ({"listen": ["/ip4/127.0.0.1/tcp/7420"]}, "off: the node listens on no private"),
                                         ({"upnp": False}, "off (--p2p.upnp false)")])

@@ -198,14 +198,15 @@ def test_authors_connected_from_one_subnet_count_once_toward_the_shard_level(lab
             p.stop()
 
 
-def test_a_node_behind_a_upnp_router_maps_its_port_is_dialed_directly_and_unmaps_it_at_stop(lab, tmp_path):
-    """The home router runs a UPnP IGD (miniupnpd): the node asks it for its port, the dial-back check finds it
-    reachable (public, no relay), a stranger given only the router's address reaches it, and the mapping is gone
-    once it stops."""
+@pytest.mark.parametrize("protocol", ["UPnP", "NAT-PMP"])
+def test_a_node_behind_a_mapping_router_maps_its_port_is_dialed_directly_and_unmaps_it_at_stop(lab, tmp_path, protocol):
+    """The home router (miniupnpd) speaks UPnP IGD, or only NAT-PMP: the node asks it for its port, the dial-back
+    check finds it reachable (public, no relay), a stranger given only the router's address reaches it, and the
+    mapping is gone once it stops."""
     if shutil.which("miniupnpd") is None:
         message = "miniupnpd is not installed (Debian: apt-get install miniupnpd-nftables; scripts/test.sh does)"
         pytest.fail(message) if os.environ.get("CI") == "true" else pytest.skip(message)
-    public, home = lab.add_host(), lab.add_host(nat=True, upnp=True)
+    public, home = lab.add_host(), lab.add_host(nat=True, upnp=protocol == "UPnP", natpmp=protocol == "NAT-PMP")
 
     def probe(name: str, host: netlab.LabHost, *extra: str) -> ProbeProcess:
         return ProbeProcess(tmp_path, name, "--listen", f"/ip4/{host.ip}/tcp/4001", "--rate", "1", "--groups", "1",
@@ -217,7 +218,7 @@ def test_a_node_behind_a_upnp_router_maps_its_port_is_dialed_directly_and_unmaps
     try:
         node.wait_for(lambda: node.stats().get("reachability") == "public" and node.stats().get("relays") == 0, 60,
                       "reachable through its mapped port, with no relay")
-        assert node.stats()["port_mapping"].startswith(f"mapped {home.seen_as}:4001 -> {home.ip}:4001")
+        assert node.stats()["port_mapping"] == f"mapped {home.seen_as}:4001 -> {home.ip}:4001 ({protocol})"
         assert f"dnat ip to {home.ip}:4001" in lab.mappings(2)
         stranger = lab.add_host()
         since = time.time()

@@ -129,13 +129,13 @@ class Lab:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def add_host(self, nat: bool = False, upnp: bool = False) -> LabHost:
-        """A host on the lab's internet, or behind a home router that masquerades (`nat`) and, with `upnp`, maps
-        ports on request (miniupnpd, UPnP IGD and NAT-PMP)."""
+    def add_host(self, nat: bool = False, upnp: bool = False, natpmp: bool = False) -> LabHost:
+        """A host on the lab's internet, or behind a home router that masquerades (`nat`) and maps ports on request
+        with `upnp` (UPnP IGD) or `natpmp` (NAT-PMP), or both (miniupnpd)."""
         i = len(self.hosts) + 1
         ns = f"{self.prefix}-h{i}"
         edge = f"{self.prefix}-r{i}" if nat else ns  # the namespace on the middle's link
-        net = f"11.18.{i}" if upnp else f"198.18.{i}"
+        net = f"11.18.{i}" if upnp or natpmp else f"198.18.{i}"
         self._netns(ns)
         if nat:
             self._netns(edge)
@@ -150,21 +150,23 @@ class Lab:
             run("ip", "netns", "exec", edge, "nft", "-f", "-", stdin=(
                 "table ip nat {\n chain post {\n  type nat hook postrouting priority 100;\n  oifname \"wan\" masquerade\n }\n}\n"))
             host = LabHost(ns, f"192.168.{i}.2", f"{net}.2")
-            if upnp:
-                self._upnp(edge, host.seen_as, i)
+            if upnp or natpmp:
+                self._upnp(edge, host.seen_as, i, upnp, natpmp)
         else:
             run("ip", "-n", ns, "route", "add", "default", "via", f"{net}.1")
             host = LabHost(ns, f"{net}.2", f"{net}.2")
         self.hosts.append(host)
         return host
 
-    def _upnp(self, router: str, external: str, i: int) -> None:
-        """miniupnpd on the router `router`: the nftables chains it fills (its defaults' names), a config that lets
-        the home network map ports 1024 and up to itself, and the daemon, in the foreground, logged."""
+    def _upnp(self, router: str, external: str, i: int, upnp: bool, natpmp: bool) -> None:
+        """miniupnpd on the router `router`, speaking UPnP IGD and/or NAT-PMP: the nftables chains it fills (its
+        defaults' names), a config that lets the home network map ports 1024 and up to itself, and the daemon, in the
+        foreground, logged."""
         run("ip", "netns", "exec", router, "nft", "-f", "-", stdin=UPNP_NFT)
         conf = self.workdir / f"miniupnpd-{i}.conf"
-        conf.write_text(f"ext_ifname=wan\nlistening_ip=lan\next_ip={external}\nhttp_port=5000\nenable_natpmp=yes\n"
-                        f"enable_upnp=yes\nsecure_mode=yes\nsystem_uptime=yes\nuuid=3d3cec3a-8cf0-11e0-98ee-00000000000{i % 10}\n"
+        yes = {True: "yes", False: "no"}
+        conf.write_text(f"ext_ifname=wan\nlistening_ip=lan\next_ip={external}\nhttp_port=5000\nenable_natpmp={yes[natpmp]}\n"
+                        f"enable_upnp={yes[upnp]}\nsecure_mode=yes\nsystem_uptime=yes\nuuid=3d3cec3a-8cf0-11e0-98ee-00000000000{i % 10}\n"
                         f"allow 1024-65535 192.168.{i}.0/24 1024-65535\ndeny 0-65535 0.0.0.0/0 0-65535\n")
         log = self.workdir / f"miniupnpd-{i}.log"
         self.procs.append(subprocess.Popen(["ip", "netns", "exec", router, "miniupnpd", "-d", "-f", str(conf)],
@@ -172,7 +174,7 @@ class Lab:
         self.routers[i] = router
 
     def mappings(self, host_index: int) -> str:
-        """The port mappings the UPnP router of host `host_index` (1-based) holds: its nftables DNAT chain."""
+        """The port mappings the router of host `host_index` (1-based) holds: its nftables DNAT chain."""
         done = subprocess.run(["ip", "netns", "exec", self.routers[host_index], "nft", "list", "chain", "inet", "filter",
                                "prerouting_miniupnpd"], capture_output=True, text=True, timeout=30)
         return done.stdout
