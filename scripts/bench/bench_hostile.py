@@ -524,7 +524,8 @@ def relay_node(procs: Procs, lab, out: Path, *extra: str, train: tuple[int, Path
     return addr
 
 
-COMPUTABLE_S = 10  # relay-squat --computable: seconds each stranger publishes before it asks
+COMPUTABLE_S = 40  # relay-squat --computable: seconds each stranger publishes before it asks (34 probes on 2 cores
+# took more than 10 s to have a group accepted: none was a participant yet)
 
 
 def run_relay_squat(hostile: int, slots: int, window: float, code: Path, work: Path, pose_nat: bool = False,
