@@ -126,8 +126,9 @@ class PortMap:
             return None
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             sock.connect((gateway, NATPMP_PORT))
-            address = natpmp(sock, struct.pack("!BB", 0, 0), 12)
-            mapped = natpmp(sock, struct.pack("!BBHHHI", 0, 2, 0, self.port, self.port if lease_s else 0, lease_s), 16)
+            address = natpmp(sock, struct.pack("!BB", 0, 0), 12)  # a silent router is asked nothing more
+            mapped = address and natpmp(sock, struct.pack("!BBHHHI", 0, 2, 0, self.port, self.port if lease_s else 0,
+                                                          lease_s), 16)
             self.ip = sock.getsockname()[0]  # our address on the router's network: the one it maps to
         if address is None or mapped is None:
             self.why = "no UPnP or NAT-PMP router answered on the LAN"
