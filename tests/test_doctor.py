@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from node.doctor import dht_line, mdns_line, upnp_line
+from node.doctor import dht_line, mdns_line, network, upnp_line
 from p2p.config import P2PConfig
 from tests.conftest import run_sapo
 from tests.test_plan import QWEN
@@ -186,3 +186,10 @@ def test_a_gpt2_folder_is_planned_by_doctor_and_trained_by_run(tiny_a, cache_dir
                  "--tasks.eval_size", "10", "--p2p.enabled", "false")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "out" / "settings.json").read_text())["profile"] == "tiny"  # 0.1M parameters: a toy
+
+
+def test_doctor_names_addresses_private_as_the_node_counts_them():
+    """CGNAT's 100.64/10 is behind a NAT (Python's is_private says no); 198.18/15, a benchmarking range, is not a
+    home network (Python's says yes): doctor followed Python where the node's port mapping and relays do not."""
+    rows = dict(network(SimpleNamespace(p2p=P2PConfig(listen=["/ip4/100.64.1.2/tcp/7420", "/ip4/198.18.0.2/tcp/7420"]))))
+    assert "/ip4/100.64.1.2/tcp/7420 private" in rows["addresses"] and "/ip4/198.18.0.2/tcp/7420 public" in rows["addresses"]
