@@ -68,7 +68,7 @@ def network(cfg: NodeConfig) -> list[tuple[str, str]]:
     from multiaddr import Multiaddr
 
     from p2p.host import advertised, check_can_listen
-    from p2p.portmap import is_private
+    from p2p.reach import is_private
 
     rows = []
     for addr in cfg.p2p.listen:
@@ -84,7 +84,7 @@ def network(cfg: NodeConfig) -> list[tuple[str, str]]:
         except ValueError:  # a DNS name
             ip = None
         kind = "loopback" if ip and ip.is_loopback else "private (behind NAT: forward the port, set --p2p.announce)" \
-            if ip and is_private(str(ip)) else "public"  # private as the node counts it: CGNAT's 100.64/10 too
+            if ip and is_private(ip) else "public"  # private as the node counts it: CGNAT's 100.64/10 too
         kinds.append(f"{a} {kind}")
     rows.append(("addresses", "; ".join(kinds) or "none"))
     rows.append(("announce", ", ".join(cfg.p2p.announce) or "none: peers learn the addresses above"))

@@ -121,7 +121,7 @@ class GossipHost:
         self.rendezvous: Rendezvous | None = None
         self.lan: LanDiscovery | None = None
         self.portmap: PortMap | None = None
-        self.mapped: list[Multiaddr] = []  # the router's address and port forwarded to us (UPnP)
+        self.mapped: list[Multiaddr] = []  # the router's address and port forwarded to us (UPnP, NAT-PMP)
         announce = [Multiaddr(a) for a in cfg.announce] or None
         self.host = new_host(
             key_pair=key_pair,
@@ -182,7 +182,7 @@ class GossipHost:
                 self.mapped = [mapped]
                 self.addrs.append(f"{mapped}/p2p/{self.me}")
             else:
-                log.info("UPnP: %s; peers reach this node if its port is forwarded by hand, or through relays",
+                log.info("port mapping: %s; peers reach this node if its port is forwarded by hand, or through relays",
                          self.portmap.why)
 
     async def _run_tasks(self, stop: trio.Event, task_status) -> None:

@@ -20,7 +20,7 @@ import struct
 import miniupnpc
 from multiaddr import Multiaddr
 
-from p2p.reach import PRIVATE_NETS
+from p2p.reach import is_private
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +30,6 @@ DESCRIPTION = "sapo-node"
 NATPMP_PORT = 5351
 NO_UPNP = "no UPnP router answered on the LAN"
 NATPMP_TRIES = 3  # waits of 0.25, 0.5 and 1 s: RFC 6886 allows 9 for a first contact, a home router answers the first
-
-
-def is_private(ip: str) -> bool:
-    """Private as the rest of the node counts it (`p2p.reach.PRIVATE_NETS`: a home network, CGNAT), not as Python's
-    `is_private`, which also counts documentation and benchmarking ranges (the network lab's internet)."""
-    return any(ipaddress.ip_address(ip) in net for net in PRIVATE_NETS)
 
 
 def private_port(addrs: list[Multiaddr]) -> tuple[str, int] | None:

@@ -230,6 +230,12 @@ PRIVATE_NETS = [ipaddress.ip_network(n) for n in (
     "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "fc00::/7", "fe80::/10")]
 
 
+def is_private(ip: str | ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Private as the node counts it (`PRIVATE_NETS`: a home network, CGNAT), not as Python's `is_private`, which
+    also counts documentation and benchmarking ranges (the network lab's internet) and not CGNAT."""
+    return any(ipaddress.ip_address(ip) in net for net in PRIVATE_NETS)
+
+
 def _private_net(addr: Multiaddr) -> ipaddress.IPv4Network | ipaddress.IPv6Network | str | None:
     """The local network a private address belongs to (its /24, or /64), 'loopback', or None for a
     public address or a name."""
@@ -240,7 +246,7 @@ def _private_net(addr: Multiaddr) -> ipaddress.IPv4Network | ipaddress.IPv6Netwo
             continue
         if ip.is_loopback:
             return "loopback"
-        if any(ip in net for net in PRIVATE_NETS):
+        if is_private(ip):
             return ipaddress.ip_network(f"{ip}/{24 if ip.version == 4 else 64}", strict=False)
     return None
 
