@@ -5,10 +5,11 @@ namespaces; `close` kills what the lab started and deletes every namespace it ma
 
 Addresses: host i sits on 198.18.i.0/24 (the middle is .1, the host or its router .2), a range that
 stands for the internet here (nodes treat it as public); behind a NAT the home network is
-192.168.i.0/24 (router .1, host .2). A router that runs a UPnP IGD (miniupnpd, `add_host(upnp=True)`) sits on
-11.18.i.0/24 instead: miniupnpd refuses to map ports on a reserved address such as 198.18/15, and 11/8, public
-space elsewhere, is this lab's own inside its namespaces (nothing is routed out of them). `python -m scripts.bench.lab.netlab echo|ping` is the lab's
-UDP round-trip probe, run inside a namespace; `accept` the open host's TCP listener.
+192.168.i.0/24 (router .1, host .2). A router that maps ports (miniupnpd, `add_host(upnp=True)` or `natpmp=True`)
+sits on 11.18.i.0/24 instead: miniupnpd refuses to map ports on a reserved address such as 198.18/15, and 11/8,
+public space elsewhere, is this lab's own inside its namespaces (nothing is routed out of them).
+`python -m scripts.bench.lab.netlab echo|ping` is the lab's UDP round-trip probe, run inside a namespace; `accept`
+the open host's TCP listener.
 """
 
 from __future__ import annotations
