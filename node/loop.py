@@ -29,6 +29,7 @@ from node.watch import Collapsed, LearningWatch, probe_rounds
 from p2p.pool import RolloutPool
 from p2p.service import Gossip
 from rewards import Task, TaskSource
+from rewards.held_out import held_out
 from rewards.scoring import group_carries_signal
 from trainer import allocator, checkpoint
 from trainer.generation import Cancel, SamplingParams, make_generator, never
@@ -100,8 +101,9 @@ class Node:
             raise checkpoint.CheckpointError(f"checkpoint {resumed.path} is unreadable ({e}); move it aside to resume "
                                              "from an older one") from None
         self.generator = make_generator(cfg.generation, self.policy)
-        self.tasks = TaskSource(cfg.tasks.mix(), seed=cfg.run.seed)
         self.eval_tasks = TaskSource(cfg.tasks.eval_mix(), seed=cfg.tasks.eval_seed).draw(cfg.tasks.eval_size)
+        self.held_out = held_out(self.eval_tasks)  # never trained on, drawn here or taken from a peer
+        self.tasks = TaskSource(cfg.tasks.mix(), seed=cfg.run.seed, exclude=self.held_out)
         self.trainer = GRPOTrainer(self.policy, cfg.grpo, cfg.generation.max_new_tokens, cfg.run.rounds, cfg.generation.stop)
         self.probe_tasks = self.eval_tasks[:cfg.run.probe_tasks]  # a random subset: the set is drawn at random
         self.probe_rounds = probe_rounds(cfg.run.eval_every, cfg.run.rounds) if cfg.run.probe_tasks else []
@@ -111,7 +113,7 @@ class Node:
         self.pending_row: RoundMetrics | None = None  # a round whose evaluation a stop interrupted (`_pending_evaluation`)
         self.selector = Selector(cfg.selection, cfg.tasks, logprobs=self.trainer.sequence_logprobs,
                                  fits=self.trainer.fits if cfg.grpo.mask_truncated else None,
-                                 floor=cfg.grpo.external_min_logprob)
+                                 floor=cfg.grpo.external_min_logprob, held_out=self.held_out)
         self.pool = RolloutPool(cfg.p2p.pool, proven=self.selector.proven)
         self.gossip: Gossip | None = None
         self._pool_accepted = 0
@@ -125,6 +127,7 @@ class Node:
         (out / "config.json").write_text(cfg.model_dump_json(indent=2))
         (out / "plan.json").write_text(json.dumps(self.plan.record(), indent=2))
         (out / "settings.json").write_text(json.dumps(fitted.settled.record(), indent=2))
+        (out / "held_out.json").write_text(json.dumps(self.held_out.record(), indent=2))
 
     def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
         self.round = ckpt.round
@@ -248,7 +251,7 @@ class Node:
         """One round, top to bottom; False if a stop request made it abandon the round before training.
         (The caller checkpoints every `run.checkpoint_every` rounds.)"""
         cfg, r = self.cfg, self.round + 1
-        started, position = time.perf_counter(), self.tasks.position
+        started, position, skipped = time.perf_counter(), self.tasks.position, self.tasks.skipped
         # 1. take peers' groups from the pool: re-scored by our own verifier, selected by the sampling rule
         pick = self.selector.external(self.pool, random.Random(round_seed(cfg.run.seed, r)), r)
         slots, feed = self._local_slots(len(pick.groups))
@@ -275,8 +278,8 @@ class Node:
         micro_batch, memory_peak = self._fit_micro_batch(stats)
         evaluation = self._measure(r, stop)
         seconds["other"] = time.perf_counter() - started - seconds["generate"] - seconds["train"]
-        row = self._round_metrics(r, sampled, groups, batch, pick, stats, seconds, Evaluation(), published,
-                                  micro_batch, memory_peak)
+        row = replace(self._round_metrics(r, sampled, groups, batch, pick, stats, seconds, Evaluation(), published,
+                                          micro_batch, memory_peak), n_held_out_skipped=self.tasks.skipped - skipped)
         self.watch.observe(groups)  # says when a task family teaches nothing
         self._close_round(row, evaluation)
         return True
@@ -408,6 +411,7 @@ class Node:
             external_reward_mean=mean_reward(pick.groups),
             external_peers=len({g.source for g in pick.groups}), external_dropped=dict(pick.dropped),
             external_sources=dict(Counter(g.source for g in pick.groups)),
+            external_families=dict(Counter(g.task.ref.dataset for g in pick.groups)),
             groups_published=published, micro_batch=micro_batch,
             memory_peak_gb=None if memory_peak is None else memory_peak / GB, **self._swarm_metrics(),
         )

@@ -69,12 +69,14 @@ class RoundMetrics:
     external_gated: int = 0  # external completions to push up that the support gate left out (rule `guarded`)
     external_shaped: int = 0  # external completions trained with the policy-shaped weight (rule `scoped`)
     n_peer_tasks: int = 0  # of n_local, tasks of peers' groups sampled here (selection.when_short = peer_tasks)
+    n_held_out_skipped: int = 0  # local draws passed over as evaluation questions (rewards/held_out.py)
     external_held_back: int = 0  # pool groups of peers tried without use left out of the round's order (kept pooled)
     seconds_gate: float = 0.0  # of the round, seconds computing this node's log-probs of external completions
     support_cutoff: float | None = None  # the support gate's cut-off after the round (mean token log-prob)
     external_reward_mean: float | None = None  # this node's scores of the external completions
     external_peers: int = 0  # distinct peers the round's external groups came from
     external_sources: dict[str, int] | None = None  # groups taken this round, by the peer that shared them
+    external_families: dict[str, int] | None = None  # the external groups taken, by dataset (the dose per family)
     external_dropped: dict[str, int] | None = None  # pool groups this node could not use, by reason
     peers: int = 0
     groups_published: int = 0  # local groups shared with the swarm this round

@@ -75,7 +75,7 @@ import random
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Container, Iterator
 
 from node.selection_config import GATED, SelectionConfig
 from node.decayed import DecayedRates
@@ -229,15 +229,18 @@ class Selector:
 
     def __init__(self, cfg: SelectionConfig, tasks: TasksConfig,
                  logprobs: Callable[[list[RolloutGroup]], list[list[float]]] | None = None,
-                 fits: Callable[[list[str]], list[bool]] | None = None, floor: float | None = None):
+                 fits: Callable[[list[str]], list[bool]] | None = None, floor: float | None = None,
+                 held_out: Container[Task] = ()):
         """`logprobs`: each group's completions' mean token log-probs under this node's policy (the
         `guarded` rule's gate). `fits`: whether each external text fits the trainer's completion budget (a
         row that does not is left out of the loss, so it cannot make a group worth a slot; None: all fit).
         `floor`: the trainer masks external rows below this mean log-prob (`grpo.external_min_logprob`), so
-        `scoped` never counts them as shaped rows."""
+        `scoped` never counts them as shaped rows. `held_out`: tasks this node never trains on (its evaluation's
+        questions, `rewards.held_out`): a peer's group of one is dropped as `held_out`."""
         if cfg.rule in GATED and logprobs is None:
             raise ValueError(f"the {cfg.rule} rule needs the node's log-probs")
         self.cfg, self.tasks, self.logprobs, self.fits, self.floor = cfg, tasks, logprobs, fits, floor
+        self.held_out = held_out
         self.peers = DecayedRates(cfg.max_tracked)  # share of inspected groups that carried signal
         self.lengths = Lengths(cfg.max_tracked)
         self.strength = FamilyStrength(cfg.max_tracked)  # where a peer passes more often than we do (`scoped`)
@@ -429,6 +432,8 @@ class Selector:
         except SandboxError as e:  # untrusted reference: any failure to rebuild or score it drops the group
             log.debug("cannot use %s/%s from %s: %s", g.dataset, g.index, pooled.peer, e)
             return None, e.reason
+        if task in self.held_out:
+            return None, "held_out"
         return scored_group(task, g.completions, self.tasks.format_weight, source=pooled.peer, scores=scores), ""
 
     def state_dict(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rewards import untrusted
 
 # every reason a pool group taken by the round goes unused (metrics.jsonl external_dropped, /metrics)
-DROP_REASONS = ("not_accepted", "uniform_rewards", "off_support", *untrusted.DROP_REASONS)
+DROP_REASONS = ("not_accepted", "uniform_rewards", "off_support", "too_long", "held_out", *untrusted.DROP_REASONS)
 
 class SelectionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)

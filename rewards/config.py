@@ -46,7 +46,8 @@ class TasksConfig(BaseModel):
         None, min_length=1,
         description="the evaluation's task mix, in the same forms as datasets (default: the training mix): families a node "
         "does not train on, to see what it learns from peers, or the training mix less families that saturate")
-    eval_size: int = Field(200, ge=1, description="held-out tasks in the fixed evaluation set")
+    eval_size: int = Field(200, ge=1, description="held-out tasks in the fixed evaluation set; the node never "
+                           "trains on their questions, drawn or from a peer (unless a family is too small to hold out)")
     eval_samples: int = Field(0, ge=0, le=64, description="completions per held-out task at the sampling temperature for "
                               "the expected accuracy (their mean), reported beside the greedy accuracy; 0: greedy only. "
                               "k samples tell apart smaller changes than one greedy answer, at k times the evaluation's cost")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Container, Mapping, Sequence
 
 from rewards.datasets import check_dataset, regenerate
-from rewards.tasks import Task, TaskRef
+from rewards.tasks import Task, TaskError, TaskRef
+
+MAX_SKIPS = 10_000  # consecutive excluded draws after which a stream is taken to hold nothing else
 
 
 @dataclass(frozen=True)
@@ -18,9 +20,10 @@ class DatasetMix:
 
 
 class TaskSource:
-    """Draw the n-th task of a seeded stream; `position` is the whole state (saved in checkpoints)."""
+    """Draw the n-th task of a seeded stream; `position` is the whole state (saved in checkpoints). Tasks in
+    `exclude` (the node's evaluation questions, `rewards.held_out`) are passed over and counted in `skipped`."""
 
-    def __init__(self, mix: Sequence[DatasetMix], seed: int, position: int = 0):
+    def __init__(self, mix: Sequence[DatasetMix], seed: int, position: int = 0, exclude: Container[Task] = ()):
         if not mix:
             raise ValueError("the task mix is empty")
         for item in mix:
@@ -28,10 +31,21 @@ class TaskSource:
         self.mix = list(mix)
         self.seed = seed
         self.position = position
+        self.exclude = exclude
+        self.skipped = 0
 
     def draw(self, n: int) -> list[Task]:
-        tasks = [self._task(self.position + i) for i in range(n)]
-        self.position += n
+        tasks, run = [], 0
+        while len(tasks) < n:
+            task = self._task(self.position)
+            self.position += 1
+            if task not in self.exclude:
+                tasks.append(task)
+                run = 0
+                continue
+            self.skipped, run = self.skipped + 1, run + 1
+            if run == MAX_SKIPS:
+                raise TaskError(f"{MAX_SKIPS} draws in a row were evaluation questions: the task mix has no others")
         return tasks
 
     def _task(self, k: int) -> Task:
