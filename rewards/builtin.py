@@ -21,6 +21,8 @@ class _Config(BaseModel):
 class ArithConfig(_Config):
     max_operand: int = Field(9, ge=1, le=10**6, description="operands are drawn from 0..max_operand")
     ops: str = Field("+-", pattern=r"^[+\-*]+$", description="operators to draw from (+, -, *)")
+    max_second: int | None = Field(None, ge=1, le=10**6, description="the second operand is drawn from 0..max_second "
+                                   "(default: max_operand): one-digit by two-digit products are 9 and 99")
 
 
 class ReverseConfig(_Config):
@@ -43,7 +45,7 @@ class CountConfig(ReverseConfig):
 
 def _arith(cfg: ArithConfig, rng: random.Random) -> tuple[str, str]:
     op = rng.choice(cfg.ops)
-    a, b = rng.randint(0, cfg.max_operand), rng.randint(0, cfg.max_operand)
+    a, b = rng.randint(0, cfg.max_operand), rng.randint(0, cfg.max_second or cfg.max_operand)
     if op == "-" and b > a:
         a, b = b, a  # keep answers non-negative: one less thing for a tiny model to learn
     value = {"+": a + b, "-": a - b, "*": a * b}[op]

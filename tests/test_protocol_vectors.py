@@ -139,9 +139,10 @@ class SpecRandom:
 def spec_task(dataset: str, config: dict, seed: int, index: int) -> tuple[str, str]:
     rng = SpecRandom(dataset, config, seed, index)
     if dataset == "arith":
-        cfg = {"max_operand": 9, "ops": "+-", **config}
+        cfg = {"max_operand": 9, "ops": "+-", "max_second": None, **config}
         op = rng.pick(cfg["ops"])
-        a, b = rng.below(cfg["max_operand"] + 1), rng.below(cfg["max_operand"] + 1)
+        a = rng.below(cfg["max_operand"] + 1)
+        b = rng.below((cfg["max_second"] if cfg["max_second"] is not None else cfg["max_operand"]) + 1)
         if op == "-" and b > a:
             a, b = b, a
         return f"{a}{op}{b}=?", str({"+": a + b, "-": a - b, "*": a * b}[op])
@@ -166,7 +167,8 @@ def test_each_task_vector_is_what_the_code_and_the_spec_generate(case):
 
 def test_the_spec_generator_matches_the_code_beyond_the_vectors():
     for index in range(300):
-        for dataset, config in (("arith", {"max_operand": 1000, "ops": "+-*"}), ("reverse", {"max_len": 9}),
+        for dataset, config in (("arith", {"max_operand": 1000, "ops": "+-*"}), ("arith", {"max_operand": 9, "max_second": 99, "ops": "*"}),
+                                ("reverse", {"max_len": 9}),
                                 ("count", {"alphabet": "wxyz"})):
             task = regenerate(TaskRef(dataset, config, index % 5 - 2, index))
             assert spec_task(dataset, config, index % 5 - 2, index) == (task.question, task.answer)

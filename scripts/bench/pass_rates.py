@@ -9,6 +9,7 @@ the pass rate, the share of informative groups (rewards not all equal), completi
     .venv/bin/python scripts/bench/pass_rates.py --model smollm2-135m --out docs/bench/pass-rates-smollm2-135m-2cpu.json
     .venv/bin/python scripts/bench/pass_rates.py --model gemma3-270m --accept-license gemma --sampling 0.7:0.9 \
         --out docs/bench/pass-rates-gemma3-270m-2cpu.json
+    .venv/bin/python scripts/bench/pass_rates.py --datasets '[{"name": "arith", "config": {"max_operand": 9, "max_second": 99, "ops": "*"}}]'
     .venv/bin/python scripts/bench/pass_rates.py --mix paper --tasks 12 --max-new-tokens 256 --sampling 0.7:0.9 \
         --out docs/bench/pass-rates-paper-smollm2-135m-2cpu.json
 """
@@ -29,6 +30,7 @@ from rich.table import Table
 
 from node.argtypes import bounded, count
 from rewards import TaskSource
+from rewards.config import TasksConfig
 from rewards.mixes import MIXES
 from rewards.scoring import CLOSE
 from rewards.source import DatasetMix
@@ -56,6 +58,14 @@ CANDIDATES = [
     DatasetMix("rg/simple_equations", {"min_terms": 2, "max_terms": 2, "min_value": 1, "max_value": 10,
                                        "operators": ["+", "-"], "operators_weights": [0.5, 0.5]}),
 ]
+
+
+def dataset_list(text: str) -> list[DatasetMix]:
+    """`--datasets`: read as the node reads --tasks (each dataset checked to regenerate)."""
+    try:
+        return TasksConfig(datasets=text).mix()
+    except ValidationError as e:
+        raise argparse.ArgumentTypeError(e.errors()[0]["msg"].removeprefix("Value error, ")) from None
 
 
 def measure(generator: TransformersGenerator, policy, mix: DatasetMix, sampling: SamplingParams, tasks: int,
@@ -87,6 +97,8 @@ def main() -> None:
     parser.add_argument("--sampling", nargs="+", default=["1.0:1.0", "0.7:0.9"], help="temperature:top_p settings")
     parser.add_argument("--only", nargs="*", default=[], help="dataset names to keep (default: every candidate)")
     parser.add_argument("--mix", choices=sorted(MIXES), help="measure a named task mix's datasets instead of the candidates")
+    parser.add_argument("--datasets", type=dataset_list, help="measure these datasets instead of the candidates, in the "
+                        "forms of the node's --tasks (JSON list, or 'arith,rg/leg_counting')")
     parser.add_argument("--no-example", action="store_true", help="send the task alone (model.chat_example = null)")
     parser.add_argument("--sampling-dtype", choices=["model", "bfloat16"], default="model",
                         help="sample the model's own weights, or a bfloat16 copy as a node on a CPU with AMX tiles does")
@@ -111,7 +123,8 @@ def main() -> None:
         temperature, top_p = map(float, setting.split(":"))
         sampling = SamplingParams(n=args.completions, temperature=temperature, top_p=top_p,
                                   max_new_tokens=args.max_new_tokens, stop=(CLOSE,), seed=args.seed)
-        candidates = [DatasetMix(d["name"], d.get("config", {})) for d in MIXES[args.mix]] if args.mix else CANDIDATES
+        candidates = args.datasets or ([DatasetMix(d["name"], d.get("config", {})) for d in MIXES[args.mix]] if args.mix
+                                       else CANDIDATES)
         for mix in candidates:
             if args.only and mix.name not in args.only:
                 continue
