@@ -173,10 +173,30 @@ TESTBEDS["smollm2-adapt"] = {**TESTBEDS["smollm2"], "extra": PINNED, "silo": "sm
 TESTBEDS["gemma-fixed"] = {"presets": ["gemma3-270m"], "task_mixes": [SMOLLM2], "extra": PINNED + ["--grpo.target_kl", "null"],
                            "silo": "gemma-fixed"}
 TESTBEDS["gemma-adapt"] = {**TESTBEDS["gemma-fixed"], "extra": PINNED}
+# four owners: SmolLM2-135M nodes that each draw one family, every family large enough that no run trains on more than a
+# twentieth of its questions (scripts/bench/owners.py states each family's size; the pass rates are in
+# docs/bench/pass-rates-large-families-smollm2-135m-2cpu.json), every node evaluated on all four, 100 tasks each,
+# whose questions no node trains on (rewards/held_out.py). Alone, node k trains on family k; the union silos train
+# each node on all four, with 4 groups a round or with 2 (the swarm's own generation); full fine-tuning pinned, in the
+# planner's share of the machine for four nodes (4.6 of 5.0 GB each)
+OWNER_FAMILIES = [
+    {"name": "arith", "config": {"max_operand": 9, "max_second": 199, "ops": "*"}},  # 2,000 questions, pass rate 0.14
+    {"name": "rg/chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}},  # ~20,000; 0.31
+    {"name": "rg/basic_arithmetic", "config": {"min_terms": 3, "max_terms": 4, "min_digits": 1, "max_digits": 1,  # ~84,000; 0.07
+                                               "operators": ["+", "-"], "allow_parentheses": False, "allow_negation": False}},
+    {"name": "rg/decimal_arithmetic", "config": {"min_terms": 2, "max_terms": 2, "min_num_decimal_places": 1,  # ~40,000; 0.05
+                                                 "max_num_decimal_places": 1, "precision": 3}},
+]
+OWNERS_EVAL = ["--tasks.eval_datasets", json.dumps(OWNER_FAMILIES), "--tasks.eval_size", "400", *POWERED,
+               "--model.lora.enabled", "false"]
+TESTBEDS["owners"] = {"presets": ["smollm2-135m"], "task_mixes": [json.dumps([f]) for f in OWNER_FAMILIES],
+                      "extra": ["--selection.accept", "any", *OWNERS_EVAL]}
+TESTBEDS["owners-union"] = {"presets": ["smollm2-135m"], "task_mixes": [json.dumps(OWNER_FAMILIES)], "extra": OWNERS_EVAL,
+                            "silo": "owners"}
 STEP_SIZE = [("smollm2-adapt", 1e-4), ("gemma-adapt", 6.7e-6), ("smollm2-fixed", None), ("smollm2-adapt", None),
              ("gemma-fixed", None), ("gemma-adapt", None), ("smollm2-fixed", 1e-4), ("gemma-fixed", 6.7e-6)]  # the rescues first
 RATE_GRIDS = {"lr": SWEEP, "step-size": STEP_SIZE}  # silos of 4 groups a round, each (testbed, grpo.lr or the model's)
-GRIDS = ("paper", "quick", "real", "quantized", "autocast", "lr", "specialists", "hetero", "gemma", "step-size")
+GRIDS = ("paper", "quick", "real", "quantized", "autocast", "lr", "specialists", "owners", "hetero", "gemma", "step-size")
 KIND_FLAGS = {"lr": "lr_sweep"}  # a grid's flag where it is not the grid's own name (--lr-sweep)
 EVAL_TASKS = 200  # held-out tasks a node evaluates on, unless its testbed's flags say otherwise
 DEFAULT_RULE = SelectionConfig().rule  # what another rule or channel must beat to become the default
@@ -237,6 +257,22 @@ CHECKS = {"quantized": (Config("smollm2", 4, 0), Config("smollm2-nf4", 4, 0)),
           "autocast": (Config("smollm2-f32", 4, 0), Config("smollm2-bf16", 4, 0))}
 
 
+FIXED_GRIDS = {
+    # alone, the swarm and the union of their data (an over-draw control would add a quarter to a grid of about 45
+    # minutes a seed on 2 cores)
+    "specialists": [Config("specialists", 4, 0), Config("specialists", 2, 2, "guarded"), Config("specialists-union", 4, 0)],
+    # alone, the swarm, both union silos, and a second split for the dose-response
+    "owners": [Config("owners", 4, 0), Config("owners", 2, 2, "guarded"), Config("owners-union", 4, 0),
+               Config("owners-union", 2, 0), Config("owners", 3, 1, "guarded")],
+    # the sampling rules for a peer of another model, and task sharing at the same generation
+    "hetero": [Config("demo", 8, 0), *(Config("demo", 4, 4, rule) for rule in ("signal", "guarded", "scoped")),
+               Config("demo", 4, 4, "guarded", when_short="peer_tasks")],
+    # the default rule and the one that lets a stronger peer of another family in
+    "gemma": [Config("gemma+smollm2", 4, 0), Config("gemma+smollm2", 2, 2, "guarded"), Config("gemma+smollm2", 2, 2, "scoped")],
+    "quick": [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "guarded"), Config("homogeneous", 4, 4, control=True)],
+}
+
+
 def grid(rules: list[str], kind: str = "paper", groups: int = 4) -> list[Config]:
     """The configurations of one of GRIDS: the paper's (tiny presets), its smoke run, the real-model grid (`groups`
     a round: I + 0 against I/2 + I/2), and the 4-bit base against full fine-tuning (SmolLM2 silos; the NF4 row's
@@ -245,20 +281,12 @@ def grid(rules: list[str], kind: str = "paper", groups: int = 4) -> list[Config]
         return list(CHECKS[kind])
     if kind in RATE_GRIDS:
         return [Config(bed, 4, 0, lr=lr) for bed, lr in RATE_GRIDS[kind]]
-    if kind == "specialists":  # alone, the swarm and the union of their data (issue 55's arms; an over-draw control
-        # would add a quarter to a grid of about 45 minutes a seed on 2 cores)
-        return [Config("specialists", 4, 0), Config("specialists", 2, 2, "guarded"), Config("specialists-union", 4, 0)]
+    if kind in FIXED_GRIDS:
+        return list(FIXED_GRIDS[kind])
     if kind == "real":  # 4 groups by default: half the paper's round, which is what 2 cores carry for a real model
         configs = [Config(bed, i, groups - i, rule) for bed in REAL for i in (groups, groups // 2)
                    for rule in (rules if i < groups else ["uniform"])]
         return [c for c in configs if c.external or c.silo == c]  # a shared silo runs once
-    if kind == "hetero":  # the sampling rules for a peer of another model, and task sharing at the same generation
-        return [Config("demo", 8, 0), *(Config("demo", 4, 4, rule) for rule in ("signal", "guarded", "scoped")),
-                Config("demo", 4, 4, "guarded", when_short="peer_tasks")]
-    if kind == "gemma":  # the default rule and the one that lets a stronger peer of another family in
-        return [Config("gemma+smollm2", 4, 0), Config("gemma+smollm2", 2, 2, "guarded"), Config("gemma+smollm2", 2, 2, "scoped")]
-    if kind == "quick":
-        return [Config("homogeneous", 8, 0), Config("homogeneous", 4, 4, "guarded"), Config("homogeneous", 4, 4, control=True)]
     homo = [Config("homogeneous", 8, 0), Config("homogeneous", 8, 0, overdraw=2), Config("homogeneous", 4, 4, control=True),
             Config("homogeneous", 4, 4, control=True, negatives=True), Config("homogeneous", 4, 4, "signal", negatives=True)]
     homo += [Config("homogeneous", i, 8 - i, rule) for i in (6, 4, 2) for rule in rules]
@@ -300,7 +328,11 @@ def node_record(node_dir: Path, summary: dict) -> dict:
         "curves": {"reward": [r["reward_mean"] for r in trained],
                    "local_informative_share": share("local_informative", "n_local"),
                    "external_informative_share": share("external_informative", "external_inspected"),
-                   "eval": [[r["round"], r["eval_accuracy"]] for r in evals]},
+                   "eval": [[r["round"], r["eval_accuracy"]] for r in evals],
+                   # what a node took from peers, family by family, and what explains it: the groups it looked at, why
+                   # the rest went unused, and its support gate's cut-off
+                   **{key: [r.get(key) for r in trained] for key in ("external_families", "external_inspected",
+                                                                      "external_dropped", "support_cutoff")}},
     }
 
 
@@ -806,6 +838,9 @@ def parse_args() -> argparse.Namespace:
                    "--accept-license gemma")
     p.add_argument("--specialists", action="store_true", help="issue 55's swarm of specialists: two SmolLM2 owners "
                    "splitting the arithmetic mix: each alone, the pair at 2/2, and a silo on the union of their tasks")
+    p.add_argument("--owners", action="store_true", help="four SmolLM2 owners of one family each (pair it with --nodes 4): "
+                   "each alone, the swarm at 2/2 and 3/1, and silos on all four families at 4 and at 2 groups a round; "
+                   "scripts/bench/owners.py reports what each learned of the families it never draws")
     p.add_argument("--hetero", action="store_true", help="issue 53's tiny testbed: the demo's tiny-a, tiny-b, tiny-a swarm "
                    "(--nodes 3) alone, and at 4/4 under signal, guarded, scoped and guarded with peer_tasks")
     p.add_argument("--gemma", action="store_true", help="issue 53's pair of real families: Gemma 3 270M beside "

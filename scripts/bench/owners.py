@@ -1,0 +1,234 @@
+"""Four owners teach each other: what each SmolLM2 node learned of the three families it never draws, from the grid
+`sapo_experiment.py --owners` ran, against the same node alone and against both union silos.
+
+Node k owns family k (`sapo_experiment.OWNER_FAMILIES`). Each seed is one independent replicate: its four nodes'
+gaps are averaged into one number per seed, and the intervals are over seeds (95%, t). A gap whose interval holds
+zero is reported as "no effect seen" beside the smallest effect the seeds could have detected (80% power). Greedy and
+expected accuracy (k samples a task) are both reported. The dose is what each node took from peers, family by
+family and by third of the run, with what explains it: the groups it inspected and why the rest went unused.
+
+    .venv/bin/python scripts/bench/sapo_experiment.py --owners --nodes 4 --rounds 30 --eval-every 30 --seeds 5 --out runs/owners --resume
+    .venv/bin/python scripts/bench/owners.py --out runs/owners
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from sapo_experiment import OWNER_FAMILIES, gap_stats, held_out_gap, mean
+
+ARMS = {"alone": "owners 4/0", "swarm": "owners 2/2 guarded", "union": "owners-union 4/0",
+        "union_tokens": "owners-union 2/0", "swarm_3_1": "owners 3/1 guarded"}
+COMPARISONS = [("swarm", "alone"), ("swarm", "union"), ("swarm", "union_tokens"), ("swarm_3_1", "alone"),
+               ("union", "alone")]
+MEASURES = {"expected": "expected_by_dataset_last", "greedy": "eval_by_dataset_last"}
+FAMILIES = [f["name"] for f in OWNER_FAMILIES]
+THIRDS = 3
+
+
+def load(out: Path) -> dict[str, dict[int, dict]]:
+    """Finished runs by arm and seed."""
+    runs: dict[str, dict[int, dict]] = {arm: {} for arm in ARMS}
+    by_name = {name: arm for arm, name in ARMS.items()}
+    for path in sorted(out.glob("*/seed*/result.json")):
+        run = json.loads(path.read_text())
+        if not run.get("failed") and run["config"] in by_name:
+            runs[by_name[run["config"]]][run["seed"]] = run
+    return runs
+
+
+def accuracy(run: dict, node: int, family: str, measure: str) -> float:
+    return run["nodes"][node][MEASURES[measure]][family]
+
+
+def seed_gaps(ours: dict, theirs: dict, measure: str) -> dict[str, float]:
+    """One seed's gaps: over every owner's never-drawn families ("taught"), per family over the three nodes that do
+    not own it, and on each owner's own family ("own")."""
+    cells = {(k, f): accuracy(ours, k, f, measure) - accuracy(theirs, k, f, measure)
+             for k in range(len(FAMILIES)) for f in FAMILIES}
+    gaps = {"taught": mean([g for (k, f), g in cells.items() if FAMILIES[k] != f]),
+            "own": mean([cells[k, FAMILIES[k]] for k in range(len(FAMILIES))])}
+    gaps.update({f: mean([g for (k, g_f), g in cells.items() if g_f == f and FAMILIES[k] != f]) for f in FAMILIES})
+    return gaps
+
+
+def comparisons(runs: dict[str, dict[int, dict]]) -> list[dict]:
+    """Each comparison, measure and endpoint: the gap's mean, interval, detectable effect and per-seed values."""
+    rows = []
+    for ours, theirs in COMPARISONS:
+        seeds = sorted(set(runs[ours]) & set(runs[theirs]))
+        if not seeds:
+            continue
+        for measure in MEASURES:
+            per_seed = [seed_gaps(runs[ours][s], runs[theirs][s], measure) for s in seeds]
+            for endpoint in ["taught", *FAMILIES, "own"]:
+                values = [g[endpoint] for g in per_seed]
+                rows.append({"arm": ours, "against": theirs, "measure": measure, "endpoint": endpoint, "seeds": seeds,
+                             "per_seed": values, **gap_stats(values)})
+    return rows
+
+
+def levels(runs: dict[str, dict[int, dict]]) -> list[dict]:
+    """Each arm's accuracy on never-drawn families and on its own, at the end (mean over seeds), with tokens
+    generated and wall seconds per node."""
+    rows = []
+    for arm, by_seed in runs.items():
+        if not by_seed:
+            continue
+        row = {"arm": arm, "seeds": sorted(by_seed)}
+        for measure in MEASURES:
+            taught = [mean([accuracy(r, k, f, measure) for k in range(len(FAMILIES)) for f in FAMILIES if FAMILIES[k] != f])
+                      for r in by_seed.values()]
+            own = [mean([accuracy(r, k, FAMILIES[k], measure) for k in range(len(FAMILIES))]) for r in by_seed.values()]
+            row[f"{measure}_never_drawn"], row[f"{measure}_own"] = mean(taught), mean(own)
+        row["start_expected"] = mean([n["expected_first"] for r in by_seed.values() for n in r["nodes"]])
+        row["start_greedy"] = mean([n["eval_first"] for r in by_seed.values() for n in r["nodes"]])
+        row["tokens_per_node"] = mean([n["tokens_generated"] for r in by_seed.values() for n in r["nodes"]])
+        row["seconds_per_node"] = mean([n["seconds"] for r in by_seed.values() for n in r["nodes"]])
+        row["wall_seconds"] = mean([r["wall_seconds"] for r in by_seed.values()])
+        rows.append(row)
+    return rows
+
+
+def thirds(rounds: int) -> list[range]:
+    return [range(i * rounds // THIRDS, (i + 1) * rounds // THIRDS) for i in range(THIRDS)]
+
+
+def per_third(nodes: list[dict], key: str, total) -> list:
+    """`total` of each node's curve `key` over each third of the run, the mean over `nodes` (None values as missing)."""
+    parts = thirds(len(nodes[0]["curves"][key]))
+    return [mean([total([n["curves"][key][i] for i in part]) for n in nodes]) for part in parts]
+
+
+def count_of(family: str):
+    return lambda taken: sum((t or {}).get(family, 0) for t in taken)
+
+
+def dropped(nodes: list[dict]) -> list[dict[str, float]]:
+    """Pool groups left unused per third of the run, by reason, the mean over `nodes`."""
+    parts = thirds(len(nodes[0]["curves"]["external_dropped"]))
+    return [{k: v / len(nodes) for k, v in sorted(sum((Counter(n["curves"]["external_dropped"][i] or {})
+                                                       for n in nodes for i in part), Counter()).items())} for part in parts]
+
+
+def dose(runs: dict[str, dict[int, dict]]) -> list[dict]:
+    """Per arm that shares, node and family: peers' groups taken, in total and by third of the run (mean over
+    seeds), and per third what explains it: groups inspected, why the rest went unused, the support gate's cut-off."""
+    rows = []
+    for arm in ("swarm", "swarm_3_1"):
+        for node, owns in enumerate(FAMILIES):
+            nodes = [r["nodes"][node] for r in runs[arm].values()]
+            if not nodes:
+                continue
+            taken = {f: per_third(nodes, "external_families", count_of(f)) for f in FAMILIES if f != owns}
+            rows.append({"arm": arm, "node": node, "owns": owns, "taken_by_third": taken,
+                         "taken": {f: sum(v) for f, v in taken.items()},
+                         "inspected_by_third": per_third(nodes, "external_inspected", lambda xs: sum(x or 0 for x in xs)),
+                         "dropped_by_third": dropped(nodes),
+                         "cutoff_by_third": per_third(nodes, "support_cutoff",
+                                                      lambda xs: mean([x for x in xs if x is not None]))})
+    return rows
+
+
+def report(out: Path, console: Console) -> dict:
+    runs = load(out)
+    if not runs["alone"] or not runs["swarm"]:
+        raise SystemExit(f"owners: no finished 'alone' and 'swarm' runs under {out} (run sapo_experiment.py --owners)")
+    first = next(iter(runs["swarm"].values()))
+    result = {"families": OWNER_FAMILIES, "rounds": first["rounds"], "cpus": first["cpus"],
+              "comparisons": comparisons(runs), "levels": levels(runs), "dose": dose(runs)}
+    (out / "owners.json").write_text(json.dumps(result, indent=1))
+    (out / "owners.md").write_text(markdown(result))
+    gaps = Table(title="what sharing taught: each owner's accuracy on families it never draws, and on its own, paired by seed")
+    for col in ("arm", "against", "measure", "endpoint", "gap (95% CI)", "per seed"):
+        gaps.add_column(col)
+    for r in result["comparisons"]:
+        gaps.add_row(r["arm"], r["against"], r["measure"], r["endpoint"], held_out_gap(r), " ".join(f"{v:+.3f}" for v in r["per_seed"]))
+    console.print(gaps)
+    figure(out / "owners.json", out / "owners.png")
+    console.print(f"saved {out / 'owners.json'}, {out / 'owners.md'} and {out / 'owners.png'}")
+    return result
+
+
+def markdown(result: dict) -> str:
+    lines = ["| arm | vs | measure | endpoint | gap (95% CI) | per seed |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['arm']} | {r['against']} | {r['measure']} | {r['endpoint']} | {held_out_gap(r)} | "
+              f"{' '.join(f'{v:+.3f}' for v in r['per_seed'])} |" for r in result["comparisons"]]
+    lines += ["", "| arm | seeds | expected: start -> never drawn / own | greedy: start -> never drawn / own | tokens per node "
+              "| seconds per node |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['arm']} | {len(r['seeds'])} | {r['start_expected']:.3f} -> {r['expected_never_drawn']:.3f} / "
+              f"{r['expected_own']:.3f} | {r['start_greedy']:.3f} -> {r['greedy_never_drawn']:.3f} / {r['greedy_own']:.3f} | "
+              f"{r['tokens_per_node']:,.0f} | {r['seconds_per_node']:.0f} |" for r in result["levels"]]
+    lines += ["", "| arm | node (owns) | peers' groups taken, by family: per third of the run | inspected per third | "
+              "unused per third, by reason |", "| --- | --- | --- | --- | --- |"]
+    for d in result["dose"]:
+        taken = "; ".join(f"{f}: {' / '.join(f'{v:.1f}' for v in by)}" for f, by in d["taken_by_third"].items())
+        dropped = " / ".join(", ".join(f"{k} {v:.1f}" for k, v in sorted(t.items())) or "-" for t in d["dropped_by_third"])
+        lines.append(f"| {d['arm']} | {d['node']} ({d['owns']}) | {taken} | "
+                     f"{' / '.join(f'{v:.1f}' for v in d['inspected_by_third'])} | {dropped} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_gaps(ax, data: dict) -> None:
+    """Per family, the expected-accuracy gap of the nodes that never draw it, in each comparison (95% CI)."""
+    points = ["taught", *[f["name"] for f in data["families"]]]
+    shown = [(a, b) for a, b in COMPARISONS if any(r["arm"] == a and r["against"] == b for r in data["comparisons"])]
+    width = 0.8 / max(1, len(shown))
+    for j, (arm, against) in enumerate(shown):
+        rows = {r["endpoint"]: r for r in data["comparisons"] if (r["arm"], r["against"], r["measure"]) == (arm, against, "expected")}
+        ax.bar([i + j * width for i in range(len(points))], [rows[p]["gap"] for p in points], width,
+               yerr=[0 if rows[p]["ci95"] != rows[p]["ci95"] else rows[p]["ci95"] for p in points],
+               capsize=3, label=f"{arm} vs {against}")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(points))], ["all never drawn", *points[1:]], fontsize=7)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set(title="expected accuracy on families a node never draws: gap (95% CI over seeds)")
+    ax.legend(fontsize=7)
+
+
+def plot_dose(ax, data: dict) -> None:
+    """Peers' groups taken per third of the run, by family: the mean over the nodes that do not own it."""
+    for arm, style in (("swarm", "-"), ("swarm_3_1", "--")):
+        rows = [d for d in data["dose"] if d["arm"] == arm]
+        for f in (f["name"] for f in data["families"]):
+            per = [d["taken_by_third"][f] for d in rows if f in d["taken_by_third"]]
+            if per:
+                ax.plot(range(1, THIRDS + 1), [mean(list(v)) for v in zip(*per)], style, marker="o", label=f"{arm}: {f}")
+    ax.set(title="the dose: peers' groups taken per third of the run (mean per node that does not own the family)",
+           xlabel="third of the run", xticks=range(1, THIRDS + 1))
+    ax.legend(fontsize=7)
+
+
+def figure(results_json: Path, path: Path) -> None:
+    """The gaps and the dose, from the JSON alone."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(results_json.read_text())
+    fig, (ax_gap, ax_dose) = plt.subplots(1, 2, figsize=(15, 4.8))
+    plot_gaps(ax_gap, data)
+    plot_dose(ax_dose, data)
+    fig.suptitle(f"Four SmolLM2-135M owners, {data['rounds']} rounds, {data['cpus']}-core CPU")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="the grid's folder (sapo_experiment.py --owners --out)")
+    args = parser.parse_args()
+    if not args.out.is_dir():
+        parser.error(f"argument --out: {args.out} is not a folder")
+    report(args.out, Console(width=200))
+
+
+if __name__ == "__main__":
+    main()

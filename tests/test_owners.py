@@ -1,0 +1,88 @@
+"""The four-owner grid: its evaluation shares no question with any node's training stream, and its report pairs each
+owner's accuracy on the families it never draws with the same node alone and with both union silos, seed by seed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+import owners
+import sapo_experiment as experiment
+from node.swarm import SwarmSpec
+from rewards import TaskSource
+from rewards.config import TasksConfig
+from rewards.held_out import content_key, held_out
+
+
+
+def flag(extra: list[str], name: str) -> str:
+    return extra[extra.index(name) + 1]
+
+
+def test_the_owners_evaluation_shares_no_question_with_any_training_stream():
+    bed, union = experiment.TESTBEDS["owners"], experiment.TESTBEDS["owners-union"]
+    extra = bed["extra"]
+    evaluation = TaskSource(TasksConfig(datasets=flag(extra, "--tasks.eval_datasets")).mix(),
+                            seed=TasksConfig().eval_seed).draw(int(flag(extra, "--tasks.eval_size")))
+    excluded = held_out(evaluation)
+    assert not excluded.by_seed, "every family must be large enough to hold out by content"
+    assert sorted({t.ref.dataset for t in evaluation}) == sorted(owners.FAMILIES)
+    questions = {content_key(t.question) for t in evaluation}
+    rounds, slots = 30, 4
+    for seed in range(5):
+        spec = SwarmSpec(nodes=4, rounds=rounds, local=slots, external=0, presets=["smollm2-135m"], out=None, seed=100 * seed)
+        for k in range(4):
+            for mixes in (bed["task_mixes"], union["task_mixes"]):
+                stream = TaskSource(TasksConfig(datasets=mixes[k % len(mixes)]).mix(), seed=spec.node_seed(k), exclude=excluded)
+                drawn = {content_key(t.question) for t in stream.draw(rounds * slots)}
+                assert not drawn & questions
+    # without the exclusion the streams would share questions: the check above can fail
+    plain = TaskSource(TasksConfig(datasets=bed["task_mixes"][0]).mix(), seed=0)
+    assert {content_key(t.question) for t in plain.draw(2000)} & questions
+
+
+def fake_node(name: str, own: str, never: float, own_acc: float, first: float = 0.3) -> dict:
+    by = {f: (own_acc if f == own else never) for f in owners.FAMILIES}
+    rounds = 6
+    taken = [{f: 1 for f in owners.FAMILIES if f != own}] * rounds
+    return {"name": name, "expected_by_dataset_last": by, "eval_by_dataset_last": {f: v - 0.05 for f, v in by.items()},
+            "expected_first": first, "eval_first": first - 0.05, "tokens_generated": 1000, "seconds": 60.0,
+            "curves": {"external_families": taken, "external_inspected": [3] * rounds,
+                       "external_dropped": [{"off_support": 1}] * rounds, "support_cutoff": [-0.5] * rounds}}
+
+
+def fake_run(arm: str, seed: int, never: float, own: float) -> dict:
+    nodes = [fake_node(f"node{k}", f, never, own) for k, f in enumerate(owners.FAMILIES)]
+    return {"config": owners.ARMS[arm], "seed": seed, "rounds": 6, "cpus": 2, "wall_seconds": 100.0, "failed": [],
+            "nodes": nodes}
+
+
+def test_the_report_pairs_never_drawn_families_by_seed_against_alone_and_both_union_silos(tmp_path):
+    levels = {"alone": (0.30, 0.6), "swarm": (0.50, 0.6), "union": (0.45, 0.5), "union_tokens": (0.40, 0.5),
+              "swarm_3_1": (0.40, 0.62)}
+    for seed, shift in ((0, 0.0), (1, 0.02), (2, -0.02)):
+        for arm, (never, own) in levels.items():
+            folder = tmp_path / experiment.slug(owners.ARMS[arm]) / f"seed{seed}"
+            folder.mkdir(parents=True)
+            up = shift if arm == "swarm" else 0.0
+            (folder / "result.json").write_text(json.dumps(fake_run(arm, seed, never + up, own)))
+    result = owners.report(tmp_path, Console(file=open(tmp_path / "log.txt", "w"), width=200))
+    rows = {(r["arm"], r["against"], r["measure"], r["endpoint"]): r for r in result["comparisons"]}
+    taught = rows["swarm", "alone", "expected", "taught"]
+    assert taught["per_seed"] == pytest.approx([0.20, 0.22, 0.18]) and taught["gap"] == pytest.approx(0.20)
+    assert rows["swarm", "union", "greedy", "taught"]["gap"] == pytest.approx(0.05)
+    assert rows["swarm", "union_tokens", "expected", owners.FAMILIES[0]]["gap"] == pytest.approx(0.10)
+    assert rows["swarm_3_1", "alone", "expected", "own"]["gap"] == pytest.approx(0.02)
+    dose = [d for d in result["dose"] if d["arm"] == "swarm" and d["node"] == 0][0]
+    assert dose["taken"] == {f: 6 for f in owners.FAMILIES[1:]} and dose["taken_by_third"][owners.FAMILIES[1]] == [2, 2, 2]
+    assert dose["dropped_by_third"] == [{"off_support": 2.0}] * 3
+    assert {p.name for p in tmp_path.iterdir()} >= {"owners.json", "owners.md", "owners.png"}
+    assert "no effect seen" in (tmp_path / "owners.md").read_text()  # the swarm against alone on its own family: no gap
+
+
+def test_the_owners_grid_is_five_arms_paired_with_each_owner_alone():
+    names = [c.name for c in experiment.grid([], "owners")]
+    assert names == list(owners.ARMS.values())
+    assert experiment.Config("owners-union", 4, 0).silo.name == owners.ARMS["alone"]
