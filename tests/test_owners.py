@@ -86,3 +86,10 @@ def test_the_owners_grid_is_five_arms_paired_with_each_owner_alone():
     names = [c.name for c in experiment.grid([], "owners")]
     assert names == list(owners.ARMS.values())
     assert experiment.Config("owners-union", 4, 0).silo.name == owners.ARMS["alone"]
+
+
+def test_a_familys_question_space_is_estimated_from_its_distinct_questions():
+    small = owners.question_space({"name": "arith", "config": {"max_operand": 4, "ops": "+"}}, draws=2000)
+    assert (small["distinct"], small["space"]) == (25, 25)
+    large = owners.question_space({"name": "arith", "config": {"max_operand": 99, "ops": "+"}}, draws=2000)
+    assert 5000 < large["space"] < 20000  # 10,000 questions, most draws distinct

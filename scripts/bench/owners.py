@@ -9,18 +9,23 @@ family and by third of the run, with what explains it: the groups it inspected a
 
     .venv/bin/python scripts/bench/sapo_experiment.py --owners --nodes 4 --rounds 30 --eval-every 30 --seeds 5 --out runs/owners --resume
     .venv/bin/python scripts/bench/owners.py --out runs/owners
+    .venv/bin/python scripts/bench/owners.py --sizes docs/bench/owners-family-sizes.json   # each family's question space
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from rewards import TaskSource
+from rewards.held_out import content_key
+from rewards.source import DatasetMix
 from sapo_experiment import OWNER_FAMILIES, gap_stats, held_out_gap, mean
 
 ARMS = {"alone": "owners 4/0", "swarm": "owners 2/2 guarded", "union": "owners-union 4/0",
@@ -30,6 +35,30 @@ COMPARISONS = [("swarm", "alone"), ("swarm", "union"), ("swarm", "union_tokens")
 MEASURES = {"expected": "expected_by_dataset_last", "greedy": "eval_by_dataset_last"}
 FAMILIES = [f["name"] for f in OWNER_FAMILIES]
 THIRDS = 3
+SIZE_DRAWS = 40_000
+MOST_TRAINED = {"owner alone (4 groups a round)": 4, "a node that never draws it (2 peers' groups a round at most)": 2}
+
+
+def question_space(family: dict, draws: int = SIZE_DRAWS, seed: int = 12345) -> dict:
+    """A family's question space, estimated from the distinct questions among `draws`: the size S of a uniform space
+    that would give as many (S (1 - exp(-draws / S)) = distinct), exact where the draws exhaust it."""
+    distinct = len({content_key(t.question) for t in TaskSource([DatasetMix(family["name"], family["config"])], seed=seed).draw(draws)})
+    low, high = float(distinct), 1e12
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if mid * (1 - math.exp(-draws / mid)) < distinct else (low, mid)
+    return {"family": family, "draws": draws, "distinct": distinct, "space": round(low)}
+
+
+def sizes(rounds: int = 30) -> list[dict]:
+    """Each family's space against the most questions of it one node trains on in a run of `rounds`."""
+    rows = []
+    for family in OWNER_FAMILIES:
+        row = question_space(family)
+        row["per_run"] = {who: per * rounds for who, per in MOST_TRAINED.items()}
+        row["space_over_trained"] = {who: round(row["space"] / n, 1) for who, n in row["per_run"].items()}
+        rows.append(row)
+    return rows
 
 
 def load(out: Path) -> dict[str, dict[int, dict]]:
@@ -223,8 +252,17 @@ def figure(results_json: Path, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="the grid's folder (sapo_experiment.py --owners --out)")
+    parser.add_argument("--out", type=Path, help="the grid's folder (sapo_experiment.py --owners --out)")
+    parser.add_argument("--sizes", type=Path, metavar="JSON", help="estimate each family's question space, save it here")
     args = parser.parse_args()
+    if args.sizes:
+        rows = sizes()
+        args.sizes.write_text(json.dumps(rows, indent=1))
+        for r in rows:
+            print(f"{r['family']['name']}: ~{r['space']:,} questions; x{r['space_over_trained']}")
+        return
+    if args.out is None:
+        parser.error("give the grid's folder as --out (or --sizes to estimate the families' question spaces)")
     if not args.out.is_dir():
         parser.error(f"argument --out: {args.out} is not a folder")
     report(args.out, Console(width=200))

@@ -173,18 +173,18 @@ TESTBEDS["smollm2-adapt"] = {**TESTBEDS["smollm2"], "extra": PINNED, "silo": "sm
 TESTBEDS["gemma-fixed"] = {"presets": ["gemma3-270m"], "task_mixes": [SMOLLM2], "extra": PINNED + ["--grpo.target_kl", "null"],
                            "silo": "gemma-fixed"}
 TESTBEDS["gemma-adapt"] = {**TESTBEDS["gemma-fixed"], "extra": PINNED}
-# four owners: SmolLM2-135M nodes that each draw one family, every family large enough that no run trains on more than a
-# twentieth of its questions (scripts/bench/owners.py states each family's size; the pass rates are in
+# four owners: SmolLM2-135M nodes that each draw one family, every family large enough that a node that never draws it
+# trains on at most a thirtieth of its questions (sizes estimated from 40,000 draws, pass rates before training:
 # docs/bench/pass-rates-large-families-smollm2-135m-2cpu.json), every node evaluated on all four, 100 tasks each,
 # whose questions no node trains on (rewards/held_out.py). Alone, node k trains on family k; the union silos train
 # each node on all four, with 4 groups a round or with 2 (the swarm's own generation); full fine-tuning pinned, in the
 # planner's share of the machine for four nodes (4.6 of 5.0 GB each)
 OWNER_FAMILIES = [
     {"name": "arith", "config": {"max_operand": 9, "max_second": 199, "ops": "*"}},  # 2,000 questions, pass rate 0.14
-    {"name": "rg/chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}},  # ~20,000; 0.31
-    {"name": "rg/basic_arithmetic", "config": {"min_terms": 3, "max_terms": 4, "min_digits": 1, "max_digits": 1,  # ~84,000; 0.07
+    {"name": "rg/chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}},  # ~12,000; 0.31
+    {"name": "rg/basic_arithmetic", "config": {"min_terms": 3, "max_terms": 4, "min_digits": 1, "max_digits": 1,  # ~35,000; 0.07
                                                "operators": ["+", "-"], "allow_parentheses": False, "allow_negation": False}},
-    {"name": "rg/decimal_arithmetic", "config": {"min_terms": 2, "max_terms": 2, "min_num_decimal_places": 1,  # ~40,000; 0.05
+    {"name": "rg/decimal_arithmetic", "config": {"min_terms": 2, "max_terms": 2, "min_num_decimal_places": 1,  # ~80,000; 0.05
                                                  "max_num_decimal_places": 1, "precision": 3}},
 ]
 OWNERS_EVAL = ["--tasks.eval_datasets", json.dumps(OWNER_FAMILIES), "--tasks.eval_size", "400", *POWERED,
