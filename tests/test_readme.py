@@ -49,6 +49,8 @@ NOT_RUN = {
     "docker compose -f docker/compose.yaml --profile gpu": "needs a GPU and the NVIDIA container toolkit",
     "docker build -f docker/Dockerfile.gpu": "needs a GPU to run; the CUDA image is large",
     "SAPO_ANNOUNCE=/dns4/boot1.example.org": "a public host; tests/test_netlab.py runs a testnet bootstrap in a namespace",
+    "bash scripts/bench/gpu_check.sh prepare": "downloads 122 MiB of wheels; tests/test_gpu_check.py runs the dry run and "
+    "the bundles; the rest needs a GPU",
     "DOCKER_BUILDKIT=1 docker build -f docker/Dockerfile": "needs a Docker engine: scripts/test_docker.sh builds the image this way",
 }
 # The front door and the guides (each docs page opens with what it covers).
