@@ -34,8 +34,9 @@ class RunConfig(BaseModel):
     rounds: int = Field(600, ge=1, description="stop after this many rounds (a resumed run counts from its checkpoint)")
     local_groups: int = Field(4, ge=1, description="I: tasks drawn per round, each sampled G times")
     wait_for_peers: int = Field(0, ge=0, description="before round 1, wait up to 120 s for this many peers (for experiments that start nodes together)")
-    torch_threads: int | None = Field(None, ge=1, description="CPU threads torch may use (null: torch's default, all cores); "
-                                      "set it when several nodes share a machine, or they thrash")
+    torch_threads: int | None = Field(None, ge=1, description="CPU threads torch may use (null: the cores other work "
+                                      "leaves free, chosen again after every round, at least one); `sapo swarm` sets "
+                                      "each of its nodes' share")
     seed: int = Field(0, description="seeds task draws and sampling")
     memory_gb: float | None = Field(None, gt=0, description="the node's share (GB) of its device's memory (GPU or host), "
                                     "which it plans its rounds in: a config that cannot fit is refused at start; `sapo "

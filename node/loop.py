@@ -25,6 +25,7 @@ from node.selection import Selector, informative
 from node.share import publish_round, self_messages
 from node.status import StatusBoard, StatusServer
 from node.supervise import ComponentFailed, describe, retrying
+from node.threads import ThreadGovernor
 from node.watch import Collapsed, LearningWatch, probe_rounds
 from p2p.pool import RolloutPool
 from p2p.service import Gossip
@@ -70,6 +71,8 @@ class Node:
         self._status_socket = status_socket
         if cfg.run.torch_threads:
             torch.set_num_threads(cfg.run.torch_threads)
+        # unless set, the threads follow the cores other work leaves free (node/threads.py)
+        self.threads = None if cfg.run.torch_threads else ThreadGovernor(torch.set_num_threads, threads=torch.get_num_threads())
         allocator.keep_freed_memory()  # a CPU step's tensors reuse the last step's pages (trainer/allocator.py)
         out = cfg.run.out_dir
         out.mkdir(parents=True, exist_ok=True)
@@ -169,6 +172,8 @@ class Node:
         accuracy too, from k completions a task sampled as the rounds sample (seeded alike at every evaluation, so
         that two evaluations differ by the model, not by the draw)."""
         gen, k = self.cfg.generation, self.cfg.tasks.eval_samples
+        log.info("evaluating the weights of round %d on %d held-out tasks (%d completion(s) each)", self.round,
+                 len(self.eval_tasks), 1 + k)
         greedy = evaluate(self.generator, self.policy, self.eval_tasks, gen.max_new_tokens, gen.stop, cancel)
         if not k:
             return Evaluation(accuracy(greedy), accuracy_by_dataset(greedy))
@@ -229,6 +234,8 @@ class Node:
 
     def _run_rounds(self, stop: StopSignal) -> None:
         cfg, pending = self.cfg, self.pending_row is not None
+        if self.threads is not None:
+            self.threads.settle()  # before the first evaluation, as long as a few rounds on a real model
         if self.round == 0:
             if not self._measure_start(stop):  # stopped before it finished: the next start begins here again
                 return
@@ -237,6 +244,8 @@ class Node:
             if pending and not self._pending_evaluation(stop):
                 return
         self.memory.start()  # its first window is a round's: not the loading, nor the first evaluation
+        if self.threads is not None:
+            self.threads.start()
         saved_round = -1 if pending else self.round  # the checkpoint still holds the line now written
         while self.round < cfg.run.rounds and not stop.requested:
             if self.gossip is not None and not self.gossip.alive:
@@ -276,10 +285,14 @@ class Node:
         # 5. the next round's micro-batch from this one's memory peak, evaluation (or the early probe) when due, the
         # metrics row (its measured fields filled in by `_close_round`)
         micro_batch, memory_peak = self._fit_micro_batch(stats)
+        threads = torch.get_num_threads()  # this round's; the governor sets the next round's
+        if self.threads is not None:
+            self.threads.after_round()
         evaluation = self._measure(r, stop)
         seconds["other"] = time.perf_counter() - started - seconds["generate"] - seconds["train"]
         row = replace(self._round_metrics(r, sampled, groups, batch, pick, stats, seconds, Evaluation(), published,
-                                          micro_batch, memory_peak), n_held_out_skipped=self.tasks.skipped - skipped)
+                                          micro_batch, memory_peak), n_held_out_skipped=self.tasks.skipped - skipped,
+                      torch_threads=threads)
         self.watch.observe(groups)  # says when a task family teaches nothing
         self._close_round(row, evaluation)
         return True

@@ -69,8 +69,8 @@ def held_out(eval_tasks: Sequence[Task], probes: int = PROBES) -> HeldOut:
         coverage[family] = sum(content_key(t.question) in questions for t in fresh) / probes
         if coverage[family] > MAX_COVERAGE:
             by_seed.add(family)
-            log.warning("%s: %.0f%% of fresh draws are evaluation questions (too few questions to hold out): its "
+            log.warning("%s %s: %.0f%% of fresh draws are evaluation questions (too few questions to hold out): its "
                         "evaluation is held out by seed only, and the node trains on its evaluation's questions",
-                        family, 100 * coverage[family])
+                        ref.dataset, json.dumps(dict(ref.config), sort_keys=True), 100 * coverage[family])
     kept = frozenset(q for f, qs in by_family.items() if f not in by_seed for q in qs)
     return HeldOut(kept, coverage, frozenset(by_seed))

@@ -324,3 +324,43 @@ def test_a_round_that_cannot_fit_in_memory_is_refused_before_it_starts_and_auto_
     ran = json.loads((tmp_path / "auto" / "config.json").read_text())
     assert 1 <= ran["grpo"]["micro_batch"] < 12  # 3 groups x 4 completions per step: the whole step does not fit
     assert re.search(rf"micro-batch {ran['grpo']['micro_batch']}(, [a-z0-9 ]+)*; expected peak", r.stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("final", [False, True], ids=["mid-run", "final"])
+def test_a_stop_signal_during_an_evaluation_exits_within_seconds_and_the_resume_evaluates_it_once(final, tiny_a,
+                                                                                                   cache_dir, tmp_path):
+    """A stop that lands in an evaluation (minutes on a real model) is heard within a decoding step: the node exits 0 with
+    a checkpoint that records the evaluation as pending, and the resume evaluates those weights once, the final
+    evaluation too."""
+    rounds = 2 if final else 4
+    heavy = ["--tasks.eval_size", "1500", "--tasks.eval_samples", "16"]
+    log_path = tmp_path / "node.err"
+    with open(log_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "node.cli", *small_run(cache_dir, tmp_path / "out", rounds, *heavy)],
+                                cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            deadline = time.time() + 300
+            while time.time() < deadline and "evaluating the weights of round 2" not in log_path.read_text():
+                assert proc.poll() is None, log_path.read_text()
+                time.sleep(0.1)
+            time.sleep(0.5)  # inside the evaluation
+            asked = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+            took = time.monotonic() - asked
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = log_path.read_text()
+    assert proc.returncode == 0 and "Traceback" not in text, text
+    assert took < 10, f"the stop took {took:.1f} s"
+    saved = checkpoint.load_latest(tmp_path / "out" / "checkpoints")
+    assert saved.round == 2 and saved.state["pending_row"]["round"] == 2
+    assert [m["round"] for m in metrics(tmp_path / "out")] == [0, 1]  # round 2's line waits for its evaluation
+    r = run_sapo(*small_run(cache_dir, tmp_path / "out", rounds, *heavy))
+    assert r.returncode == 0, r.stderr
+    lines = metrics(tmp_path / "out")
+    assert [m["round"] for m in lines] == list(range(rounds + 1))
+    assert lines[2]["eval_accuracy"] is not None and lines[2]["eval_expected"] is not None
+    assert r.stderr.count("evaluating the weights of round 2") == 1

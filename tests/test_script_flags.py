@@ -47,7 +47,8 @@ def test_json_of_a_model_returns_the_object_and_names_a_bad_knob():
     ("bench_round.py", "--seeds", "0"), ("bench_round.py", "--baseline-step", "full:4"),
     ("bench_generation.py", "--n", "x"), ("pass_rates.py", "--tasks", "0"), ("bench_silo.py", "--minutes", "-1"),
     ("bench_logprobs.py", "--rows", "0"), ("pass_rates.py", "--accept-license", "apache"),
-    ("sapo_experiment.py", "--accept-license", "apache"),
+    ("sapo_experiment.py", "--accept-license", "apache"), ("pass_rates.py", "--datasets", "nope"),
+    ("bench_contention.py", "--busy", "-1"), ("bench_contention.py", "--rounds", "2"), ("owners.py", "--out", "/nonexistent"),
 ])
 def test_a_bad_flag_value_is_one_line_naming_the_flag(script, flag, value):
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / script), flag, value], cwd=ROOT, capture_output=True,
