@@ -77,3 +77,5 @@ def test_the_contention_bench_gives_each_checkout_its_share_of_its_own_idle_pace
     rows = {(r["code"], r["busy"]): r for r in bench_contention.summary(runs)}
     assert rows["old", 2]["share_of_idle"] == 3.5 / 24.0 and rows["old", 0]["share_of_idle"] == 1.0
     assert rows["new", 2]["rounds_per_minute"] == 10.0 and rows["new", 2]["share_of_idle"] == 0.4 and rows["new", 2]["n"] == 2
+    partial = bench_contention.summary(runs[:3])  # written after every measurement: a checkout not yet measured busy
+    assert [(r["code"], r["busy"]) for r in partial] == [("old", 0), ("old", 2), ("new", 0)]

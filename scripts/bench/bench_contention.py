@@ -61,6 +61,8 @@ def summary(runs: list[dict]) -> list[dict]:
         idle = [r for r in runs if r["code"] == code and r["busy"] == 0]
         for busy in sorted({r["busy"] for r in runs}):
             mine = [r for r in runs if r["code"] == code and r["busy"] == busy]
+            if not mine:
+                continue
             rpm = statistics.mean(r["rounds_per_minute"] for r in mine)
             row = {"code": code, "busy": busy, "rounds_per_minute": rpm,
                    "tokens_per_s": statistics.mean(r["generated_tokens_per_s"] for r in mine), "n": len(mine)}
