@@ -92,3 +92,12 @@ def test_bundles_cut_stage_and_join_back_to_the_same_files(tmp_path, monkeypatch
         gpu_check.assemble(stage)
     with pytest.raises(SystemExit, match="is not a bundle"):
         gpu_check.stage(tmp_path)
+
+
+def test_a_doctor_benchs_peak_against_its_plan_is_summed_up(tmp_path):
+    bench = tmp_path / "doctor-smollm2-135m.json"
+    bench.write_text('{"backends": [{"backend": "transformers", "rounds_per_minute": 37.8, "peak_gb": 4.14, '
+                     '"planned_peak_gb": 31.4, "verdict": "held", "seconds": 33.0}]}')
+    assert gpu_check.peaks(bench) == {"peaks": [{"backend": "transformers", "rounds_per_minute": 37.8, "peak_gb": 4.14,
+                                                 "planned_peak_gb": 31.4, "verdict": "held"}]}
+    assert gpu_check.peaks(tmp_path / "cuda-tests.xml") == {}

@@ -291,7 +291,7 @@ def peaks(path: Path) -> dict:
     if path.suffix != ".json" or not path.exists():
         return {}
     data = json.loads(path.read_text())
-    return {"peaks": [{k: b.get(k) for k in ("backend", "rounds_per_min", "peak_gb", "planned_peak_gb", "verdict")}
+    return {"peaks": [{k: b.get(k) for k in ("backend", "rounds_per_minute", "peak_gb", "planned_peak_gb", "verdict")}
                       for b in data.get("backends", [])]} if "backends" in data else {}
 
 
