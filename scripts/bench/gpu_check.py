@@ -262,8 +262,10 @@ def run(out: Path, accepted: list[str]) -> dict:
     manifest = json.loads((STAGE / "chunks" / "manifest.json").read_text())
     deps = [w for w in wheels if w.name in manifest.get("dependencies", [])]
     site = STAGE / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--no-build-isolation", "--target", str(site), *map(str, deps)], check=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                           "--no-build-isolation", "--target", str(site), *map(str, deps)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"gpu_check: installing the carried wheels failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
     os.environ.update({"PYTHONPATH": f"{site}:{ROOT}", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(STAGE / "wheels"),
                        "SAPO_MODEL__CACHE_DIR": str(STAGE / "models"), "PYTHONUNBUFFERED": "1"})
     out.mkdir(parents=True, exist_ok=True)
