@@ -22,15 +22,22 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 MARGIN = 0.25  # cores of other work tolerated before a thread is given up (a shell, the gossip thread, the kernel)
 
 
-def machine_busy_s() -> float | None:
-    """CPU seconds the whole machine has spent busy so far (user, nice, system, irq, softirq, steal); None off Linux."""
+def machine_cpu_s() -> tuple[float, float] | None:
+    """CPU seconds the whole machine has spent so far busy (user, nice, system, irq, softirq) and stolen by the
+    hypervisor; None off Linux."""
     try:
         with open("/proc/stat") as f:
             fields = f.readline().split()
     except OSError:
         return None
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
+    return (user + nice + system + irq + softirq) / CLOCK_TICKS, steal / CLOCK_TICKS
+
+
+def machine_busy_s() -> float | None:
+    """CPU seconds the machine's cores have not been free to this node: busy, and stolen by the hypervisor."""
+    cpu = machine_cpu_s()
+    return None if cpu is None else sum(cpu)
 
 
 def own_cpu_s() -> float:

@@ -3,7 +3,7 @@ content, not merely drawn with another seed.
 
 A family's questions can repeat across seeds: one-digit products have 100, and reasoning-gym seeds entry `i` of
 seed `s` with `s + i`, so seed 7's entry 100 is seed 8's entry 99. An evaluation of 193 products tasks held 86
-distinct questions, 72-82% of them trained on by the node that drew products. Excluding them is free where a family
+distinct questions, most of them among the draws of the node that trained on products. Excluding them is free where a family
 is large and impossible where the evaluation covers it: a family whose fresh draws hit the evaluation set more
 often than `MAX_COVERAGE` is held out by seed only, said once at start and recorded (`HeldOut.record`).
 """
@@ -60,8 +60,9 @@ def held_out(eval_tasks: Sequence[Task], probes: int = PROBES) -> HeldOut:
     by_family: dict[str, set[str]] = defaultdict(set)
     example: dict[str, Task] = {}
     for task in eval_tasks:
-        by_family[family_key(task)].add(content_key(task.question))
-        example.setdefault(family_key(task), task)
+        family = family_key(task)
+        by_family[family].add(content_key(task.question))
+        example.setdefault(family, task)
     coverage, by_seed = {}, set()
     for family, questions in by_family.items():
         ref = example[family].ref

@@ -46,6 +46,7 @@ from rich.table import Table
 from bench_churn import Node, node_args, restart, restart_outcome
 from node.argtypes import bounded, positive
 from node.lifecycle import exit_on_stop_signals
+from node.threads import CLOCK_TICKS, machine_cpu_s
 from node.swarm import free_port, wait_listening
 from p2p.identity import load_or_create, peer_id
 
@@ -59,7 +60,6 @@ SAVE_EVERY_S = 300.0
 BLOCK_S = 600.0  # slopes are fitted to block means: neighbouring samples are not independent
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
        15: 2.13, 20: 2.09, 30: 2.04}  # two-sided t by degrees of freedom (the nearest lower entry is used)
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 GROWTH = ("rss_mb", "fds", "threads", "disk_mb", "state_mb", "pool", "pool_seen", "seen_messages")  # state: disk less metrics
 DASHBOARD = re.compile(r"status: dashboard at (http://\S+/)")
 
@@ -119,9 +119,8 @@ def process_stats(pid: int) -> dict:
 def machine_cpu() -> dict:
     """The whole machine's CPU seconds so far, busy and stolen by the hypervisor: a phase slower than its calm one
     is then charged to the soak's processes, to something else on the machine, or to a neighbour."""
-    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
-    return {"t": round(time.time(), 2), "busy_s": round((user + nice + system + irq + softirq) / CLOCK_TICKS, 2),
-            "steal_s": round(steal / CLOCK_TICKS, 2)}
+    busy, steal = machine_cpu_s()
+    return {"t": round(time.time(), 2), "busy_s": round(busy, 2), "steal_s": round(steal, 2)}
 
 
 def scrape(url: str) -> dict:

@@ -55,6 +55,11 @@ def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def name_of(requirement: str) -> str:
+    """A requirement's project name, normalized ('libp2p==0.8.1' -> 'libp2p')."""
+    return norm(re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0])
+
+
 @dataclass
 class Step:
     name: str
@@ -85,7 +90,7 @@ def steps(out: Path, accepted: list[str]) -> list[Step]:
 def requirements() -> list[str]:
     """The project's direct dependencies the card lacks (their own dependencies are found by `prepare`)."""
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    return [d for d in deps if norm(re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0]) not in ON_CARD]
+    return [d for d in deps if name_of(d) not in ON_CARD]
 
 
 def model_requirements(accepted: list[str]) -> list[str]:
@@ -226,7 +231,7 @@ def prepare(dest: Path, accepted: list[str]) -> dict:
     queue, seen, deps = list(requirements()), set(ON_CARD), []
     while queue:
         req = queue.pop(0)
-        name = norm(re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0])
+        name = name_of(req)
         if name in seen:
             continue
         seen.add(name)

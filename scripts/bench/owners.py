@@ -116,10 +116,9 @@ def levels(runs: dict[str, dict[int, dict]]) -> list[dict]:
                       for r in by_seed.values()]
             own = [mean([accuracy(r, k, FAMILIES[k], measure) for k in range(len(FAMILIES))]) for r in by_seed.values()]
             row[f"{measure}_never_drawn"], row[f"{measure}_own"] = mean(taught), mean(own)
-        row["start_expected"] = mean([n["expected_first"] for r in by_seed.values() for n in r["nodes"]])
-        row["start_greedy"] = mean([n["eval_first"] for r in by_seed.values() for n in r["nodes"]])
-        row["tokens_per_node"] = mean([n["tokens_generated"] for r in by_seed.values() for n in r["nodes"]])
-        row["seconds_per_node"] = mean([n["seconds"] for r in by_seed.values() for n in r["nodes"]])
+        for name, key in (("start_expected", "expected_first"), ("start_greedy", "eval_first"),
+                          ("tokens_per_node", "tokens_generated"), ("seconds_per_node", "seconds")):
+            row[name] = mean([n[key] for r in by_seed.values() for n in r["nodes"]])
         row["wall_seconds"] = mean([r["wall_seconds"] for r in by_seed.values()])
         rows.append(row)
     return rows
