@@ -86,19 +86,27 @@ class JsDHTServer:
 
 @pytest.mark.slow
 def test_nodes_that_know_only_different_dht_servers_of_two_implementations_find_each_other(spawn, js_peer, tmp_path):  # noqa: F811
-    """The public DHT's stand-in: a py-libp2p server and a js-libp2p one (@libp2p/kad-dht) that knows it. One node
-    knows only the js server, the other only the py one: the provider record crosses implementations."""
+    """The public DHT's stand-in: a py-libp2p server and a js-libp2p one (@libp2p/kad-dht) that knows it. Nodes that
+    know only the js server and a node that knows only the py one find each other: provider records cross
+    implementations both ways.
+
+    The joins are ordered because a node with a swarm peer looks up again only after `REFRESH_S`: `a` has provided
+    before `b` looks, and `c` looks after both have provided."""
     py = DHTServers(1)
     js = JsDHTServer(js_peer[0], py.addrs, tmp_path / "js-dht.log")
     try:
         a = spawn("a", "--rate", "2", "--dht-bootstrap", js.addr)
+        a.wait_for(lambda: a.stats().get("dht_lookups", 0) >= 1, 60, "a's first provide and lookup")
         b = spawn("b", "--rate", "2", "--dht-bootstrap", py.addrs[0])
+        b.wait_for(lambda: (b.stats().get("dht_providers") or 0) >= 1, 60, "a found from the py server")
         since = time.time()
         wait_heard(a, [b], since, timeout=90)
         wait_heard(b, [a], since, timeout=30)
         for node in (a, b):
-            node.wait_for(lambda n=node: (n.stats().get("dht_providers") or 0) >= 1, 30, "a provider found on the DHT")
             node.wait_for(lambda n=node: n.stats()["peers"] == 1, 30, "the DHT servers' connections closed")
+        c = spawn("c", "--rate", "2", "--dht-bootstrap", js.addr)
+        c.wait_for(lambda: (c.stats().get("dht_providers") or 0) >= 2, 60, "a and b found from the js server")
+        for node in (a, b, c):
             assert log_lines(node, " ERROR ") == [], log_lines(node, " ERROR ")
     finally:
         js.close()
