@@ -9,7 +9,8 @@ import pytest
 from rich.console import Console
 
 import owners
-import sapo_experiment as experiment
+import sapo_experiment as driver
+from experiment import grids
 from node.swarm import SwarmSpec
 from rewards import TaskSource
 from rewards.config import TasksConfig
@@ -22,7 +23,7 @@ def flag(extra: list[str], name: str) -> str:
 
 
 def test_the_owners_evaluation_shares_no_question_with_any_training_stream():
-    bed, union = experiment.TESTBEDS["owners"], experiment.TESTBEDS["owners-union"]
+    bed, union = grids.TESTBEDS["owners"], grids.TESTBEDS["owners-union"]
     extra = bed["extra"]
     evaluation = TaskSource(TasksConfig(datasets=flag(extra, "--tasks.eval_datasets")).mix(),
                             seed=TasksConfig().eval_seed).draw(int(flag(extra, "--tasks.eval_size")))
@@ -64,7 +65,7 @@ def test_the_report_pairs_never_drawn_families_by_seed_against_alone_and_both_un
               "swarm_3_1": (0.40, 0.62)}
     for seed, shift in ((0, 0.0), (1, 0.02), (2, -0.02)):
         for arm, (never, own) in levels.items():
-            folder = tmp_path / experiment.slug(owners.ARMS[arm]) / f"seed{seed}"
+            folder = tmp_path / driver.slug(owners.ARMS[arm]) / f"seed{seed}"
             folder.mkdir(parents=True)
             up = shift if arm == "swarm" else 0.0
             (folder / "result.json").write_text(json.dumps(fake_run(arm, seed, never + up, own)))
@@ -83,9 +84,9 @@ def test_the_report_pairs_never_drawn_families_by_seed_against_alone_and_both_un
 
 
 def test_the_owners_grid_is_five_arms_paired_with_each_owner_alone():
-    names = [c.name for c in experiment.grid([], "owners")]
+    names = [c.name for c in grids.grid([], "owners")]
     assert names == list(owners.ARMS.values())
-    assert experiment.Config("owners-union", 4, 0).silo.name == owners.ARMS["alone"]
+    assert grids.Config("owners-union", 4, 0).silo.name == owners.ARMS["alone"]
 
 
 def test_a_familys_question_space_is_estimated_from_its_distinct_questions():

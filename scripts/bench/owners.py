@@ -23,10 +23,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from experiment.grids import OWNER_FAMILIES
+from experiment.paired import gap_stats, mean
+from experiment.report import held_out_gap
 from rewards import TaskSource
 from rewards.held_out import content_key
 from rewards.source import DatasetMix
-from sapo_experiment import OWNER_FAMILIES, gap_stats, held_out_gap, mean
 
 ARMS = {"alone": "owners 4/0", "swarm": "owners 2/2 guarded", "union": "owners-union 4/0",
         "union_tokens": "owners-union 2/0", "swarm_3_1": "owners 3/1 guarded"}
@@ -250,7 +252,7 @@ def figure(results_json: Path, path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--out", type=Path, help="the grid's folder (sapo_experiment.py --owners --out)")
     parser.add_argument("--sizes", type=Path, metavar="JSON", help="estimate each family's question space, save it here")
     args = parser.parse_args()
