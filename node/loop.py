@@ -16,7 +16,7 @@ import torch
 
 from node.config import NodeConfig
 from node.lifecycle import StopSignal
-from node import planner
+from node import collector, planner
 from node.eval_cache import EvalCache, evaluation_key
 from node.metrics import Evaluation, MetricsLog, RoundMetrics
 from node.pressure import MemoryWatch, round_peak_reader
@@ -210,6 +210,8 @@ class Node:
                     self.board.set_state("waiting for peers")
                     self._wait_for_peers(stop, self.cfg.run.wait_for_peers)
             self.board.set_state("running")
+            if self.cfg.run.gc_freeze:
+                log.info("%d loaded objects taken out of Python's collector (run.gc_freeze)", collector.freeze_loaded())
             try:
                 self._run_rounds(stop)
             except ComponentFailed as e:
@@ -260,7 +262,7 @@ class Node:
         """One round, top to bottom; False if a stop request made it abandon the round before training.
         (The caller checkpoints every `run.checkpoint_every` rounds.)"""
         cfg, r = self.cfg, self.round + 1
-        started, position, skipped = time.perf_counter(), self.tasks.position, self.tasks.skipped
+        started, position, skipped, gc_s = time.perf_counter(), self.tasks.position, self.tasks.skipped, collector.seconds()
         # 1. take peers' groups from the pool: re-scored by our own verifier, selected by the sampling rule
         pick = self.selector.external(self.pool, random.Random(round_seed(cfg.run.seed, r)), r)
         slots, feed = self._local_slots(len(pick.groups))
@@ -292,7 +294,7 @@ class Node:
         seconds["other"] = time.perf_counter() - started - seconds["generate"] - seconds["train"]
         row = replace(self._round_metrics(r, sampled, groups, batch, pick, stats, seconds, Evaluation(), published,
                                           micro_batch, memory_peak), n_held_out_skipped=self.tasks.skipped - skipped,
-                      torch_threads=threads)
+                      torch_threads=threads, seconds_gc=collector.seconds() - gc_s)
         self.watch.observe(groups)  # says when a task family teaches nothing
         self._close_round(row, evaluation)
         return True

@@ -70,6 +70,7 @@ class RoundMetrics:
     external_shaped: int = 0  # external completions trained with the policy-shaped weight (rule `scoped`)
     n_peer_tasks: int = 0  # of n_local, tasks of peers' groups sampled here (selection.when_short = peer_tasks)
     torch_threads: int | None = None  # CPU threads torch used this round (node/threads.py)
+    seconds_gc: float = 0.0  # of the round, seconds Python's cyclic collector ran, in any thread (node/collector.py)
     n_held_out_skipped: int = 0  # local draws passed over as evaluation questions (rewards/held_out.py)
     external_held_back: int = 0  # pool groups of peers tried without use left out of the round's order (kept pooled)
     seconds_gate: float = 0.0  # of the round, seconds computing this node's log-probs of external completions

@@ -42,6 +42,7 @@ def test_silo_run_writes_metrics_and_checkpoints(tiny_a, cache_dir, tmp_path):
     assert [m["eval_accuracy"] is None for m in rows[1:]] == [True, False, False]  # every 2 rounds and at the end
     assert all(m["n_local"] == 3 and m["n_external"] == 0 and m["tokens_generated"] > 0 for m in rows[1:])
     assert all(0.0 <= m["reward_mean"] <= 1.0 for m in rows[1:])
+    assert all(m["seconds_gc"] >= 0 for m in rows[1:]) and re.search(r"\d+ loaded objects taken out of Python's collector", r.stderr)
     assert [p.name for p in checkpoint.complete(tmp_path / "checkpoints")] == ["round-000002", "round-000003"]
     assert json.loads((tmp_path / "config.json").read_text())["run"]["rounds"] == 3
 
@@ -52,9 +53,10 @@ def test_a_node_without_peers_runs_as_a_silo_without_warnings_and_with_p2p_off_h
     assert "WARNING" not in alone.stderr and "ERROR" not in alone.stderr, alone.stderr
     assert [m["peers"] for m in metrics(tmp_path / "alone")[1:]] == [0, 0]
     assert (tmp_path / "alone" / "node.key").exists()
-    off = run_sapo(*small_run(cache_dir, tmp_path / "off", 2, "--p2p.enabled", "false"))
+    off = run_sapo(*small_run(cache_dir, tmp_path / "off", 2, "--p2p.enabled", "false", "--run.gc_freeze", "false"))
     assert off.returncode == 0, off.stderr
     assert "p2p" not in off.stderr and not (tmp_path / "off" / "node.key").exists()
+    assert "Python's collector" not in off.stderr
     assert metrics(tmp_path / "off")[-1]["p2p"] is None
 
 
@@ -326,22 +328,15 @@ def test_a_round_that_cannot_fit_in_memory_is_refused_before_it_starts_and_auto_
     assert re.search(rf"micro-batch {ran['grpo']['micro_batch']}(, [a-z0-9 ]+)*; expected peak", r.stderr)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("final", [False, True], ids=["mid-run", "final"])
-def test_a_stop_signal_during_an_evaluation_exits_within_seconds_and_the_resume_evaluates_it_once(final, tiny_a,
-                                                                                                   cache_dir, tmp_path):
-    """A stop that lands in an evaluation (minutes on a real model) is heard within a decoding step: the node exits 0 with
-    a checkpoint that records the evaluation as pending, and the resume evaluates those weights once, the final
-    evaluation too."""
-    rounds = 2 if final else 4
-    heavy = ["--tasks.eval_size", "1500", "--tasks.eval_samples", "16"]
-    log_path = tmp_path / "node.err"
+def stopped_during_evaluation(cache_dir, out: Path, rounds: int, extra: list[str], round_: int, log_path: Path) -> float:
+    """Run a node until it logs that it evaluates the weights of `round_`, send SIGINT inside that evaluation, and
+    return the seconds it took to exit."""
     with open(log_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "node.cli", *small_run(cache_dir, tmp_path / "out", rounds, *heavy)],
+        proc = subprocess.Popen([sys.executable, "-m", "node.cli", *small_run(cache_dir, out, rounds, *extra)],
                                 cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL, stderr=err)
         try:
             deadline = time.time() + 300
-            while time.time() < deadline and "evaluating the weights of round 2" not in log_path.read_text():
+            while time.time() < deadline and f"evaluating the weights of round {round_}" not in log_path.read_text():
                 assert proc.poll() is None, log_path.read_text()
                 time.sleep(0.1)
             time.sleep(0.5)  # inside the evaluation
@@ -354,13 +349,25 @@ def test_a_stop_signal_during_an_evaluation_exits_within_seconds_and_the_resume_
                 proc.kill()
     text = log_path.read_text()
     assert proc.returncode == 0 and "Traceback" not in text, text
-    assert took < 10, f"the stop took {took:.1f} s"
-    saved = checkpoint.load_latest(tmp_path / "out" / "checkpoints")
-    assert saved.round == 2 and saved.state["pending_row"]["round"] == 2
-    assert [m["round"] for m in metrics(tmp_path / "out")] == [0, 1]  # round 2's line waits for its evaluation
-    r = run_sapo(*small_run(cache_dir, tmp_path / "out", rounds, *heavy))
+    return took
+
+
+@pytest.mark.slow
+def test_a_stop_signal_during_an_evaluation_exits_within_seconds_and_the_resume_evaluates_it_once(tiny_a, cache_dir, tmp_path):
+    """A stop that lands in an evaluation (minutes on a real model) is heard within a decoding step: the node exits 0 with
+    a checkpoint that records the evaluation as pending, and the resume evaluates those weights once: mid-run, and
+    at the final evaluation (a run that would otherwise resume as finished)."""
+    out, heavy = tmp_path / "out", ["--tasks.eval_size", "1500", "--tasks.eval_samples", "16"]
+    for stopped_at, log_name in ((2, "first.err"), (4, "resumed.err")):
+        took = stopped_during_evaluation(cache_dir, out, 4, heavy, stopped_at, tmp_path / log_name)
+        assert took < 10, f"the stop during round {stopped_at}'s evaluation took {took:.1f} s"
+        saved = checkpoint.load_latest(out / "checkpoints")
+        assert saved.round == stopped_at and saved.state["pending_row"]["round"] == stopped_at
+        assert [m["round"] for m in metrics(out)] == list(range(stopped_at))  # the round's line waits for its evaluation
+    assert (tmp_path / "resumed.err").read_text().count("evaluating the weights of round 2") == 1
+    r = run_sapo(*small_run(cache_dir, out, 4, *heavy))
     assert r.returncode == 0, r.stderr
-    lines = metrics(tmp_path / "out")
-    assert [m["round"] for m in lines] == list(range(rounds + 1))
-    assert lines[2]["eval_accuracy"] is not None and lines[2]["eval_expected"] is not None
-    assert r.stderr.count("evaluating the weights of round 2") == 1
+    lines = metrics(out)
+    assert [m["round"] for m in lines] == [0, 1, 2, 3, 4]
+    assert all(lines[k]["eval_accuracy"] is not None and lines[k]["eval_expected"] is not None for k in (2, 4))
+    assert r.stderr.count("evaluating the weights of round 4") == 1 and "weights of round 2" not in r.stderr
