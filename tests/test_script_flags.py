@@ -49,6 +49,7 @@ def test_json_of_a_model_returns_the_object_and_names_a_bad_knob():
     ("bench_logprobs.py", "--rows", "0"), ("pass_rates.py", "--accept-license", "apache"),
     ("sapo_experiment.py", "--accept-license", "apache"), ("pass_rates.py", "--datasets", "nope"),
     ("bench_contention.py", "--busy", "-1"), ("bench_contention.py", "--rounds", "2"), ("owners.py", "--out", "/nonexistent"),
+    ("bench_demo.py", "--repeats", "0"),
 ])
 def test_a_bad_flag_value_is_one_line_naming_the_flag(script, flag, value):
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / script), flag, value], cwd=ROOT, capture_output=True,
@@ -56,6 +57,19 @@ def test_a_bad_flag_value_is_one_line_naming_the_flag(script, flag, value):
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert last.startswith(f"{script}: error: argument {flag}"), last
+
+
+def test_every_scripts_help_says_what_it_does_in_whole_sentences_without_development_history():
+    """A user reads --help: its description is the docstring's whole first paragraph (a first line cut mid-sentence
+    read as 'restarted (same'), and it names no issue of ours."""
+    scripts = sorted(p for p in (ROOT / "scripts" / "bench").glob("*.py") if p.name != "__init__.py")
+    running = {p.name: subprocess.Popen([sys.executable, str(p), "--help"], cwd=ROOT, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True) for p in scripts}
+    for name, proc in running.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, (name, err[-2000:])
+        description = " ".join(out.split("\n\n")[1].split())
+        assert description.endswith((".", ")")) and not re.search(r"(?i)issue \d+", out), (name, description)
 
 
 def children(pid: int) -> set[int]:

@@ -105,7 +105,7 @@ def thirds(series: list[tuple[float, float]], start: float, end: float) -> tuple
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--nodes", type=int, default=9)
     p.add_argument("--period", type=positive, default=60.0, help="seconds between kills")
     p.add_argument("--duration", type=positive, default=600.0, help="seconds of churn")

@@ -73,7 +73,7 @@ def summary(runs: list[dict]) -> list[dict]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--code", type=Path, nargs="+", default=[ROOT], help="checkouts to measure in turn")
     p.add_argument("--busy", type=int, nargs="+", default=[0, 2], help="busy-loop processes beside the node")
     p.add_argument("--model", default="smollm2-135m")

@@ -111,7 +111,7 @@ def sync() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--model", default="tiny-a", help=f"a tiny preset, a model folder or hub id, or {SHAPED}")
     parser.add_argument("--backends", nargs="+", default=None, help="default: every backend installed")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

@@ -160,7 +160,7 @@ def run_swarm(n: int, args: argparse.Namespace, workdir: Path) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--nodes", type=bounded(int, ge=2), nargs="+", default=[2, 4, 8])
     p.add_argument("--rate", type=positive, default=20.0, help="messages per second published by the whole swarm")
     p.add_argument("--round-s", type=bounded(float, ge=0), default=0.0,

@@ -687,7 +687,7 @@ def px_aim_report(runs: list[dict], commit: str, window: float) -> list[dict]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--attack", choices=("flood", *SWARM_ATTACKS, *RELAY_ATTACKS), default="flood",
                    help="flood: useless or hostile groups into the pool; level-hijack: subscribe-only strangers; level-grind: "
                    "strangers ground into a node's level-8 shard publishing there; "

@@ -57,7 +57,7 @@ def measure(model: str, rows: int, tokens: int, repeats: int, chunk_bytes: int |
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--rows", type=count, default=16, help="completions in the batch")
     parser.add_argument("--tokens", type=count, default=256, help="tokens per completion")

@@ -111,7 +111,7 @@ def peak_rss_gb() -> float:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--tasks", type=count, default=8)
     parser.add_argument("--completions", type=count, default=8)

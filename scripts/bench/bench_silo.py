@@ -29,7 +29,7 @@ from trainer.presets import resolve_model_path
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--model", default="tiny-a")
     parser.add_argument("--minutes", type=positive, default=10.0)
     parser.add_argument("--out", type=Path, default=Path("runs/bench-silo"))

@@ -151,7 +151,7 @@ def file_mb(path: Path) -> float:
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--nodes", type=bounded(int, ge=SURVIVORS + 1), default=5, help="tiny-a nodes (the first two survive)")
     p.add_argument("--duration", type=positive, default=7200.0, help="seconds of soak")
     p.add_argument("--phase", type=positive, default=600.0, help="seconds of each phase")

@@ -130,7 +130,7 @@ def train_arm(node: NodeConfig, peer_groups: list[RolloutGroup], rounds: int, se
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--peer", default="tiny-a")
     p.add_argument("--tasks", type=count, default=16, help="tasks per source in part one")

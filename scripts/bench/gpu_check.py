@@ -308,7 +308,7 @@ def git_commit() -> str | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = parser.add_subparsers(dest="what", required=True)
     p = sub.add_parser("prepare", help="here: download what the card lacks into bundles under --dest")
     p.add_argument("--dest", type=Path, default=ROOT / ".gpu")

@@ -87,7 +87,7 @@ def measure(generator: TransformersGenerator, policy, mix: DatasetMix, sampling:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--accept-license", nargs="*", default=[], metavar="TERMS",
                         help="terms of use you accept for a preset under them (gemma for gemma3-270m; nothing accepts them for you)")

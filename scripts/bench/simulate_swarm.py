@@ -359,7 +359,7 @@ def summarize(swarm: Swarm, scheme: str, costs: dict[str, float]) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--nodes", type=bounded(int, ge=2), nargs="+", default=[8, 100, 1000, 10000])
     p.add_argument("--schemes", nargs="+", choices=["shards", "one-topic"], default=["shards", "one-topic"])
     p.add_argument("--round-s", type=positive, default=30.0, help="mean round time")
