@@ -130,8 +130,38 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides(args))
+    if not args.as_given:
+        cfg, said = with_model_settings(cfg)
+        print(f"sapo config: {said}", file=sys.stderr)
     print(cfg.model_dump_json(indent=2))
     return 0
+
+
+def with_model_settings(cfg: NodeConfig) -> tuple[NodeConfig, str]:
+    """The config a node would run with here: its model's settings (a recipe's, or by its size) and this machine's
+    plan in place, as `sapo run` settles them; the config as given where the model cannot be read without building,
+    downloading or failing, with a line saying why."""
+    from node import planner
+    from node.preflight import model_problem
+    from trainer import presets
+    from trainer.memory import MemoryPlanError
+    from trainer.policy import ModelLoadError
+
+    name = cfg.model.name
+    if name in presets.names():
+        why = None if presets.is_cached(name, cfg.model.cache_dir) else f"preset {name} is not built yet"
+    elif Path(name).expanduser().exists():
+        why = model_problem(name, cfg.model.cache_dir)
+    elif name.startswith(("/", "./", "../", "~")) or name.endswith("/") or name.count("/") > 1:
+        why = f"no such folder: {name}"
+    else:
+        why = f"{name} is read from the hub when a node starts"
+    if why is None:
+        try:
+            return planner.fit(cfg).cfg, f"with {name}'s own settings and this machine's plan (--as-given: before them)"
+        except (ModelLoadError, MemoryPlanError) as e:
+            why = str(e)
+    return cfg, f"as given, before the model's own settings ({why}); sapo doctor shows them"
 
 
 def cmd_id(args: argparse.Namespace) -> int:
@@ -306,8 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(doctor)
     doctor.set_defaults(func=cmd_doctor)
 
-    show = sub.add_parser("config", help="print the resolved config (defaults < file < env < flags) as JSON, before "
-                          "the model is read: what the model adds (its recipe, or settings by its size) `sapo doctor` shows")
+    show = sub.add_parser("config", help="print the config a node would run with here as JSON: defaults < file < env < "
+                          "flags, then the model's own settings (its recipe, or by its size) and this machine's plan where "
+                          "the model can be read; `sapo doctor` says where each value came from")
+    show.add_argument("--as-given", action="store_true", help="the config as its sources give it, before the model is read")
     add_config_flags(show)
     show.set_defaults(func=cmd_config)
 

@@ -86,6 +86,25 @@ def test_a_pretrained_model_by_path_gets_settings_by_its_size_and_doctor_says_wh
     assert settings_rows(lora_lr.stdout)["grpo.lr"][1] == "model size (494M parameters, LoRA)"
 
 
+def test_config_prints_what_a_folder_trains_with_and_as_given_what_its_sources_say(tiny_a, tmp_path):
+    """`sapo config` is read to see what will run: a 0.5B folder's rate by its size and the plan's choice of full
+    fine-tuning or LoRA, not the tiny presets' 2e-4 it has before the model is read."""
+    model = described_model(tmp_path, tiny_a, "0.5B")
+    r = run_sapo("config", "--model", str(model), env=WIDE)
+    assert r.returncode == 0, r.stderr[-2000:]
+    cfg = json.loads(r.stdout)
+    lora = cfg["model"]["lora"]["enabled"]
+    assert lora in (True, False) and cfg["grpo"]["lr"] == pytest.approx(learning_rate(494e6, lora))
+    assert cfg["generation"]["temperature"] == PRETRAINED["generation"]["temperature"]
+    assert "own settings and this machine's plan" in r.stderr
+    given = run_sapo("config", "--model", str(model), "--as-given", env=WIDE)
+    assert given.returncode == 0 and json.loads(given.stdout)["grpo"]["lr"] == load_config().grpo.lr != cfg["grpo"]["lr"]
+    missing = run_sapo("config", "--model", str(tmp_path / "none"))
+    assert missing.returncode == 0 and json.loads(missing.stdout)["model"]["name"] == str(tmp_path / "none")
+    assert missing.stderr.strip().splitlines() == [f"sapo config: as given, before the model's own settings (no such "
+                                                   f"folder: {tmp_path / 'none'}); sapo doctor shows them"]
+
+
 def test_a_derived_completion_length_is_halved_until_the_plan_fits_and_a_users_is_not(tiny_a, tmp_path):
     from node.planner import fit
     from trainer.memory import MemoryPlanError
