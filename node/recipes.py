@@ -35,13 +35,13 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "smollm2-135m": {
         "tasks": {"datasets": MIXES["arithmetic"]},  # pass rates 0.39, 0.52, 0.25 (docs/bench/pass-rates-smollm2-135m-2cpu.json)
         "generation": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 64},
-        "grpo": {"lr": 1e-5, "target_kl": TARGET_KL},  # the fastest stable rate of the sweep (docs/bench/README.md, learning-rate sweep)
+        "grpo": {"lr": 1e-5, "target_kl": TARGET_KL},  # the fastest stable rate of the sweep (docs/bench/learning.md, learning-rate sweep)
         "model": {"plain_example": True},  # it has a chat template: no effect
     },
     "gemma3-270m": {  # the base model, no chat template (docs/bench/pass-rates-gemma3-270m-2cpu.json, one-shot prompts)
         "tasks": {"datasets": MIXES["arithmetic"]},  # pass rates 0.16, 0.38, 0.11, informative groups 0.38-0.88
         "generation": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 64},  # 89-99% close the tag, 19-23 tokens
-        # measured (docs/bench/README.md, Gemma's learning rate): its size's 6.7e-6 collapsed it within ten rounds;
+        # measured (docs/bench/learning.md, Gemma's learning rate): its size's 6.7e-6 collapsed it within ten rounds;
         # 1e-6 and 2e-6 both learn (one seed, 40 rounds), 1e-6 ended higher
         "grpo": {"lr": 1e-6, "target_kl": TARGET_KL},
         "model": {"plain_example": True},  # a base model sees the answer format once, as plain text

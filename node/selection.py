@@ -54,7 +54,7 @@ spent ~27 regenerations a round on them and slowed down as much as its honest ne
 (scripts/bench/bench_hostile.py). A peer already *tried* (`TRIED` inspections, decayed) that has not proven
 itself gets that share even while no peer is proven, behind the groups of peers not yet tried: beside a prolific
 weak peer and no other, a SmolLM2 node under `guarded` inspected ~30 of its groups a round and dropped every one,
-the gate alone 2.7 s of a 5.3 s round on an H100 (docs/bench/README.md, "On a GPU"). The pool applies the same split to what it keeps (`p2p.pool`), from the
+the gate alone 2.7 s of a 5.3 s round on an H100 (docs/bench/gpu.md, "The paper's round of 8 groups, 80 rounds, on an H100"). The pool applies the same split to what it keeps (`p2p.pool`), from the
 same statistic (`proven`). A peer whose completions run `VERBOSE_RATIO` times as long as this node's own on the
 same families is never proven, however useful its groups (`Lengths`: right but padded answers cost every receiver
 training time and teach verbosity); the trainer reads at most `max_new_tokens` of any external completion, and a

@@ -176,29 +176,6 @@ def test_a_home_card_trains_about_as_many_billion_parameters_as_it_has_gb(gb, mo
     assert p.lora and p.peak_bytes <= p.budget_bytes and p.micro_batch >= 1
 
 
-def largest_per_card() -> list[str]:
-    """The guide's table rows: the largest of MODELS each card size fits, as the planner plans it."""
-    rows = []
-    for gb in (4, 6, 8, 12, 16, 24):
-        fitted = []
-        for name, config in MODELS.items():
-            try:
-                fitted.append((shape_from_config(config).parameters, name, plan(Device.card(gb), config, PAPER_ROUND,
-                                                                                  Wants(bnb_installed=True))))
-            except MemoryPlanError:
-                pass
-        _, name, p = max(fitted)
-        rows.append(f"| {gb} GB | {name} ({p.training}, micro-batch {p.micro_batch}) | 0.5B-0.6B | about {gb}B |")
-    return rows
-
-
-def test_the_gpu_guide_tables_the_largest_model_each_card_fits_as_the_planner_plans_it():
-    from tests.conftest import ROOT
-
-    guide = (ROOT / "docs" / "gpu.md").read_text().splitlines()
-    assert all(row in guide for row in largest_per_card()), "\n".join(largest_per_card())
-
-
 def test_the_preferred_plan_is_full_fine_tuning_then_no_recomputation_then_the_largest_micro_batch():
     roomy = plan(Device.card(80), QWEN["0.5B"], PAPER_ROUND, Wants())
     assert not roomy.lora and not roomy.checkpointing and roomy.micro_batch >= 8
@@ -386,11 +363,15 @@ PAPER_CONFIG = "docs/configs/paper-qwen2.5-0.5b.toml"
 GUIDE_CARDS, GUIDE_MODELS = (8, 12, 16, 24, 80), ("0.5B", "1.5B", "7B")
 
 
+PUBLISHED = {name: {"model_type": "qwen2"} for name in MODELS} | {  # what the planner reads beside MODELS' fields
+    "Llama-3.1-8B": {"model_type": "llama", "max_position_embeddings": 131072}}
+
+
 @pytest.fixture(scope="module")
 def paper_inputs(request, tmp_path_factory):
-    """What `sapo doctor --config docs/configs/paper-qwen2.5-0.5b.toml --model <Qwen2.5 folder>` reads, for each
-    size: the shipped config and the published Qwen2.5 config, with SmolLM2's tokenizer and chat template
-    measuring the prompts (Qwen's cannot be fetched here; both are byte-level BPE of the same kind)."""
+    """What `sapo doctor --config docs/configs/paper-qwen2.5-0.5b.toml --model <folder>` reads, for each of MODELS:
+    the shipped config and the published model config, with SmolLM2's tokenizer and chat template measuring the
+    prompts (Qwen's and Llama's cannot be fetched here; all three are byte-level BPE of the same kind)."""
     import shutil
 
     from node import planner
@@ -399,27 +380,32 @@ def paper_inputs(request, tmp_path_factory):
 
     smollm2 = cached_preset(request, "smollm2-135m")
     got = {}
-    for size in GUIDE_MODELS:
-        folder = tmp_path_factory.mktemp(f"qwen2.5-{size}")
+    for name, config in MODELS.items():
+        folder = tmp_path_factory.mktemp(name.lower())
         shutil.copytree(smollm2, folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors", "sapo_*"))
-        (folder / "config.json").write_text(json.dumps({"model_type": "qwen2", **QWEN[size]}))
+        (folder / "config.json").write_text(json.dumps({**PUBLISHED[name], **config}))
         cfg = load_config(ROOT / PAPER_CONFIG, {"model": {"name": str(folder)}})
-        got[size] = planner.inputs(cfg)
+        got[name] = planner.inputs(cfg)
     return got
 
 
-def guide_cell(device: Device, got) -> str:
+def guide_plan(device: Device, got):
+    """The plan doctor prints for `got` with the quant extra installed and vLLM not."""
     from node.planner import plan_tokens
 
-    wants = replace(got.wants, bnb_installed=True, peft_installed=True, vllm_installed=False)  # the quant extra
+    return plan_tokens(device, replace(got, wants=replace(got.wants, bnb_installed=True, peft_installed=True,
+                                                          vllm_installed=False)))[0]
+
+
+def guide_cell(device: Device, got) -> str:
     try:
-        p, _ = plan_tokens(device, replace(got, wants=wants))
+        p = guide_plan(device, got)
     except MemoryPlanError as e:
         why = str(e)
         return (f"no: needs {why.split('use a device with ')[1].split(' GB')[0]} GB" if "use a device with " in why
                 else f"no: {why.rsplit(': ', 1)[1]}")
     how = {"LoRA on an NF4 base": "LoRA on NF4", "full fine-tuning": "full"}.get(p.training, p.training)
-    rows = f", decoding {p.generation_rows} rows at a time" if p.generation_rows < p.round.generation_rows else ""
+    rows = f", decoding {p.generation_rows} rows at a time" if p.generation_rows < p.round.rows else ""
     return f"{how}{' + checkpointing' if p.checkpointing else ''}, {p.micro_batch}{rows}"
 
 
@@ -428,7 +414,7 @@ def test_the_gpu_guides_plan_table_is_what_doctor_plans_for_the_shipped_paper_co
 
     guide = (ROOT / "docs" / "gpu.md").read_text()
     prompts = {got.round.prompt_tokens for got in paper_inputs.values()}
-    rows = [f"| {gb} GB | " + " | ".join(guide_cell(Device.card(gb), paper_inputs[size]) for size in GUIDE_MODELS) + " |"
+    rows = [f"| {gb} GB | " + " | ".join(guide_cell(Device.card(gb), paper_inputs[f"Qwen2.5-{size}"]) for size in GUIDE_MODELS) + " |"
             for gb in GUIDE_CARDS]
     assert all(row in guide.splitlines() for row in rows), "\n".join(rows)
     assert f"prompts up to {max(prompts)} tokens" in guide, prompts
@@ -436,9 +422,41 @@ def test_the_gpu_guides_plan_table_is_what_doctor_plans_for_the_shipped_paper_co
     with pytest.raises(MemoryPlanError) as refused:  # the guide's example: 7B on a 12 GB card, without bitsandbytes
         from node.planner import plan_tokens
 
-        got = paper_inputs["7B"]
+        got = paper_inputs["Qwen2.5-7B"]
         plan_tokens(Device.card(12), replace(got, wants=replace(got.wants, bnb_installed=False)))
     assert quoted == f"no plan fits: {refused.value}"
+
+
+def largest_per_card(paper_inputs) -> list[str]:
+    """The guide's second table: the largest of MODELS each card size fits, planned as the first table is."""
+    rows = []
+    for gb in (4, 6, 8, 12, 16, 24):
+        fitted = []
+        for name, got in paper_inputs.items():
+            try:
+                fitted.append((shape_from_config(got.model_config).parameters, name, guide_plan(Device.card(gb), got)))
+            except MemoryPlanError:
+                pass
+        _, name, p = max(fitted)
+        rows.append(f"| {gb} GB | {name} ({p.training}, micro-batch {p.micro_batch}) | 0.5B-0.6B | about {gb}B |")
+    return rows
+
+
+def test_the_gpu_guide_tables_the_largest_model_each_card_fits_as_doctor_plans_it(paper_inputs):
+    """The second table and the figures quoted around it come from the same plans as the first: the shipped paper
+    config, its prompts measured (not the 250 tokens of PAPER_ROUND)."""
+    from tests.conftest import ROOT
+
+    guide = (ROOT / "docs" / "gpu.md").read_text()
+    rows = largest_per_card(paper_inputs)
+    assert all(row in guide.splitlines() for row in rows), "\n".join(rows)
+    r = paper_inputs["Qwen2.5-7B"].round
+    assert f"64 sequences of up to {r.prompt_tokens + r.completion_tokens:,} tokens" in guide, r
+    decoding = guide_plan(Device.card(12), paper_inputs["Qwen2.5-1.5B"]).generation_rows
+    assert f"1.5B on a 12 GB card decodes {decoding} rows at a time" in guide, decoding
+    p = guide_plan(Device.card(12), paper_inputs["Qwen2.5-7B"])  # the 12 GB cell of the first table
+    assert (f"7B's training term is {p.parts['training'] / GB:.1f} GB of the {p.peak_bytes / GB:.1f} GB plan; the NF4 "
+            f"weights are {p.parts['weights'] / GB:.1f} GB") in " ".join(guide.split()), p.parts
 
 
 def test_a_described_card_reads_as_english():

@@ -57,7 +57,8 @@ NOT_RUN = {
 }
 # The front door and the guides (each docs page opens with what it covers).
 PAGES = ["README.md", "docs/architecture.md", "docs/models.md", "docs/sapo-round.md", "docs/gpu.md", "docs/network.md", "docs/operations.md",
-         "docs/bench/README.md", "docker/README.md"]
+         "docs/bench/README.md", "docs/bench/learning.md", "docs/bench/speed.md", "docs/bench/memory.md",
+         "docs/bench/network.md", "docs/bench/hostile.md", "docs/bench/soak.md", "docs/bench/gpu.md", "docker/README.md"]
 
 
 def blocks() -> list[tuple[str, str]]:

@@ -4,7 +4,7 @@ By default glibc serves each allocation of 128 KB or more (a threshold it raises
 its own `mmap` and gives it back on free, and returns free memory at the top of its heap once it exceeds twice
 that threshold. A decoding step allocates and frees tens of such tensors (a 64-row step's logits are 12.6 MB), so
 each step faulted its pages in afresh: on 2 cores keeping them made a SmolLM2-135M round's sampling 1.05-1.24x
-as fast (docs/bench/README.md, "Sampling on the CPU"). Serving blocks below 32 MB from the heap and trimming it only
+as fast (docs/bench/speed.md, "Sampling on the CPU"). Serving blocks below 32 MB from the heap and trimming it only
 past 2 GB lets them be reused. Torch's CUDA allocator caches on its own; elsewhere (macOS, musl) this does nothing.
 """
 

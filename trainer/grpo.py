@@ -106,7 +106,7 @@ class GRPOTrainer:
             log.info("training: the step's matrix products autocast to %s (grpo.compute_dtype %s)",
                      str(self.compute_dtype).removeprefix("torch."), cfg.compute_dtype)
         # torch's fused AdamW: one kernel over every tensor where the device has one, 0.07 s a step for SmolLM2-135M on 2
-        # CPU cores against 0.2-0.4 s for the per-tensor and foreach loops (docs/bench/README.md, "Training with bfloat16
+        # CPU cores against 0.2-0.4 s for the per-tensor and foreach loops (docs/bench/speed.md, "Training with bfloat16
         # products on the CPU")
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay,
                                            fused=True if policy.device.type in FUSED_ADAMW else None)

@@ -283,7 +283,7 @@ def _copies(device: Device, dtype: str, m: ModelShape, wants: Wants) -> bool:
 def _bf16_step(device: Device, dtype: str, m: ModelShape, wants: Wants) -> bool:
     """Whether the training step's products autocast to bfloat16: as the user set it, else by the sampling copies'
     rule (`bf16_pays`). Its memory is inside the float32 step's estimate: the bfloat16 weights autocast makes are offset
-    by the bfloat16 activations it saves (docs/bench/README.md, "Training with bfloat16 products on the CPU")."""
+    by the bfloat16 activations it saves (docs/bench/speed.md, "Training with bfloat16 products on the CPU")."""
     if wants.compute_dtype is not None:
         return wants.compute_dtype == "bfloat16"
     return bf16_pays(device.bf16_cpu, dtype == "float32", m.hidden)

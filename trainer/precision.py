@@ -2,7 +2,7 @@
 sampling copies (`generation.sampling_dtype`) and the training step's autocast (`grpo.compute_dtype`).
 
 On a CPU with bfloat16 matrix instructions a wide model's bfloat16 products run 2-4x faster than float32's; without
-them they are slower; on a narrow model their fixed cost a call outweighs the gain (docs/bench/README.md,
+them they are slower; on a narrow model their fixed cost a call outweighs the gain (docs/bench/speed.md,
 "Sampling on the CPU" and "Training with bfloat16 products on the CPU"). torch is imported late: the CLI's start
 stays fast.
 """

@@ -16,7 +16,7 @@ The first steps start at a tenth of the rate and climb: Adam's first step moves 
 whatever its gradient, so a rate too high for the model would do its damage before any measurement could cut it.
 For the same reason the first step's KL does not move the rate (unless it is not finite): it measured 0.10-0.13 a
 token at a tenth of SmolLM2's and Gemma 3 270M's recipe rates, and acting on it left both training at a fiftieth of
-their recipes' rates for ten rounds (docs/bench/README.md, "The step size follows the policy").
+their recipes' rates for ten rounds (docs/bench/learning.md, "The step size follows the policy").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The transformers backend: the CPU default, and the reference the other backends must match.
 
 Its own decode loop rather than `generate` (or transformers' continuous batching, `generate_batch`, which
-on 2 CPU cores samples a round 3.4-4x slower: docs/bench/README.md, "Sampling on the CPU"), for what a GRPO
+on 2 CPU cores samples a round 3.4-4x slower: docs/bench/speed.md, "Sampling on the CPU"), for what a GRPO
 round lives on:
 - the prompts' shared head (chat template, system prompt, worked example) runs once for all of them, each
   prompt's own tail once, and its n completions decode on copies of that KV cache;
@@ -13,7 +13,7 @@ round lives on:
   are 2-4x faster than float32's; the narrow steps of a batch's tail, where a CPU's bfloat16 products are
   slower than float32's and every step reads all the weights for a few rows, run on an int8 copy (a byte a
   weight, one scale per output channel: 1.5x float32's speed there), or for a LoRA model on the trainer's own
-  weights (docs/bench/README.md, "Sampling on the CPU");
+  weights (docs/bench/speed.md, "Sampling on the CPU");
 - the wide copy's cache keeps the prompts' shared head once and each row's own prompt and completion in one buffer
   with room (`SplitLayer`), its decode steps attend over them with batched products (the head's for every row at
   once), and the narrow tail's rows run SDPA with the query heads folded (`attend`): SDPA's CPU kernel, one query a
