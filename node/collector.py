@@ -1,11 +1,10 @@
-"""Python's cyclic garbage collector, kept from setting the node's pace.
+"""The seconds Python's cyclic garbage collector runs, for each round's metrics (`seconds_gc`).
 
 A loaded node holds torch, transformers and libp2p: over 400,000 objects the collector tracks, and a full collection
-walks every one of them (0.1-0.3 s on 2 cores, as long as a tiny model's whole round). How often a full collection
-comes depends on how many new objects survive, which the swarm's pool and the round's work move from hour to hour.
-Freezing what the node holds once it has loaded (CPython's `gc.freeze`) takes those objects out of every later walk;
-what the node allocates afterwards is collected as before. The collector's seconds are counted for each round's
-metrics (`seconds_gc`), whichever thread set it off.
+walks every one of them (0.1-0.3 s on 2 cores, as long as a tiny model's whole round). Whether that ever sets a
+node's pace is a measurement, not a guess: the clock counts every collection in the process, whichever thread set
+it off (docs/bench/speed.md: in the demo it came to 0.2-0.3 ms a round, with or without freezing the loaded objects
+out of the walk, so the node leaves the collector as Python sets it).
 """
 
 from __future__ import annotations
@@ -37,11 +36,3 @@ gc.callbacks.append(_clock)
 def seconds() -> float:
     """The seconds the collector has run in this process since the node's modules were imported."""
     return _clock.total
-
-
-def freeze_loaded() -> int:
-    """Collect what loading left behind, then move every surviving object out of later collections; the number
-    frozen."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()

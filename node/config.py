@@ -37,9 +37,6 @@ class RunConfig(BaseModel):
     torch_threads: int | None = Field(None, ge=1, description="CPU threads torch may use (null: the cores other work "
                                       "leaves free, chosen again after every round, at least one); `sapo swarm` sets "
                                       "each of its nodes' share")
-    gc_freeze: bool = Field(True, description="once the model and libraries are loaded, take their objects out of "
-                            "Python's cyclic collector (gc.freeze), whose full collections otherwise walk them all; "
-                            "false: Python's default (node/collector.py)")
     seed: int = Field(0, description="seeds task draws and sampling")
     memory_gb: float | None = Field(None, gt=0, description="the node's share (GB) of its device's memory (GPU or host), "
                                     "which it plans its rounds in: a config that cannot fit is refused at start; `sapo "

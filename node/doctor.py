@@ -155,7 +155,6 @@ def described_card(cfg: NodeConfig, card_gb: float):
 def report(cfg: NodeConfig, card_gb: float | None = None, console: Console | None = None) -> int:
     """Print the machine, the network and the plan; 0 when a plan fits, 1 when none does."""
     from node import planner
-    from trainer.plan import Device
 
     console = console or Console()
     table = Table(title="sapo doctor", show_header=False)

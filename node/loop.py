@@ -210,8 +210,6 @@ class Node:
                     self.board.set_state("waiting for peers")
                     self._wait_for_peers(stop, self.cfg.run.wait_for_peers)
             self.board.set_state("running")
-            if self.cfg.run.gc_freeze:
-                log.info("%d loaded objects taken out of Python's collector (run.gc_freeze)", collector.freeze_loaded())
             try:
                 self._run_rounds(stop)
             except ComponentFailed as e:

@@ -42,7 +42,7 @@ def test_silo_run_writes_metrics_and_checkpoints(tiny_a, cache_dir, tmp_path):
     assert [m["eval_accuracy"] is None for m in rows[1:]] == [True, False, False]  # every 2 rounds and at the end
     assert all(m["n_local"] == 3 and m["n_external"] == 0 and m["tokens_generated"] > 0 for m in rows[1:])
     assert all(0.0 <= m["reward_mean"] <= 1.0 for m in rows[1:])
-    assert all(m["seconds_gc"] >= 0 for m in rows[1:]) and re.search(r"\d+ loaded objects taken out of Python's collector", r.stderr)
+    assert all(m["seconds_gc"] >= 0 for m in rows[1:])
     assert [p.name for p in checkpoint.complete(tmp_path / "checkpoints")] == ["round-000002", "round-000003"]
     assert json.loads((tmp_path / "config.json").read_text())["run"]["rounds"] == 3
 
@@ -53,10 +53,9 @@ def test_a_node_without_peers_runs_as_a_silo_without_warnings_and_with_p2p_off_h
     assert "WARNING" not in alone.stderr and "ERROR" not in alone.stderr, alone.stderr
     assert [m["peers"] for m in metrics(tmp_path / "alone")[1:]] == [0, 0]
     assert (tmp_path / "alone" / "node.key").exists()
-    off = run_sapo(*small_run(cache_dir, tmp_path / "off", 2, "--p2p.enabled", "false", "--run.gc_freeze", "false"))
+    off = run_sapo(*small_run(cache_dir, tmp_path / "off", 2, "--p2p.enabled", "false"))
     assert off.returncode == 0, off.stderr
     assert "p2p" not in off.stderr and not (tmp_path / "off" / "node.key").exists()
-    assert "Python's collector" not in off.stderr
     assert metrics(tmp_path / "off")[-1]["p2p"] is None
 
 

@@ -25,6 +25,8 @@ NOT_RUN = {
     ".venv/bin/python scripts/bench/bench_round.py": "benchmark: tens of minutes on the real model",
     ".venv/bin/python scripts/bench/bench_silo.py": "benchmark: 10 minutes",
     ".venv/bin/python scripts/bench/bench_contention.py": "benchmark: 15 minutes of real-model rounds beside busy loops",
+    ".venv/bin/python scripts/bench/bench_demo.py": "benchmark: four demos, 15 minutes; tests/test_bench_demo.py reads a "
+    "node's pace as it does",
     "OMP_WAIT_POLICY=PASSIVE .venv/bin/python scripts/bench/bench_contention.py": "benchmark: 5 minutes of real-model rounds",
     ".venv/bin/sapo init-model --preset smollm2-135m --out /tmp/smol": "experiment: three 10-round runs of the real model "
     "(half an hour); tests/test_recipes.py and tests/test_watch.py check what they rest on",
