@@ -34,7 +34,8 @@ against the answer the sender put in the payload. Here:
   stands, so a peer's right answer on a family where this node does as well stays out. Why: a peer of another
   model family solves what this node cannot, in text this node would not write, and `guarded` alone never
   lets that text in (SmolLM2-135M beside tiny-a inspected 400-700 groups a run and used none). Experimental:
-  not the default until it beats `guarded` with its defences kept (issue 53's grids).
+  not the default until it beats `guarded` with its defences kept (the --hetero and --gemma grids of
+  scripts/bench/sapo_experiment.py, docs/bench/learning.md).
 - `adaptive`: `signal`, inspecting first the groups most likely to carry signal: peers share the
   inspections in proportion to a Thompson draw from the decayed share of their groups that did,
   with a floor of uniformly random picks so that no peer is written off. A first version also put
