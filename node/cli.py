@@ -142,7 +142,7 @@ def with_model_settings(cfg: NodeConfig) -> tuple[NodeConfig, str]:
     plan in place, as `sapo run` settles them; the config as given where the model cannot be read without building,
     downloading or failing, with a line saying why."""
     from node import planner
-    from node.preflight import model_problem
+    from node.preflight import model_problem, names_a_folder
     from trainer import presets
     from trainer.memory import MemoryPlanError
     from trainer.policy import ModelLoadError
@@ -152,7 +152,7 @@ def with_model_settings(cfg: NodeConfig) -> tuple[NodeConfig, str]:
         why = None if presets.is_cached(name, cfg.model.cache_dir) else f"preset {name} is not built yet"
     elif Path(name).expanduser().exists():
         why = model_problem(name, cfg.model.cache_dir)
-    elif name.startswith(("/", "./", "../", "~")) or name.endswith("/") or name.count("/") > 1:
+    elif names_a_folder(name):
         why = f"no such folder: {name}"
     else:
         why = f"{name} is read from the hub when a node starts"

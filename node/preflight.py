@@ -180,6 +180,11 @@ def bind_status(cfg: NodeConfig) -> socket.socket:
     raise AssertionError("unreachable")
 
 
+def names_a_folder(name: str) -> bool:
+    """Whether a model name can only mean a local folder (a path, not a hub id such as `org/model`)."""
+    return name.startswith(("/", "./", "../", "~")) or name.endswith("/") or name.count("/") > 1
+
+
 def model_problem(name: str, cache_dir: Path) -> str | None:
     """Why `name` cannot be loaded, when that is clear without loading it: a folder that is not there or
     holds no model, or a name that is no preset, no folder and not reachable on the hub."""
@@ -199,7 +204,7 @@ def model_problem(name: str, cache_dir: Path) -> str | None:
     close = difflib.get_close_matches(Path(name).name or name, presets.names(), n=1, cutoff=0.6)
     hint = f"did you mean {close[0]}? " if close else ""
     choices = f"presets: {', '.join(presets.names())}"
-    if name.startswith(("/", "./", "../", "~")) or name.endswith("/") or name.count("/") > 1:
+    if names_a_folder(name):
         return f"no such folder: {name} ({hint}{choices})"
     if hub_reachable():
         return None
