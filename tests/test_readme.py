@@ -37,6 +37,8 @@ NOT_RUN = {
     ".venv/bin/python scripts/bench/bench_churn.py": "benchmark: 13 minutes; tests/test_churn.py runs it for 2 minutes",
     ".venv/bin/python scripts/bench/bench_soak.py": "benchmark: 2 hours; tests/test_soak.py runs one 100-second cycle",
     ".venv/bin/python scripts/bench/bench_hostile.py": "benchmark: minutes",
+    ".venv/bin/python -m node.cli run --out /tmp/drift/lone": "measurement: a tiny node alone for 4 minutes, read by "
+    "round_work.py; tests/test_round_work.py checks how it reads a run's windows",
     ".venv/bin/python scripts/bench/diagnose_peer.py": "diagnosis: an hour and more on the real model",
     ".venv-vllm/bin/python scripts/bench/bench_generation.py": "benchmark; the second line needs a GPU",
     ".venv/bin/sapo swarm --nodes 2 --rounds 20 --presets smollm2-135m": "experiment: four real-model nodes for 20 rounds on one machine",
