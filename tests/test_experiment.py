@@ -497,3 +497,37 @@ def test_a_rule_is_weighed_against_the_default_rules_arm_of_the_same_seed_and_th
     assert [line.split(" | ")[0] for line in md[-1].splitlines()[2:]] == [
         "| gemma+smollm2 2/2 scoped", "| gemma+smollm2 2/2 scoped [gemma3-270m]", "| gemma+smollm2 2/2 scoped [smollm2-135m]"]
     assert "+15.0% ± 12.4%" in md[-1] and "+0.030 ± " in md[-1]
+
+
+@pytest.mark.parametrize("stopped_at, continues", [((30, 30, 30), 30), ((20, 25, None), None), ((None, None, None), None)])
+def test_an_unfinished_run_continues_only_where_every_node_stopped_at_one_checkpoint(tmp_path, stopped_at, continues):
+    from rich.console import Console
+
+    seed_dir = tmp_path / "owners-3-1-guarded" / "seed0"
+    for k, r in enumerate(stopped_at):
+        (seed_dir / f"node{k}").mkdir(parents=True)
+        (seed_dir / f"node{k}" / "metrics.jsonl").write_text('{"round": 1}\n')
+        if r is not None:
+            (seed_dir / f"node{k}" / "checkpoints" / f"round-{r:06d}").mkdir(parents=True)
+    log = tmp_path / "log.txt"
+    assert driver.in_step(seed_dir, Console(file=open(log, "w"), width=300), "owners 3/1 seed 0") == continues
+    aside = tmp_path / "owners-3-1-guarded" / "unfinished-seed0-1"
+    if continues is not None:  # nodes in step: left as they are, to continue from the checkpoints
+        assert (seed_dir / "node0" / "checkpoints" / "round-000030").is_dir() and not aside.exists()
+        assert "every node continues from its checkpoint of round 30" in log.read_text()
+        return
+    # out of step: the run starts over in an empty folder; what it had measured is kept aside, without checkpoints
+    assert not seed_dir.exists() and (aside / "node0" / "metrics.jsonl").exists()
+    assert not list(aside.rglob("checkpoints"))
+    said = log.read_text()
+    assert "owners 3/1 seed 0: starting over" in said and str(aside) in said
+    if stopped_at[0] is not None:
+        assert "node0 20, node1 25, node2 none" in said
+    assert list(tmp_path.glob("*/seed*")) == []  # the folder aside is no seed's run to the report or to --resume
+
+
+def test_a_run_that_never_started_is_left_alone(tmp_path):
+    from rich.console import Console
+
+    assert driver.in_step(tmp_path / "x" / "seed0", Console(file=open(tmp_path / "log", "w")), "x") is None
+    assert not (tmp_path / "x").exists()

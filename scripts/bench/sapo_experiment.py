@@ -5,7 +5,8 @@ Every arm of a grid runs the same seeds, rounds and groups a round; only where t
 external) and how external ones are chosen differ. The grids, and what each measures, are in
 scripts/bench/experiment/grids.py and in --help. Each finished run writes `<out>/<config>/seed<k>/result.json` as it
 ends and deletes its checkpoints, so a long grid runs in pieces: stopped (Ctrl-C, or the session ending) and continued
-with `--resume`, which skips finished runs and continues an unfinished one from its nodes' last checkpoints; without
+with `--resume`, which skips finished runs and continues an unfinished one where all its nodes stopped at one
+checkpoint (else starts it over, so that no node runs out of step with its peers); without
 `--resume` an `--out` that holds runs is refused rather than mixed. `--only` splits a grid by arm; `--report` merges
 whatever has finished into `results.json`, the tables and the figure, which is drawn from that JSON alone.
 
@@ -41,6 +42,7 @@ from node.bench import measured
 from node.metrics import MetricsLog
 from node.selection_config import RULES
 from node.swarm import SwarmError, SwarmSpec, run
+from trainer.checkpoint import NAME, complete
 from trainer.config import default_cache_dir
 from trainer.presets import ensure
 from trainer.pretrained import TERMS, unaccepted_terms
@@ -101,6 +103,29 @@ def expected_record(evals: list[dict]) -> dict:
             "expected_by_dataset_last": evals[-1]["eval_expected_by_dataset"]}
 
 
+def in_step(out: Path, console: Console, name: str) -> int | None:
+    """An unfinished run continues only where every node of it stopped at a checkpoint of one round: nodes resumed
+    from different rounds (or some from none) would run out of step, taking other peers' groups than a run never
+    stopped, so the run starts over instead; its folder moves aside to `unfinished-<seed>-<k>` without checkpoints.
+    Returns the round the run continues from (its wall time counts from there), or None for a run from the start."""
+    nodes = {p.parent for p in out.rglob("metrics.jsonl")} | {p.parent for p in out.rglob("checkpoints")}
+    rounds = {str(n.relative_to(out)): (int(NAME.match(found[-1].name)[1]) if (found := complete(n / "checkpoints")) else None)
+              for n in nodes}
+    if rounds and None not in rounds.values() and len(set(rounds.values())) == 1:
+        resumed = next(iter(rounds.values()))
+        console.log(f"{name}: every node continues from its checkpoint of round {resumed}")
+        return resumed
+    if out.is_dir():
+        aside = next(p for k in range(1, 10_000) if not (p := out.with_name(f"unfinished-{out.name}-{k}")).exists())
+        out.rename(aside)
+        for c in aside.rglob("checkpoints"):
+            shutil.rmtree(c, ignore_errors=True)
+        stopped_at = ", ".join(f"{node} {r if r is not None else 'none'}" for node, r in sorted(rounds.items())) or "none"
+        console.print(f"{name}: starting over (the nodes' checkpoints: {stopped_at}); the unfinished run is in {aside}",
+                      soft_wrap=True)
+    return None
+
+
 def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) -> dict:
     """One configuration at one seed, saved to `result.json`; a run that lost a node is saved marked as failed
     (and run again by the next invocation), a finished one is kept and skipped next time."""
@@ -110,6 +135,7 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
     if not saved.get("failed"):
         console.log(f"{cfg.name} seed {seed}: finished before, skipped")
         return saved
+    resumed_from = in_step(out, console, f"{cfg.name} seed {seed}")
     bed = TESTBEDS[cfg.testbed]
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=cfg.local, external=cfg.external, presets=bed["presets"],
                      out=out, seed=100 * seed, extra=[*cfg.node_args(args.rounds, args.eval_every), *bed.get("extra", []),
@@ -126,7 +152,8 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
     if summary["stopped"]:
         raise SystemExit(f"sapo_experiment: stopped during {cfg.name} seed {seed}; finished runs are kept under {args.out}")
     result = {"config": cfg.name, **asdict(cfg), "seed": seed, "nodes_n": args.nodes, "rounds": args.rounds, **bed,
-              "wall_seconds": time.time() - t0, "cpus": os.cpu_count(), "failed": summary["failed"]}
+              "wall_seconds": time.time() - t0, "resumed_from_round": resumed_from, "cpus": os.cpu_count(),
+              "failed": summary["failed"]}
     if summary["failed"]:
         for why in summary["failed"]:
             console.print(f"[red]{cfg.name} seed {seed}: failed: {escape(why)}[/]", soft_wrap=True)
