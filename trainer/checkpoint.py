@@ -72,12 +72,17 @@ def save(directory: Path, round_: int, model, tokenizer, trainer_state: dict[str
     return final
 
 
+def round_of(path: Path) -> int:
+    """The round a complete checkpoint's folder is named for."""
+    return int(NAME.match(path.name)[1])
+
+
 def complete(directory: Path) -> list[Path]:
     """Complete checkpoints, oldest first."""
     if not directory.is_dir():
         return []
     found = [p for p in directory.iterdir() if p.is_dir() and NAME.match(p.name)]
-    return sorted(found, key=lambda p: int(NAME.match(p.name).group(1)))
+    return sorted(found, key=round_of)
 
 
 def load_latest(directory: Path, state_keys: tuple[str, ...] = (), trainer_keys: tuple[str, ...] = ()) -> Checkpoint | None:
@@ -99,7 +104,7 @@ def load_latest(directory: Path, state_keys: tuple[str, ...] = (), trainer_keys:
         missing += [f"trainer.pt {k}" for k in trainer_keys if k not in trainer_state]
         if missing:
             raise ValueError(f"no {', '.join(missing)}")
-        if state["round"] != int(NAME.match(path.name)[1]):
+        if state["round"] != round_of(path):
             raise ValueError(f"state.json says round {state['round']!r}")
         return Checkpoint(path=path, round=state["round"], state=state, trainer_state=trainer_state)
     except Exception as e:  # noqa: BLE001 - any failure to read these files means the checkpoint is unusable

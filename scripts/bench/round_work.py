@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -97,13 +98,11 @@ def main() -> None:
     if args.soak and not args.soak.exists():
         p.error(f"--soak {args.soak}: no such file")
     cpu, ended = soak_cpu(args.soak) if args.soak else ({}, float("inf"))
-    record = {"command": "scripts/bench/round_work.py " + " ".join(map(str, [*args.runs, "--window", args.window,
-                                                                           *(["--soak", args.soak] if args.soak else [])])),
-              "window_s": args.window, "nodes": {}}
+    record = {"command": "scripts/bench/round_work.py " + " ".join(sys.argv[1:]), "window_s": args.window, "nodes": {}}
     console = Console()
     for run in args.runs:
         rows = [r for r in MetricsLog(run / "metrics.jsonl").rows() if r["time"] <= ended]
-        ws = windows(rows, args.window, cpu.get(run.name) if args.soak else None)
+        ws = windows(rows, args.window, cpu.get(run.name))
         record["nodes"][run.name] = {"windows": ws, **{f"{k}_spread": spread(ws, k) for k in (
             "rounds_per_min", "cpu_s_per_round", "train_s_per_group", "groups_trained")}}
         console.print(table(run.name, ws))

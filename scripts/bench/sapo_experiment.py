@@ -42,7 +42,7 @@ from node.bench import measured
 from node.metrics import MetricsLog
 from node.selection_config import RULES
 from node.swarm import SwarmError, SwarmSpec, run
-from trainer.checkpoint import NAME, complete
+from trainer.checkpoint import complete, round_of
 from trainer.config import default_cache_dir
 from trainer.presets import ensure
 from trainer.pretrained import TERMS, unaccepted_terms
@@ -109,7 +109,7 @@ def in_step(out: Path, console: Console, name: str) -> int | None:
     stopped, so the run starts over instead; its folder moves aside to `unfinished-<seed>-<k>` without checkpoints.
     Returns the round the run continues from (its wall time counts from there), or None for a run from the start."""
     nodes = {p.parent for p in out.rglob("metrics.jsonl")} | {p.parent for p in out.rglob("checkpoints")}
-    rounds = {str(n.relative_to(out)): (int(NAME.match(found[-1].name)[1]) if (found := complete(n / "checkpoints")) else None)
+    rounds = {str(n.relative_to(out)): (round_of(found[-1]) if (found := complete(n / "checkpoints")) else None)
               for n in nodes}
     if rounds and None not in rounds.values() and len(set(rounds.values())) == 1:
         resumed = next(iter(rounds.values()))
