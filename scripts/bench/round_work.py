@@ -78,7 +78,7 @@ def table(name: str, ws: list[dict]) -> Table:
         t.add_column(col, justify="right")
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for w in ws:
-        t.add_row(f"{w['start_s']:.0f}", f"{w['rounds_per_min']:.0f}", fmt(w.get("cores"), ".2f"),
+        t.add_row(f"{w['start_s']:.0f}", f"{w['rounds_per_min']:.1f}", fmt(w.get("cores"), ".2f"),
                   fmt(w.get("cpu_s_per_round"), ".3f"), f"{w['seconds_generate']:.3f}", f"{w['seconds_train']:.3f}",
                   f"{w['seconds_other']:.3f}", f"{w['groups_trained']:.2f}", f"{w['n_external']:.2f}",
                   fmt(w["train_s_per_group"], ".3f"), f"{w['tokens_generated']:.0f}", f"{w['reward_mean']:.2f}")
@@ -99,7 +99,7 @@ def main() -> None:
         p.error(f"--soak {args.soak}: no such file")
     cpu, ended = soak_cpu(args.soak) if args.soak else ({}, float("inf"))
     record = {"command": "scripts/bench/round_work.py " + " ".join(sys.argv[1:]), "window_s": args.window, "nodes": {}}
-    console = Console()
+    console = Console(width=170)
     for run in args.runs:
         rows = [r for r in MetricsLog(run / "metrics.jsonl").rows() if r["time"] <= ended]
         ws = windows(rows, args.window, cpu.get(run.name))
