@@ -128,6 +128,8 @@ DOCTOR_PAIRS = tuple(f"decode-step-doctor-ab-2cpu/{k}-{which}.json" for k in (1,
 DOCTOR_2CPU, DOCTOR_H200 = "doctor-bench-smollm2-135m-2cpu.json", "doctor-bench-h200/recipe.json"
 STEPS = tuple(f"round-smollm2-135m-own-prompts-{run}-2cpu.json" for run in ("mb8", "lora-mb8", "nf4-mb8"))
 GEMMA_STEP = "round-gemma3-270m-own-prompts-mb8-2cpu.json"
+CONTENTION = ("contention-smollm2-135m-2cpu.json", "contention-repeat-smollm2-135m-2cpu.json")
+ONE_THREAD = "contention-one-thread-smollm2-135m-2cpu.json"
 HOSTILE = {case: (f"hostile-{case}-before-2cpu.json", f"hostile-{case}-after-2cpu.json")
            for case in ("relay-computable", "relay-ids", "level-computable", "px-aim-redials")}
 
@@ -190,6 +192,26 @@ def as_alone(c: dict) -> str:
 def gpu_pair(d: dict) -> str:
     c = arm(d, "smollm2 4/4 guarded")
     return f"{vs_silo(c)} (held-out {held(c)}: {clear(c['eval_last_vs_silo'], c['eval_last_vs_silo_ci95'], 'not clear of zero', 'clear of zero')})"
+
+
+def busy_shares(d: dict, code: str) -> list[float]:
+    """Each repeat's rounds a minute beside the busy loops over the same repeat's idle ones, for one checkout."""
+    pace = {(r["repeat"], r["busy"]): r["rounds_per_minute"] for r in d["runs"] if r["code"] == code}
+    return [pace[rep, busy] / pace[rep, 0] for rep, busy in pace if busy]
+
+
+def idle_rpm(d: dict) -> float:
+    return statistics.mean(r["rounds_per_minute"] for r in d["runs"] if r["busy"] == 0)
+
+
+def contention(first: dict, repeat: dict) -> str:
+    """The five pairs of the code that follows free cores: the first run's (beside the code before) and the repeat's."""
+    before, after = first["command"][first["command"].index("--code") + 1:][:2]
+    now = busy_shares(first, after)
+    shares = now + busy_shares(repeat, repeat["runs"][0]["code"])
+    return (f"{statistics.mean(shares):.2f} ± {ci95(shares):.2f} of its idle rounds per minute over {len(shares)} pairs "
+            f"(the run beside the code before: {statistics.mean(now):.2f}, where torch's 2 fixed threads kept "
+            f"{statistics.mean(busy_shares(first, before)):.2f})")
 
 
 def doctor_pairs(*ds: dict) -> str:
@@ -285,6 +307,10 @@ RESULTS = [
         (DOCTOR_PAIRS, doctor_pairs),
         (DOCTOR_2CPU, lambda d: f"with the float32 sampler, before the copies: {rpm(d):.2f} on 2 cores"),
         (DOCTOR_H200, lambda d: f"on an NVIDIA H200: {rpm(d):.1f}")]),
+    ("SmolLM2-135M's recipe round beside two busy loops on 2 cores", [
+        (CONTENTION, contention),
+        ((CONTENTION[1], ONE_THREAD), lambda two, one: "a one-thread node's ceiling there: "
+                                                       f"{2 / 3 * idle_rpm(one) / idle_rpm(two):.2f}")]),
     ("training step at micro-batch 8, every row its own prompt", [
         (STEPS + (GEMMA_STEP,), lambda *ds: f"micro-batch {the(d['rows'][0]['micro_batch'] for d in ds)}, every row its own prompt"
             if all(d["rows"][0]["own_prompts"] for d in ds) else "not every row its own prompt"),
