@@ -210,9 +210,9 @@ class Lengths:
         by_family: dict[str, list[float]] = {}
         for g in groups:
             by_family.setdefault(g.task.ref.dataset, []).append(mean_chars(g))
-        for family, lengths in by_family.items():
+        for dataset, lengths in by_family.items():
             mean = sum(lengths) / len(lengths)
-            self.own[family] = mean if family not in self.own else (1 - OWN_LENGTH_EMA) * self.own[family] + OWN_LENGTH_EMA * mean
+            self.own[dataset] = mean if dataset not in self.own else (1 - OWN_LENGTH_EMA) * self.own[dataset] + OWN_LENGTH_EMA * mean
 
     def observe(self, peer: str, group: RolloutGroup, round_: int) -> None:
         own = self.own.get(group.task.ref.dataset)

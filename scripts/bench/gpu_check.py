@@ -31,7 +31,7 @@ import tarfile
 import time
 import tomllib
 import zipfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
