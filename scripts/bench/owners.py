@@ -107,7 +107,8 @@ def comparisons(runs: dict[str, dict[int, dict]]) -> list[dict]:
 
 def levels(runs: dict[str, dict[int, dict]]) -> list[dict]:
     """Each arm's accuracy on never-drawn families and on its own, at the end (mean over seeds), with tokens
-    generated and wall seconds per node."""
+    generated and wall seconds per node, and memory: the largest peak of one node against its plan, and the largest
+    sum of one run's four peaks (an upper bound on the machine's, since the peaks need not coincide)."""
     rows = []
     for arm, by_seed in runs.items():
         if not by_seed:
@@ -122,6 +123,9 @@ def levels(runs: dict[str, dict[int, dict]]) -> list[dict]:
                           ("tokens_per_node", "tokens_generated"), ("seconds_per_node", "seconds")):
             row[name] = mean([n[key] for r in by_seed.values() for n in r["nodes"]])
         row["wall_seconds"] = mean([r["wall_seconds"] for r in by_seed.values()])
+        row["peak_gb_per_node"] = max(n["timing"]["peak_gb"] for r in by_seed.values() for n in r["nodes"])
+        row["planned_gb_per_node"] = max(n["timing"]["planned_peak_gb"] for r in by_seed.values() for n in r["nodes"])
+        row["peak_gb_sum"] = max(sum(n["timing"]["peak_gb"] for n in r["nodes"]) for r in by_seed.values())
         rows.append(row)
     return rows
 
@@ -191,10 +195,11 @@ def markdown(result: dict) -> str:
     lines += [f"| {r['arm']} | {r['against']} | {r['measure']} | {r['endpoint']} | {held_out_gap(r)} | "
               f"{' '.join(f'{v:+.3f}' for v in r['per_seed'])} |" for r in result["comparisons"]]
     lines += ["", "| arm | seeds | expected: start -> never drawn / own | greedy: start -> never drawn / own | tokens per node "
-              "| seconds per node |", "| --- | --- | --- | --- | --- | --- |"]
+              "| seconds per node | peak / planned GB per node | peaks summed, GB |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['arm']} | {len(r['seeds'])} | {r['start_expected']:.3f} -> {r['expected_never_drawn']:.3f} / "
               f"{r['expected_own']:.3f} | {r['start_greedy']:.3f} -> {r['greedy_never_drawn']:.3f} / {r['greedy_own']:.3f} | "
-              f"{r['tokens_per_node']:,.0f} | {r['seconds_per_node']:.0f} |" for r in result["levels"]]
+              f"{r['tokens_per_node']:,.0f} | {r['seconds_per_node']:.0f} | {r['peak_gb_per_node']:.2f} / "
+              f"{r['planned_gb_per_node']:.2f} | {r['peak_gb_sum']:.1f} |" for r in result["levels"]]
     lines += ["", "| arm | node (owns) | peers' groups taken, by family: per third of the run | inspected per third | "
               "unused per third, by reason |", "| --- | --- | --- | --- | --- |"]
     for d in result["dose"]:
