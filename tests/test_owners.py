@@ -50,7 +50,7 @@ def fake_node(name: str, own: str, never: float, own_acc: float, first: float = 
     taken = [{f: 1 for f in owners.FAMILIES if f != own}] * rounds
     return {"name": name, "expected_by_dataset_last": by, "eval_by_dataset_last": {f: v - 0.05 for f, v in by.items()},
             "expected_first": first, "eval_first": first - 0.05, "tokens_generated": 1000, "seconds": 60.0,
-            "timing": {"peak_gb": 5.0 + int(name[-1]) / 10, "planned_peak_gb": 5.0},
+            "timing": {"peak_gb": 5.0 + int(name[-1]) / 10, "planned_peak_gb": 5.0}, "held_out_skipped": int(name[-1]),
             "curves": {"external_families": taken, "external_inspected": [3] * rounds,
                        "external_dropped": [{"off_support": 1}] * rounds, "support_cutoff": [-0.5] * rounds}}
 
@@ -82,6 +82,7 @@ def test_the_report_pairs_never_drawn_families_by_seed_against_alone_and_both_un
     assert dose["dropped_by_third"] == [{"off_support": 2.0}] * 3
     memory = [r for r in result["levels"] if r["arm"] == "swarm"][0]
     assert (memory["peak_gb_per_node"], memory["planned_gb_per_node"], memory["peak_gb_sum"]) == pytest.approx((5.3, 5.0, 20.6))
+    assert memory["held_out_skipped_per_node"] == pytest.approx(1.5)
     assert {p.name for p in tmp_path.iterdir()} >= {"owners.json", "owners.md", "owners.png"}
     assert "no effect seen" in (tmp_path / "owners.md").read_text()  # the swarm against alone on its own family: no gap
 

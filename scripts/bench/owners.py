@@ -107,7 +107,7 @@ def comparisons(runs: dict[str, dict[int, dict]]) -> list[dict]:
 
 def levels(runs: dict[str, dict[int, dict]]) -> list[dict]:
     """Each arm's accuracy on never-drawn families and on its own, at the end (mean over seeds), with tokens
-    generated and wall seconds per node, and memory: the largest peak of one node against its plan, and the largest
+    generated, evaluation questions passed over and wall seconds per node, and memory: the largest peak of one node against its plan, and the largest
     sum of one run's four peaks (an upper bound on the machine's, since the peaks need not coincide)."""
     rows = []
     for arm, by_seed in runs.items():
@@ -126,6 +126,8 @@ def levels(runs: dict[str, dict[int, dict]]) -> list[dict]:
         row["peak_gb_per_node"] = max(n["timing"]["peak_gb"] for r in by_seed.values() for n in r["nodes"])
         row["planned_gb_per_node"] = max(n["timing"]["planned_peak_gb"] for r in by_seed.values() for n in r["nodes"])
         row["peak_gb_sum"] = max(sum(n["timing"]["peak_gb"] for n in r["nodes"]) for r in by_seed.values())
+        skipped = [n.get("held_out_skipped") for r in by_seed.values() for n in r["nodes"]]
+        row["held_out_skipped_per_node"] = None if None in skipped else mean(skipped)
         rows.append(row)
     return rows
 
@@ -190,15 +192,22 @@ def report(out: Path, console: Console) -> dict:
     return result
 
 
+def optional(value: float | None) -> str:
+    """A figure older runs did not record, as '-'."""
+    return "-" if value is None else f"{value:.1f}"
+
+
 def markdown(result: dict) -> str:
     lines = ["| arm | vs | measure | endpoint | gap (95% CI) | per seed |", "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['arm']} | {r['against']} | {r['measure']} | {r['endpoint']} | {held_out_gap(r)} | "
               f"{' '.join(f'{v:+.3f}' for v in r['per_seed'])} |" for r in result["comparisons"]]
     lines += ["", "| arm | seeds | expected: start -> never drawn / own | greedy: start -> never drawn / own | tokens per node "
-              "| seconds per node | peak / planned GB per node | peaks summed, GB |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| evaluation questions passed over per node | seconds per node | peak / planned GB per node | peaks summed, GB |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['arm']} | {len(r['seeds'])} | {r['start_expected']:.3f} -> {r['expected_never_drawn']:.3f} / "
               f"{r['expected_own']:.3f} | {r['start_greedy']:.3f} -> {r['greedy_never_drawn']:.3f} / {r['greedy_own']:.3f} | "
-              f"{r['tokens_per_node']:,.0f} | {r['seconds_per_node']:.0f} | {r['peak_gb_per_node']:.2f} / "
+              f"{r['tokens_per_node']:,.0f} | {optional(r['held_out_skipped_per_node'])} | "
+              f"{r['seconds_per_node']:.0f} | {r['peak_gb_per_node']:.2f} / "
               f"{r['planned_gb_per_node']:.2f} | {r['peak_gb_sum']:.1f} |" for r in result["levels"]]
     lines += ["", "| arm | node (owns) | peers' groups taken, by family: per third of the run | inspected per third | "
               "unused per third, by reason |", "| --- | --- | --- | --- | --- |"]

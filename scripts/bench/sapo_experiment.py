@@ -70,6 +70,8 @@ def node_record(node_dir: Path, summary: dict) -> dict:
                                    "external_used", "external_inspected", "external_informative", "local_groups",
                                    "local_informative")},
         "total_reward": sum(r["reward_mean"] * r["n_local"] * G for r in trained),
+        # local draws passed over for being evaluation questions (a peer's group on one is dropped as `held_out`)
+        "held_out_skipped": sum(r.get("n_held_out_skipped", 0) for r in rows),
         **dose_record(trained), **expected_record(evals),
         "eval_first": evals[0]["eval_accuracy"], "eval_last": evals[-1]["eval_accuracy"],
         "eval_by_dataset_first": evals[0]["eval_by_dataset"], "eval_by_dataset_last": evals[-1]["eval_by_dataset"],
