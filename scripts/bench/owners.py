@@ -231,7 +231,7 @@ def plot_gaps(ax, data: dict) -> None:
                capsize=3, label=f"{arm} vs {against}")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(points))], ["all never drawn", *points[1:]], fontsize=7)
     ax.axhline(0, color="black", linewidth=0.8)
-    ax.set(title="expected accuracy on families a node never draws: gap (95% CI over seeds)")
+    ax.set(title="expected accuracy on families a node never draws:\ngap (95% CI over seeds)")
     ax.legend(fontsize=7)
 
 
@@ -243,7 +243,7 @@ def plot_dose(ax, data: dict) -> None:
             per = [d["taken_by_third"][f] for d in rows if f in d["taken_by_third"]]
             if per:
                 ax.plot(range(1, THIRDS + 1), [mean(list(v)) for v in zip(*per)], style, marker="o", label=f"{arm}: {f}")
-    ax.set(title="the dose: peers' groups taken per third of the run (mean per node that does not own the family)",
+    ax.set(title="the dose: peers' groups taken per third of the run\n(mean over the nodes that do not own the family)",
            xlabel="third of the run", xticks=range(1, THIRDS + 1))
     ax.legend(fontsize=7)
 
