@@ -106,10 +106,8 @@ def comparisons(runs: dict[str, dict[int, dict]]) -> list[dict]:
 
 
 def levels(runs: dict[str, dict[int, dict]]) -> list[dict]:
-    """Each arm's accuracy on never-drawn families and on its own, at the end (mean over seeds), with tokens
-    generated, evaluation questions passed over and wall seconds per node, and memory: the largest peak of one node
-    against its plan, and the largest sum of one run's four peaks (an upper bound on the machine's, since the peaks
-    need not coincide)."""
+    """Each arm's accuracy on never-drawn families and on its own, at the end (mean over seeds), with what it cost
+    (`costs`)."""
     rows = []
     for arm, by_seed in runs.items():
         if not by_seed:
@@ -120,18 +118,25 @@ def levels(runs: dict[str, dict[int, dict]]) -> list[dict]:
                       for r in by_seed.values()]
             own = [mean([accuracy(r, k, FAMILIES[k], measure) for k in range(len(FAMILIES))]) for r in by_seed.values()]
             row[f"{measure}_never_drawn"], row[f"{measure}_own"] = mean(taught), mean(own)
-        nodes = [n for r in by_seed.values() for n in r["nodes"]]
-        for name, key in (("start_expected", "expected_first"), ("start_greedy", "eval_first"),
-                          ("tokens_per_node", "tokens_generated"), ("seconds_per_node", "seconds")):
-            row[name] = mean([n[key] for n in nodes])
-        row["wall_seconds"] = mean([r["wall_seconds"] for r in by_seed.values()])
-        row["peak_gb_per_node"] = max(n["timing"]["peak_gb"] for n in nodes)
-        row["planned_gb_per_node"] = max(n["timing"]["planned_peak_gb"] for n in nodes)
-        row["peak_gb_sum"] = max(sum(n["timing"]["peak_gb"] for n in r["nodes"]) for r in by_seed.values())
-        skipped = [n.get("held_out_skipped") for n in nodes]
-        row["held_out_skipped_per_node"] = None if None in skipped else mean(skipped)
-        rows.append(row)
+        rows.append(row | costs(list(by_seed.values())))
     return rows
+
+
+def costs(runs: list[dict]) -> dict:
+    """One arm's starting accuracy, tokens generated, evaluation questions passed over and wall seconds per node, and
+    memory: the largest peak of one node against its plan, and the largest sum of one run's four peaks (an upper
+    bound on the machine's, since the peaks need not coincide)."""
+    nodes = [n for r in runs for n in r["nodes"]]
+    row = {name: mean([n[key] for n in nodes]) for name, key in (
+        ("start_expected", "expected_first"), ("start_greedy", "eval_first"),
+        ("tokens_per_node", "tokens_generated"), ("seconds_per_node", "seconds"))}
+    row["wall_seconds"] = mean([r["wall_seconds"] for r in runs])
+    row["peak_gb_per_node"] = max(n["timing"]["peak_gb"] for n in nodes)
+    row["planned_gb_per_node"] = max(n["timing"]["planned_peak_gb"] for n in nodes)
+    row["peak_gb_sum"] = max(sum(n["timing"]["peak_gb"] for n in r["nodes"]) for r in runs)
+    skipped = [n.get("held_out_skipped") for n in nodes]
+    row["held_out_skipped_per_node"] = None if None in skipped else mean(skipped)
+    return row
 
 
 def thirds(rounds: int) -> list[range]:
