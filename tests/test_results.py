@@ -16,6 +16,7 @@ from functools import cache
 import pytest
 
 from experiment.paired import ci95, mde
+from experiment.report import held_out_gap
 from tests.conftest import ROOT
 
 BENCH = ROOT / "docs" / "bench"
@@ -124,6 +125,7 @@ EXP, GUARDED, TRIED = "sapo-experiment-2cpu.json", "sapo-experiment-guarded-2cpu
 HETERO, GEMMA, REAL = "hetero-2cpu/results.json", "gemma-smollm2-2cpu/results.json", "real-grid-2cpu/results.json"
 GPU, STEP = "gpu-grid-h100/results.json", "step-size-40-2cpu/results.json"
 SPEC, NF4 = "specialists-2cpu/results.json", "nf4-check-2cpu/results.json"
+OWNERS = "owners-2cpu/owners.json"
 DOCTOR_PAIRS = tuple(f"decode-step-doctor-ab-2cpu/{k}-{which}.json" for k in (1, 2, 3) for which in ("current", "at-1e47067"))
 DOCTOR_2CPU, DOCTOR_H200 = "doctor-bench-smollm2-135m-2cpu.json", "doctor-bench-h200/recipe.json"
 STEPS = tuple(f"round-smollm2-135m-own-prompts-{run}-2cpu.json" for run in ("mb8", "lora-mb8", "nf4-mb8"))
@@ -250,6 +252,28 @@ def specialist_union(d: dict) -> str:
     return f"A's products {gaps(u)}: {clear(statistics.mean(u), ci95(u), 'no difference detected', 'a difference')} (detectable {mde(u):.2f})"
 
 
+def owners_gap(d: dict, arm: str, against: str, measure: str = "expected", endpoint: str = "taught") -> str:
+    (row,) = [r for r in d["comparisons"] if (r["arm"], r["against"], r["measure"], r["endpoint"]) == (arm, against, measure, endpoint)]
+    return held_out_gap(row)
+
+
+def owners_level(d: dict, arm: str) -> dict:
+    (row,) = [r for r in d["levels"] if r["arm"] == arm]
+    return row
+
+
+def owners_fewer(d: dict, arm: str, than: str) -> str:
+    """How many fewer tokens a node of `arm` generated than one of `than`, in percent."""
+    return f"{100 * (1 - owners_level(d, arm)['tokens_per_node'] / owners_level(d, than)['tokens_per_node']):.0f}%"
+
+
+def owners_added(d: dict) -> str:
+    """The one-sentence verdict: the swarm against the union silo that trains on every family at the same groups."""
+    (row,) = [r for r in d["comparisons"] if (r["arm"], r["against"], r["measure"], r["endpoint"]) == ("swarm", "union", "expected", "taught")]
+    verdict = ("about as much as" if abs(row["gap"]) < row["ci95"] else "more than" if row["gap"] > 0 else "less than")
+    return f"sharing taught each owner {verdict} training on all four families itself, from {owners_fewer(d, 'swarm', 'union')} less generation"
+
+
 def level_grind(before: dict, after: dict) -> str:
     """The shard level strangers ground a node into, before the rule and after, and in how many seeds."""
     reached = max(s["deepest_level_attack"] for s in before["summary"])
@@ -338,6 +362,14 @@ RESULTS = [
         (SPEC, specialist_union),
         (SPEC, lambda d: f"at {100 * (1 - arm(d, SPEC_SWARM)['tokens_per_node'] / arm(d, SPEC_UNION)['tokens_per_node']):.0f}% "
                          "fewer generated tokens")]),
+    ("four SmolLM2-135M owners, each drawing one family of four", [
+        (OWNERS, lambda d: f"({d['rounds']} rounds, {the(r['seeds'] for r in d['comparisons'] if r['arm'] == 'swarm')} seeds;"),
+        (OWNERS, owners_added),
+        (OWNERS, lambda d: f"never draws {owners_gap(d, 'swarm', 'alone')} over it alone "
+                           f"(greedy {owners_gap(d, 'swarm', 'alone', 'greedy')}); its own family {owners_gap(d, 'swarm', 'alone', endpoint='own')}"),
+        (OWNERS, lambda d: f"at 4 groups a round {owners_gap(d, 'swarm', 'union')}, at {owners_fewer(d, 'swarm', 'union')} fewer generated tokens"),
+        (OWNERS, lambda d: f"at 2 groups a round ({owners_fewer(d, 'union_tokens', 'swarm')} fewer tokens than the swarm) "
+                           f"{owners_gap(d, 'swarm', 'union_tokens')}")]),
     ("SmolLM2-135M silo, LoRA on an NF4 base vs full fine-tuning", [
         (NF4, lambda d: f"held-out {arm(d, 'smollm2-nf4 4/0')['eval_first']:.3f} -> {arm(d, 'smollm2-nf4 4/0')['eval_last']:.3f} vs "
                         f"{arm(d, 'smollm2 4/0')['eval_first']:.3f} -> {arm(d, 'smollm2 4/0')['eval_last']:.3f}"),
