@@ -200,7 +200,7 @@ def test_a_stopped_run_is_not_saved_and_a_failed_one_is_saved_marked_as_failed_w
 
     per_node = [{"name": f"node{k}", "companion": False, "exit_code": 0} for k in range(2)]
     monkeypatch.setattr(driver, "run", lambda *a, **k: {"per_node": per_node, "stopped": stopped, "failed": failed})
-    args = Namespace(out=tmp_path, nodes=2, rounds=2, eval_every=1, accept_license=[])
+    args = Namespace(out=tmp_path, nodes=2, rounds=2, eval_every=1, accept_license=[], products="auto")
     cfg = Config("homogeneous", 4, 4, "signal")
     log = tmp_path / "log.txt"
     if stopped:
@@ -412,7 +412,7 @@ def test_a_finished_runs_checkpoints_are_deleted_once_its_result_is_saved_and_a_
     (checkpoints / "model.safetensors").write_bytes(b"weights")
     monkeypatch.setattr(driver, "run", lambda *a, **k: {"per_node": per_node, "stopped": False, "failed": failed})
     monkeypatch.setattr(driver, "node_record", lambda folder, summary: {"name": summary["name"]})
-    driver.run_one(cfg, 0, Namespace(out=tmp_path, nodes=1, rounds=2, eval_every=1, accept_license=[]), Console(file=open(tmp_path / "log", "w")))
+    driver.run_one(cfg, 0, Namespace(out=tmp_path, nodes=1, rounds=2, eval_every=1, accept_license=[], products="auto"), Console(file=open(tmp_path / "log", "w")))
     assert (seed_dir / "result.json").exists()
     assert checkpoints.exists() == bool(failed)  # a failed run resumes from them
 
@@ -450,7 +450,7 @@ def test_the_gemma_grid_pairs_each_family_with_its_own_silo_node_and_accepts_its
     for accepted in ([], ["gemma"]):
         with pytest.raises(SystemExit, match="stopped during"):
             driver.run_one(grids.grid([], "gemma")[1], 0, Namespace(out=tmp_path, nodes=2, rounds=2, eval_every=1,
-                                                                            accept_license=accepted), Console(file=None))
+                                                                            accept_license=accepted, products="auto"), Console(file=None))
     assert "--model.accept_license" not in seen[0].extra
     assert seen[1].extra[seen[1].extra.index("--model.accept_license") + 1] == "gemma"
     assert [seen[1].node_rounds(k) for k in range(2)] == [2, 4]  # SmolLM2, twice as fast, shares the whole run
@@ -532,3 +532,24 @@ def test_a_run_that_never_started_is_left_alone(tmp_path):
 
     assert driver.in_step(tmp_path / "x" / "seed0", Console(file=open(tmp_path / "log", "w")), "x") is None
     assert not (tmp_path / "x").exists()
+
+
+def test_products_pin_both_users_of_bfloat16_on_every_node_and_each_node_records_what_its_plan_resolved(tmp_path, monkeypatch):
+    from argparse import Namespace
+
+    from rich.console import Console
+
+    seen = []
+    monkeypatch.setattr(driver, "run", lambda spec, **k: seen.append(spec) or {"per_node": [], "stopped": True})
+    for products in ("auto", "model", "bfloat16"):
+        with pytest.raises(SystemExit, match="stopped during"):
+            driver.run_one(Config("owners", 2, 2, "guarded"), 0, Namespace(out=tmp_path / products, nodes=4, rounds=2, eval_every=1,
+                                                                          accept_license=[], products=products), Console(file=None))
+    pinned = [{flag: spec.extra[spec.extra.index(flag) + 1] for flag in ("--generation.sampling_dtype", "--grpo.compute_dtype")
+               if flag in spec.extra} for spec in seen]
+    assert pinned == [{}, {"--generation.sampling_dtype": "model", "--grpo.compute_dtype": "model"},
+                      {"--generation.sampling_dtype": "bfloat16", "--grpo.compute_dtype": "bfloat16"}]
+    # "model" is recorded as the weights' own dtype, so runs on machines that resolved it alike compare equal
+    assert driver.products({"dtype": "float32", "sampling_dtype": "model", "compute_dtype": "bfloat16"}) == {
+        "sampling_dtype": "float32", "compute_dtype": "bfloat16"}
+    assert driver.products({"summary": "older plan"}) == {"sampling_dtype": None, "compute_dtype": None}

@@ -98,3 +98,27 @@ def test_a_familys_question_space_is_estimated_from_its_distinct_questions():
     assert (small["distinct"], small["space"]) == (25, 25)
     large = owners.question_space({"name": "arith", "config": {"max_operand": 99, "ops": "+"}}, draws=2000)
     assert 5000 < large["space"] < 20000  # 10,000 questions, most draws distinct
+
+
+def test_a_seed_whose_two_runs_ran_other_numerics_is_left_out_of_their_comparison_and_time_is_kept_by_numerics(tmp_path):
+    """Each machine's plan picks bfloat16 products or not: a pair across machines would measure the machine too."""
+    for seed in (0, 1):
+        for arm in ("alone", "swarm", "swarm_3_1"):
+            run = fake_run(arm, seed, 0.5 if arm != "alone" else 0.3, 0.6)
+            dtype = "float32" if (arm, seed) == ("swarm_3_1", 1) else "bfloat16"
+            for n in run["nodes"]:
+                n["timing"] |= {"sampling_dtype": dtype, "compute_dtype": dtype}
+                n["seconds"] = 300.0 if dtype == "float32" else 100.0
+            folder = tmp_path / driver.slug(owners.ARMS[arm]) / f"seed{seed}"
+            folder.mkdir(parents=True)
+            (folder / "result.json").write_text(json.dumps(run))
+    result = owners.report(tmp_path, Console(file=open(tmp_path / "log.txt", "w"), width=200))
+    rows = {(r["arm"], r["against"], r["measure"], r["endpoint"]): r for r in result["comparisons"]}
+    assert rows["swarm", "alone", "expected", "taught"]["paired_seeds"] == [0, 1]
+    dose = rows["swarm_3_1", "alone", "expected", "taught"]
+    assert dose["paired_seeds"] == [0] and dose["left_out"] == ["seed 1: float32 against bfloat16"]
+    three_one = [r for r in result["levels"] if r["arm"] == "swarm_3_1"][0]
+    assert three_one["numerics"] == {"bfloat16": [0], "float32": [1]}
+    assert three_one["seconds_per_node"] == {"bfloat16": 100.0, "float32": 300.0}
+    assert "Left out, ran on other numerics: swarm_3_1 against alone: seed 1: float32 against bfloat16." in (
+        tmp_path / "owners.md").read_text()

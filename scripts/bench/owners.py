@@ -89,19 +89,32 @@ def seed_gaps(ours: dict, theirs: dict, measure: str) -> dict[str, float]:
     return gaps
 
 
+def numerics(run: dict) -> str:
+    """The dtype of a run's matrix products, sampling and training (`sapo_experiment.py --products`): each machine's
+    plan picks it, and a pair of runs compared on other numerics would measure the machine as well as the arm."""
+    found = {(n["timing"].get("sampling_dtype"), n["timing"].get("compute_dtype")) for n in run["nodes"] if n.get("timing")}
+    if len(found) != 1:
+        return "mixed" if found else "unrecorded"
+    ((sampling, training),) = found
+    return str(sampling) if sampling == training else f"sampling {sampling}, training {training}"
+
+
 def comparisons(runs: dict[str, dict[int, dict]]) -> list[dict]:
-    """Each comparison, measure and endpoint: the gap's mean, interval, detectable effect and per-seed values."""
+    """Each comparison, measure and endpoint: the gap's mean, interval, detectable effect and per-seed values, over
+    the seeds whose two runs share their numerics (the rest listed as left out)."""
     rows = []
     for ours, theirs in COMPARISONS:
-        seeds = sorted(set(runs[ours]) & set(runs[theirs]))
+        both = sorted(set(runs[ours]) & set(runs[theirs]))
+        seeds = [s for s in both if numerics(runs[ours][s]) == numerics(runs[theirs][s])]
+        left_out = [f"seed {s}: {numerics(runs[ours][s])} against {numerics(runs[theirs][s])}" for s in both if s not in seeds]
         if not seeds:
             continue
         for measure in MEASURES:
             per_seed = [seed_gaps(runs[ours][s], runs[theirs][s], measure) for s in seeds]
             for endpoint in ["taught", *FAMILIES, "own"]:
                 values = [g[endpoint] for g in per_seed]
-                rows.append({"arm": ours, "against": theirs, "measure": measure, "endpoint": endpoint, "seeds": seeds,
-                             "per_seed": values, **gap_stats(values)})
+                rows.append({"arm": ours, "against": theirs, "measure": measure, "endpoint": endpoint,
+                             "paired_seeds": seeds, "left_out": left_out, "per_seed": values, **gap_stats(values)})
     return rows
 
 
@@ -123,20 +136,27 @@ def levels(runs: dict[str, dict[int, dict]]) -> list[dict]:
 
 
 def costs(runs: list[dict]) -> dict:
-    """One arm's starting accuracy, tokens generated, evaluation questions passed over and wall seconds per node, and
-    memory: the largest peak of one node against its plan, and the largest sum of one run's four peaks (an upper
-    bound on the machine's, since the peaks need not coincide)."""
+    """One arm's starting accuracy, tokens generated, evaluation questions passed over, `times`, and memory: the
+    largest peak of one node against its plan, and the largest sum of one run's four peaks (an upper bound on the
+    machine's, since the peaks need not coincide)."""
     nodes = [n for r in runs for n in r["nodes"]]
     row = {name: mean([n[key] for n in nodes]) for name, key in (
-        ("start_expected", "expected_first"), ("start_greedy", "eval_first"),
-        ("tokens_per_node", "tokens_generated"), ("seconds_per_node", "seconds"))}
-    row["wall_seconds"] = mean([r["wall_seconds"] for r in runs])
+        ("start_expected", "expected_first"), ("start_greedy", "eval_first"), ("tokens_per_node", "tokens_generated"))}
+    row |= times(runs)
     row["peak_gb_per_node"] = max(n["timing"]["peak_gb"] for n in nodes)
     row["planned_gb_per_node"] = max(n["timing"]["planned_peak_gb"] for n in nodes)
     row["peak_gb_sum"] = max(sum(n["timing"]["peak_gb"] for n in r["nodes"]) for r in runs)
     skipped = [n.get("held_out_skipped") for n in nodes]
     row["held_out_skipped_per_node"] = None if None in skipped else mean(skipped)
     return row
+
+
+def times(runs: list[dict]) -> dict:
+    """One arm's seeds, and its seconds per node and wall seconds, by numerics: time depends on the machine."""
+    by_numerics = {label: [r for r in runs if numerics(r) == label] for label in sorted({numerics(r) for r in runs})}
+    return {"numerics": {label: sorted(r["seed"] for r in rs) for label, rs in by_numerics.items()},
+            "seconds_per_node": {label: mean([n["seconds"] for r in rs for n in r["nodes"]]) for label, rs in by_numerics.items()},
+            "wall_seconds": {label: mean([r["wall_seconds"] for r in rs]) for label, rs in by_numerics.items()}}
 
 
 def thirds(rounds: int) -> list[range]:
@@ -204,17 +224,24 @@ def optional(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def by_numerics(values: dict, show) -> str:
+    """A figure kept by numerics, as `3 (bfloat16), 2 (float32)`."""
+    return ", ".join(f"{show(v)} ({label})" for label, v in values.items())
+
+
 def markdown(result: dict) -> str:
     lines = ["| arm | vs | measure | endpoint | gap (95% CI) | per seed |", "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['arm']} | {r['against']} | {r['measure']} | {r['endpoint']} | {held_out_gap(r)} | "
               f"{' '.join(f'{v:+.3f}' for v in r['per_seed'])} |" for r in result["comparisons"]]
-    lines += ["", "| arm | seeds | expected: start -> never drawn / own | greedy: start -> never drawn / own | tokens per node "
+    left_out = {f"{r['arm']} against {r['against']}: {', '.join(r['left_out'])}" for r in result["comparisons"] if r["left_out"]}
+    lines += ["", *(f"Left out, ran on other numerics: {said}." for said in sorted(left_out))] if left_out else []
+    lines += ["", "| arm | seeds (numerics) | expected: start -> never drawn / own | greedy: start -> never drawn / own | tokens per node "
               "| evaluation questions passed over per node | seconds per node | peak / planned GB per node | peaks summed, GB |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['arm']} | {len(r['seeds'])} | {r['start_expected']:.3f} -> {r['expected_never_drawn']:.3f} / "
+    lines += [f"| {r['arm']} | {by_numerics(r['numerics'], lambda seeds: str(len(seeds)))} | {r['start_expected']:.3f} -> {r['expected_never_drawn']:.3f} / "
               f"{r['expected_own']:.3f} | {r['start_greedy']:.3f} -> {r['greedy_never_drawn']:.3f} / {r['greedy_own']:.3f} | "
               f"{r['tokens_per_node']:,.0f} | {optional(r['held_out_skipped_per_node'])} | "
-              f"{r['seconds_per_node']:.0f} | {r['peak_gb_per_node']:.2f} / "
+              f"{by_numerics(r['seconds_per_node'], lambda v: f'{v:,.0f}')} | {r['peak_gb_per_node']:.2f} / "
               f"{r['planned_gb_per_node']:.2f} | {r['peak_gb_sum']:.1f} |" for r in result["levels"]]
     lines += ["", "| arm | node (owns) | peers' groups taken, by family: per third of the run | inspected per third | "
               "unused per third, by reason |", "| --- | --- | --- | --- | --- |"]

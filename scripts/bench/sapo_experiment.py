@@ -18,7 +18,9 @@ whatever has finished into `results.json`, the tables and the figure, which is d
 
 Cumulative reward is the sum over rounds of a node's mean reward on its own completions, averaged over the nodes;
 runs that start from one model share its round-0 evaluation (kept in OUT/eval-cache). On a GPU the real-model grid
-takes the paper's round of 8 groups, and `--first-seed` lets one process per arm and seed share one card.
+takes the paper's round of 8 groups, and `--first-seed` lets one process per arm and seed share one card. Each
+machine's plan picks the nodes' numerics (bfloat16 products only on a CPU with bfloat16 matrix instructions), so a
+grid run on more than one kind of machine pins them with `--products` and keeps each seed's arms on one setting.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ from trainer.presets import ensure
 from trainer.pretrained import TERMS, unaccepted_terms
 
 G = 8  # completions per group (the node default)
+# --products: the node flags that pin both users of bfloat16 products (trainer/precision.py), or none for each plan's
+PRODUCTS = {"auto": [], **{dtype: ["--generation.sampling_dtype", dtype, "--grpo.compute_dtype", dtype] for dtype in ("model", "bfloat16")}}
 
 
 def slug(name: str) -> str:
@@ -65,7 +69,7 @@ def node_record(node_dir: Path, summary: dict) -> dict:
     kept = ("round_s", "generate_s", "train_s", "push_s", "peak_gb", "planned_peak_gb", "verdict")
     return {
         "timing": None if timing is None else {**{k: timing[k] for k in kept}, "device": timing["plan"]["device"],
-                                               "plan": timing["plan"]["summary"]},
+                                               "plan": timing["plan"]["summary"], **products(timing["plan"])},
         **{k: summary[k] for k in ("name", "model", "companion", "exit_code", "cumulative_reward", "tokens_generated", "seconds",
                                    "external_used", "external_inspected", "external_informative", "local_groups",
                                    "local_informative")},
@@ -84,6 +88,12 @@ def node_record(node_dir: Path, summary: dict) -> dict:
                    **{key: [r.get(key) for r in trained] for key in ("external_families", "external_inspected",
                                                                       "external_dropped", "support_cutoff")}},
     }
+
+
+def products(plan: dict) -> dict:
+    """The dtypes the node's plan resolved for its sampling and its training step's matrix products (`--products`),
+    "model" read as the weights' own: runs paired by seed must compare the same numerics."""
+    return {key: plan["dtype"] if plan.get(key) == "model" else plan.get(key) for key in ("sampling_dtype", "compute_dtype")}
 
 
 def dose_record(trained: list[dict]) -> dict:
@@ -142,6 +152,7 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
     spec = SwarmSpec(nodes=args.nodes, rounds=args.rounds, local=cfg.local, external=cfg.external, presets=bed["presets"],
                      out=out, seed=100 * seed, extra=[*cfg.node_args(args.rounds, args.eval_every), *bed.get("extra", []),
                                                       "--run.eval_cache_dir", str((args.out / "eval-cache").resolve()),
+                                                      *PRODUCTS[args.products],
                                                       *(["--model.accept_license", ",".join(args.accept_license)]
                                                         if args.accept_license else [])],
                      task_mixes=bed["task_mixes"], companions=bed.get("companions", []),
@@ -155,6 +166,7 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
         raise SystemExit(f"sapo_experiment: stopped during {cfg.name} seed {seed}; finished runs are kept under {args.out}")
     result = {"config": cfg.name, **asdict(cfg), "seed": seed, "nodes_n": args.nodes, "rounds": args.rounds, **bed,
               "wall_seconds": time.time() - t0, "resumed_from_round": resumed_from, "cpus": os.cpu_count(),
+              "products": args.products,
               "failed": summary["failed"]}
     if summary["failed"]:
         for why in summary["failed"]:
@@ -179,6 +191,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--first-seed", type=int, default=0, help="run seeds K .. K + seeds - 1 (grids split across processes)")
     p.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES, help="sampling rules of the paper's and "
                    "the real grid's swarm arms")
+    p.add_argument("--products", choices=PRODUCTS, default="auto", help="the nodes' matrix products, sampling and "
+                   "training: auto (each machine's plan: bfloat16 on a CPU with bfloat16 matrix instructions, else the "
+                   "weights' float32), model (the weights' own dtype on every machine) or bfloat16; a grid split across "
+                   "machines keeps each seed's arms on one (default auto)")
     p.add_argument("--only", nargs="+", metavar="CONFIG", help="run only these arms (names as in the table)")
     p.add_argument("--report", action="store_true", help="merge the finished runs under --out; run nothing")
     p.add_argument("--resume", action="store_true", help="continue the grid under --out: skip finished runs, continue "
