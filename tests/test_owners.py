@@ -100,7 +100,7 @@ def test_a_familys_question_space_is_estimated_from_its_distinct_questions():
     assert 5000 < large["space"] < 20000  # 10,000 questions, most draws distinct
 
 
-def test_a_seed_whose_two_runs_ran_other_numerics_is_left_out_of_their_comparison_and_time_is_kept_by_numerics(tmp_path):
+def test_a_seed_whose_two_runs_ran_other_numerics_is_left_out_of_their_comparison_and_levels_are_kept_by_numerics(tmp_path):
     """Each machine's plan picks bfloat16 products or not: a pair across machines would measure the machine too."""
     for seed in (0, 1):
         for arm in ("alone", "swarm", "swarm_3_1"):
@@ -117,8 +117,23 @@ def test_a_seed_whose_two_runs_ran_other_numerics_is_left_out_of_their_compariso
     assert rows["swarm", "alone", "expected", "taught"]["paired_seeds"] == [0, 1]
     dose = rows["swarm_3_1", "alone", "expected", "taught"]
     assert dose["paired_seeds"] == [0] and dose["left_out"] == ["seed 1: float32 against bfloat16"]
-    three_one = [r for r in result["levels"] if r["arm"] == "swarm_3_1"][0]
-    assert three_one["numerics"] == {"bfloat16": [0], "float32": [1]}
-    assert three_one["seconds_per_node"] == {"bfloat16": 100.0, "float32": 300.0}
+    three_one = {r["numerics"]: (r["seeds"], r["seconds_per_node"]) for r in result["levels"] if r["arm"] == "swarm_3_1"}
+    assert three_one == {"bfloat16": ([0], 100.0), "float32": ([1], 300.0)}
+    assert dose["tokens_per_node"] == {"ours": 1000.0, "theirs": 1000.0}
     assert "Left out, ran on other numerics: swarm_3_1 against alone: seed 1: float32 against bfloat16." in (
         tmp_path / "owners.md").read_text()
+
+
+def test_the_kept_round_0_evaluation_is_the_one_every_float32_run_started_from():
+    """docs/bench/owners-2cpu/eval-cache holds the float32 round-0 evaluation a fresh checkout reuses: it must be the
+    one the grid's float32 runs recorded, every node of every arm."""
+    from tests.conftest import ROOT
+
+    grid = ROOT / "docs" / "bench" / "owners-2cpu"
+    (kept,) = [json.loads(p.read_text()) for p in (grid / "eval-cache").glob("*.json")]
+    started = [(n["eval_first"], n["eval_by_dataset_first"], n["expected_first"], n["expected_by_dataset_first"])
+               for by_seed in owners.load(grid).values() for run in by_seed.values() if owners.numerics(run) == "float32"
+               for n in run["nodes"]]
+    same = lambda record: json.dumps(record, sort_keys=True)  # noqa: E731
+    assert started and set(map(same, started)) == {
+        same((kept["accuracy"], kept["by_dataset"], kept["expected"], kept["expected_by_dataset"]))}

@@ -32,7 +32,8 @@ NOT_RUN = {
     "(half an hour); tests/test_recipes.py and tests/test_watch.py check what they rest on",
     ".venv/bin/python scripts/bench/bench_logprobs.py": "benchmark: minutes on the real model",
     ".venv/bin/python scripts/bench/sapo_experiment.py": "experiment: hours; tests/test_experiment.py runs its machinery",
-    "mkdir -p runs/owners/eval-cache": "the four-owner grid's start, before hours of runs",
+    "mkdir -p runs/owners/eval-cache": "the four-owner grid's start, before hours of runs; tests/test_owners.py checks the "
+    "kept evaluation is the one every float32 run of the grid started from",
     ".venv/bin/python scripts/bench/bench_gossip.py": "benchmark: minutes",
     ".venv/bin/python scripts/bench/simulate_swarm.py": "simulation: minutes; tests/test_shards.py runs it at 8 and 100 nodes",
     ".venv/bin/python scripts/bench/bench_churn.py": "benchmark: 13 minutes; tests/test_churn.py runs it for 2 minutes",

@@ -257,14 +257,12 @@ def owners_gap(d: dict, arm: str, against: str, measure: str = "expected", endpo
     return held_out_gap(row)
 
 
-def owners_level(d: dict, arm: str) -> dict:
-    (row,) = [r for r in d["levels"] if r["arm"] == arm]
-    return row
-
-
 def owners_fewer(d: dict, arm: str, than: str) -> str:
-    """How many fewer tokens a node of `arm` generated than one of `than`, in percent."""
-    return f"{100 * (1 - owners_level(d, arm)['tokens_per_node'] / owners_level(d, than)['tokens_per_node']):.0f}%"
+    """How many fewer tokens a node of `arm` generated than one of `than`, in percent, over the seeds they pair on."""
+    (row,) = [r for r in d["comparisons"] if (r["measure"], r["endpoint"]) == ("expected", "taught")
+              and {r["arm"], r["against"]} == {arm, than}]
+    mine, other = (row["tokens_per_node"]["ours"], row["tokens_per_node"]["theirs"])[::1 if row["arm"] == arm else -1]
+    return f"{100 * (1 - mine / other):.0f}%"
 
 
 def owners_added(d: dict) -> str:

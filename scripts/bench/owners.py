@@ -101,7 +101,7 @@ def numerics(run: dict) -> str:
 
 def comparisons(runs: dict[str, dict[int, dict]]) -> list[dict]:
     """Each comparison, measure and endpoint: the gap's mean, interval, detectable effect and per-seed values, over
-    the seeds whose two runs share their numerics (the rest listed as left out)."""
+    the seeds whose two runs share their numerics (the rest listed as left out), and both arms' tokens per node there."""
     rows = []
     for ours, theirs in COMPARISONS:
         both = sorted(set(runs[ours]) & set(runs[theirs]))
@@ -109,54 +109,50 @@ def comparisons(runs: dict[str, dict[int, dict]]) -> list[dict]:
         left_out = [f"seed {s}: {numerics(runs[ours][s])} against {numerics(runs[theirs][s])}" for s in both if s not in seeds]
         if not seeds:
             continue
+        tokens = {side: mean([n["tokens_generated"] for s in seeds for n in runs[arm][s]["nodes"]])
+                  for side, arm in (("ours", ours), ("theirs", theirs))}
         for measure in MEASURES:
             per_seed = [seed_gaps(runs[ours][s], runs[theirs][s], measure) for s in seeds]
             for endpoint in ["taught", *FAMILIES, "own"]:
                 values = [g[endpoint] for g in per_seed]
                 rows.append({"arm": ours, "against": theirs, "measure": measure, "endpoint": endpoint,
-                             "paired_seeds": seeds, "left_out": left_out, "per_seed": values, **gap_stats(values)})
+                             "paired_seeds": seeds, "left_out": left_out, "tokens_per_node": tokens, "per_seed": values,
+                             **gap_stats(values)})
     return rows
 
 
 def levels(runs: dict[str, dict[int, dict]]) -> list[dict]:
     """Each arm's accuracy on never-drawn families and on its own, at the end (mean over seeds), with what it cost
-    (`costs`)."""
+    (`costs`): one row per arm and numerics, since both depend on the machine's."""
     rows = []
     for arm, by_seed in runs.items():
-        if not by_seed:
-            continue
-        row = {"arm": arm, "seeds": sorted(by_seed)}
-        for measure in MEASURES:
-            taught = [mean([accuracy(r, k, f, measure) for k in range(len(FAMILIES)) for f in FAMILIES if FAMILIES[k] != f])
-                      for r in by_seed.values()]
-            own = [mean([accuracy(r, k, FAMILIES[k], measure) for k in range(len(FAMILIES))]) for r in by_seed.values()]
-            row[f"{measure}_never_drawn"], row[f"{measure}_own"] = mean(taught), mean(own)
-        rows.append(row | costs(list(by_seed.values())))
+        for label in sorted({numerics(r) for r in by_seed.values()}):
+            alike = [r for r in by_seed.values() if numerics(r) == label]
+            row = {"arm": arm, "numerics": label, "seeds": sorted(r["seed"] for r in alike)}
+            for measure in MEASURES:
+                taught = [mean([accuracy(r, k, f, measure) for k in range(len(FAMILIES)) for f in FAMILIES if FAMILIES[k] != f])
+                          for r in alike]
+                own = [mean([accuracy(r, k, FAMILIES[k], measure) for k in range(len(FAMILIES))]) for r in alike]
+                row[f"{measure}_never_drawn"], row[f"{measure}_own"] = mean(taught), mean(own)
+            rows.append(row | costs(alike))
     return rows
 
 
 def costs(runs: list[dict]) -> dict:
-    """One arm's starting accuracy, tokens generated, evaluation questions passed over, `times`, and memory: the
-    largest peak of one node against its plan, and the largest sum of one run's four peaks (an upper bound on the
+    """Runs' starting accuracy, tokens generated, evaluation questions passed over and seconds per node, and memory:
+    the largest peak of one node against its plan, and the largest sum of one run's four peaks (an upper bound on the
     machine's, since the peaks need not coincide)."""
     nodes = [n for r in runs for n in r["nodes"]]
     row = {name: mean([n[key] for n in nodes]) for name, key in (
-        ("start_expected", "expected_first"), ("start_greedy", "eval_first"), ("tokens_per_node", "tokens_generated"))}
-    row |= times(runs)
+        ("start_expected", "expected_first"), ("start_greedy", "eval_first"), ("tokens_per_node", "tokens_generated"),
+        ("seconds_per_node", "seconds"))}
+    row["wall_seconds"] = mean([r["wall_seconds"] for r in runs])
     row["peak_gb_per_node"] = max(n["timing"]["peak_gb"] for n in nodes)
     row["planned_gb_per_node"] = max(n["timing"]["planned_peak_gb"] for n in nodes)
     row["peak_gb_sum"] = max(sum(n["timing"]["peak_gb"] for n in r["nodes"]) for r in runs)
     skipped = [n.get("held_out_skipped") for n in nodes]
     row["held_out_skipped_per_node"] = None if None in skipped else mean(skipped)
     return row
-
-
-def times(runs: list[dict]) -> dict:
-    """One arm's seeds, and its seconds per node and wall seconds, by numerics: time depends on the machine."""
-    by_numerics = {label: [r for r in runs if numerics(r) == label] for label in sorted({numerics(r) for r in runs})}
-    return {"numerics": {label: sorted(r["seed"] for r in rs) for label, rs in by_numerics.items()},
-            "seconds_per_node": {label: mean([n["seconds"] for r in rs for n in r["nodes"]]) for label, rs in by_numerics.items()},
-            "wall_seconds": {label: mean([r["wall_seconds"] for r in rs]) for label, rs in by_numerics.items()}}
 
 
 def thirds(rounds: int) -> list[range]:
@@ -224,11 +220,6 @@ def optional(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def by_numerics(values: dict, show) -> str:
-    """A figure kept by numerics, as `3 (bfloat16), 2 (float32)`."""
-    return ", ".join(f"{show(v)} ({label})" for label, v in values.items())
-
-
 def markdown(result: dict) -> str:
     lines = ["| arm | vs | measure | endpoint | gap (95% CI) | per seed |", "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['arm']} | {r['against']} | {r['measure']} | {r['endpoint']} | {held_out_gap(r)} | "
@@ -238,10 +229,10 @@ def markdown(result: dict) -> str:
     lines += ["", "| arm | seeds (numerics) | expected: start -> never drawn / own | greedy: start -> never drawn / own | tokens per node "
               "| evaluation questions passed over per node | seconds per node | peak / planned GB per node | peaks summed, GB |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['arm']} | {by_numerics(r['numerics'], lambda seeds: str(len(seeds)))} | {r['start_expected']:.3f} -> {r['expected_never_drawn']:.3f} / "
+    lines += [f"| {r['arm']} | {len(r['seeds'])} ({r['numerics']}) | {r['start_expected']:.3f} -> {r['expected_never_drawn']:.3f} / "
               f"{r['expected_own']:.3f} | {r['start_greedy']:.3f} -> {r['greedy_never_drawn']:.3f} / {r['greedy_own']:.3f} | "
               f"{r['tokens_per_node']:,.0f} | {optional(r['held_out_skipped_per_node'])} | "
-              f"{by_numerics(r['seconds_per_node'], lambda v: f'{v:,.0f}')} | {r['peak_gb_per_node']:.2f} / "
+              f"{r['seconds_per_node']:,.0f} | {r['peak_gb_per_node']:.2f} / "
               f"{r['planned_gb_per_node']:.2f} | {r['peak_gb_sum']:.1f} |" for r in result["levels"]]
     lines += ["", "| arm | node (owns) | peers' groups taken, by family: per third of the run | inspected per third | "
               "unused per third, by reason |", "| --- | --- | --- | --- | --- |"]
