@@ -252,9 +252,13 @@ def specialist_union(d: dict) -> str:
     return f"A's products {gaps(u)}: {clear(statistics.mean(u), ci95(u), 'no difference detected', 'a difference')} (detectable {mde(u):.2f})"
 
 
-def owners_gap(d: dict, arm: str, against: str, measure: str = "expected", endpoint: str = "taught") -> str:
+def owners_row(d: dict, arm: str, against: str, measure: str = "expected", endpoint: str = "taught") -> dict:
     (row,) = [r for r in d["comparisons"] if (r["arm"], r["against"], r["measure"], r["endpoint"]) == (arm, against, measure, endpoint)]
-    return held_out_gap(row)
+    return row
+
+
+def owners_gap(d: dict, *which: str, **named: str) -> str:
+    return held_out_gap(owners_row(d, *which, **named))
 
 
 def owners_fewer(d: dict, arm: str, than: str) -> str:
@@ -267,8 +271,8 @@ def owners_fewer(d: dict, arm: str, than: str) -> str:
 
 def owners_added(d: dict) -> str:
     """The one-sentence verdict: the swarm against the union silo that trains on every family at the same groups."""
-    (row,) = [r for r in d["comparisons"] if (r["arm"], r["against"], r["measure"], r["endpoint"]) == ("swarm", "union", "expected", "taught")]
-    verdict = ("about as much as" if abs(row["gap"]) < row["ci95"] else "more than" if row["gap"] > 0 else "less than")
+    row = owners_row(d, "swarm", "union")
+    verdict = clear(row["gap"], row["ci95"], "about as much as", "more than" if row["gap"] > 0 else "less than")
     return f"sharing taught each owner {verdict} training on all four families itself, from {owners_fewer(d, 'swarm', 'union')} less generation"
 
 

@@ -104,9 +104,9 @@ def comparisons(runs: dict[str, dict[int, dict]]) -> list[dict]:
     the seeds whose two runs share their numerics (the rest listed as left out), and both arms' tokens per node there."""
     rows = []
     for ours, theirs in COMPARISONS:
-        both = sorted(set(runs[ours]) & set(runs[theirs]))
-        seeds = [s for s in both if numerics(runs[ours][s]) == numerics(runs[theirs][s])]
-        left_out = [f"seed {s}: {numerics(runs[ours][s])} against {numerics(runs[theirs][s])}" for s in both if s not in seeds]
+        pairs = {s: (numerics(runs[ours][s]), numerics(runs[theirs][s])) for s in sorted(set(runs[ours]) & set(runs[theirs]))}
+        seeds = [s for s, (a, b) in pairs.items() if a == b]
+        left_out = [f"seed {s}: {a} against {b}" for s, (a, b) in pairs.items() if a != b]
         if not seeds:
             continue
         tokens = {side: mean([n["tokens_generated"] for s in seeds for n in runs[arm][s]["nodes"]])
