@@ -94,7 +94,8 @@ def test_a_run_from_the_same_model_reuses_its_starting_evaluation_and_trains_the
     """An experiment's arms share a base model: with run.eval_cache_dir the second run skips round 0's evaluation
     and its metrics are the first run's; a different evaluation set is measured anew."""
     cache = tmp_path / "evals"
-    common = ("--tasks.eval_samples", "2", "--run.eval_cache_dir", str(cache))
+    pinned = ("--tasks.eval_samples", "2", "--run.torch_threads", "1")  # the thread governor follows the machine's load
+    common = (*pinned, "--run.eval_cache_dir", str(cache))
     assert main(run_args(cache_dir, tmp_path / "first", 2, *common)) == 0
     assert len(list(cache.glob("*.json"))) == 1
     measured = []
@@ -102,7 +103,7 @@ def test_a_run_from_the_same_model_reuses_its_starting_evaluation_and_trains_the
                         or original(self, cancel))
     assert main(run_args(cache_dir, tmp_path / "second", 2, *common)) == 0
     assert measured == [2]  # the last round's model is new: it is measured
-    assert main(run_args(cache_dir, tmp_path / "uncached", 2, "--tasks.eval_samples", "2")) == 0  # measures 0 and 2
+    assert main(run_args(cache_dir, tmp_path / "uncached", 2, *pinned)) == 0  # measures 0 and 2
 
     def trajectory(out):  # what the model did, to float noise; not the clock or the memory it took
         return [{k: float(f"{v:.5g}") if isinstance(v, float) else v for k, v in r.items()
