@@ -65,6 +65,18 @@ class Node:
         """Every round it wrote, its rotated archives included (a soak of hours rotates the file)."""
         return MetricsLog(self.out / "metrics.jsonl").rows()
 
+    def trained_since(self, t: float) -> bool:
+        """Whether the live metrics file's last line is a round written since `t` (read from its tail: a soak's file
+        can be megabytes; a file just rotated is empty until the next round)."""
+        path = self.out / "metrics.jsonl"
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, path.stat().st_size - 65536))
+                row = json.loads(f.read().rstrip().rsplit(b"\n", 1)[-1])
+        except (OSError, ValueError):
+            return False
+        return isinstance(row, dict) and row.get("round", 0) > 0 and row.get("time", 0) >= t
+
     def checkpoint_round(self) -> int:
         done = [int(p.name.split("-")[1]) for p in (self.out / "checkpoints").glob("round-*") if p.name[6:].isdigit()]
         return max(done, default=0)

@@ -2,7 +2,8 @@
 stretches, each process watched for growth.
 
 Phases of --phase seconds repeat, by default in this order: calm (nothing happens), churn (one of the churned
-nodes SIGKILLed and restarted every --kill-every seconds, same --out: same key, same checkpoints), churn with a
+nodes SIGKILLed and restarted every --kill-every seconds, same --out: same key, same checkpoints; never before the
+last one restarted has trained again, since on a loaded machine a start can outlast the period), churn with a
 stranger flooding junk, churn with a stranger sending the length flood (right answers padded to 2,000
 characters). --phases sets another cycle; `junk` and `length` flood without churn, so that `--phases calm length`
 alternates a flood with calm and the drift of a long run cancels in each cycle's ratio. The bootstrap-only node,
@@ -57,6 +58,7 @@ KINDS = (*PHASES, "junk", "length")  # a flood without churn: an A/B against cal
 SURVIVORS = 2  # nodes 0 and 1 are never killed
 DISK_EVERY_S = 60.0
 SAVE_EVERY_S = 300.0
+RESUME_WAIT_S = 120.0  # after the duration, how long the last restarted node has to resume
 BLOCK_S = 600.0  # slopes are fitted to block means: neighbouring samples are not independent
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
        15: 2.13, 20: 2.09, 30: 2.04}  # two-sided t by degrees of freedom (the nearest lower entry is used)
@@ -157,7 +159,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--phase", type=positive, default=600.0, help="seconds of each phase")
     p.add_argument("--phases", nargs="+", choices=KINDS, default=list(PHASES),
                    help="one cycle's phases, in order (default: %(default)s); `junk` and `length` flood without churn")
-    p.add_argument("--kill-every", type=positive, default=120.0, help="seconds between kills in a churn phase")
+    p.add_argument("--kill-every", type=positive, default=120.0, help="seconds between kills in a churn phase (a kill waits "
+                   "until the node restarted last has trained a round)")
     p.add_argument("--settle", type=bounded(float, ge=0), default=1800.0, help="seconds left out of the slopes")
     p.add_argument("--sample", type=positive, default=10.0, help="seconds between samples")
     p.add_argument("--smollm2", action="store_true", help="a SmolLM2-135M node for the whole second cycle")
@@ -239,9 +242,9 @@ class Soak:
                 phase = index
                 self._enter(phase, now)
                 next_kill = now + self.args.kill_every if self._kind(phase)[0].startswith("churn") else math.inf
-            if now >= next_kill:
+            if now >= next_kill and self._resumed():
                 self.restarts.append({**restart(self.nodes[SURVIVORS + turn % (len(self.nodes) - SURVIVORS)]), "phase": phase})
-                turn, next_kill = turn + 1, next_kill + self.args.kill_every
+                turn, next_kill = turn + 1, now + self.args.kill_every
             if now >= next_sample:
                 for n in self.procs():
                     n.sample(now)
@@ -252,6 +255,15 @@ class Soak:
                 next_save += SAVE_EVERY_S
             time.sleep(0.5)
         self.ended = time.time()
+        deadline = self.ended + RESUME_WAIT_S  # the last restart's resume is part of the record
+        while not self._resumed() and time.time() < deadline:
+            time.sleep(0.5)
+
+    def _resumed(self) -> bool:
+        """Whether the last restarted node has trained a round since: the next kill then hits a training node, not
+        one still importing torch (on a loaded machine a start can outlast --kill-every)."""
+        last = self.restarts[-1] if self.restarts else None
+        return last is None or self.nodes[last["node"]].trained_since(last["at"])
 
     def _enter(self, phase: int, now: float) -> None:
         """Start phase number `phase`: the flood of its kind, the bootstrap restart, the SmolLM2 node's turn."""
