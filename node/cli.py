@@ -313,7 +313,8 @@ def cmd_init_model(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sapo", description="SAPO swarm node: RL post-training that shares rollouts, not weights.")
+    parser = argparse.ArgumentParser(prog="sapo", description="SAPO swarm node: RL post-training that shares rollouts, not weights.",
+                                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a node: sample, score, train, share rollouts with the swarm, repeat",
@@ -377,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "(`sapo run --model tiny-a` uses seed 0)")
     init.set_defaults(func=cmd_init_model)
     for name, command in sub.choices.items():  # for the nearest flag to a misspelt one
+        command.allow_abbrev = False  # `--roun 3` is a misspelt flag to name, not --rounds
         command.set_defaults(command_flags=[f for action in command._actions for f in action.option_strings])
     return parser
 

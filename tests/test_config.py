@@ -126,6 +126,8 @@ def test_cli_reports_a_bad_env_value_with_status_2():
 @pytest.mark.parametrize("argv, line", [
     (["run", "--grpo.nope", "1"], "sapo: error: unknown flag --grpo.nope (sapo run --help lists them)"),
     (["run", "--roundz", "3"], "sapo: error: unknown flag --roundz (did you mean --rounds?)"),
+    (["run", "--roun", "3"], "sapo: error: unknown flag --roun (did you mean --rounds?)"),  # not taken as --rounds
+    (["swarm", "--node", "2"], "sapo: error: unknown flag --node (did you mean --nodes?)"),
     (["doctor", "--grpo.lrr=2"], "sapo: error: unknown flag --grpo.lrr=2 (did you mean --grpo.lr?)"),
     (["config", "stray"], "sapo: error: unknown argument stray (sapo config --help lists them)"),
 ])
