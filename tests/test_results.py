@@ -365,7 +365,9 @@ RESULTS = [
         (SPEC, lambda d: f"at {100 * (1 - arm(d, SPEC_SWARM)['tokens_per_node'] / arm(d, SPEC_UNION)['tokens_per_node']):.0f}% "
                          "fewer generated tokens")]),
     ("four SmolLM2-135M owners, each drawing one family of four", [
-        (OWNERS, lambda d: f"({d['rounds']} rounds, {the(r['seeds'] for r in d['comparisons'] if r['arm'] == 'swarm')} seeds;"),
+        (OWNERS, lambda d: f"({d['rounds']} rounds; {the(r['seeds'] for r in d['comparisons'] if r['arm'] == 'swarm' and r['against'] == 'alone')} "
+                           f"seeds against alone, {the(r['seeds'] for r in d['comparisons'] if r['arm'] == 'swarm' and r['against'] != 'alone')} "
+                           "against the union silos;"),
         (OWNERS, owners_added),
         (OWNERS, lambda d: f"never draws {owners_gap(d, 'swarm', 'alone')} over it alone "
                            f"(greedy {owners_gap(d, 'swarm', 'alone', 'greedy')}); its own family {owners_gap(d, 'swarm', 'alone', endpoint='own')}"),
