@@ -179,6 +179,6 @@ def bench(argv: list[str], model: str, rounds: int, out: Path, timeout_s: float,
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": model, "rounds": rounds, "machine": dict(rows), "time": time.time(),
                                "backends": results}, indent=2))
-    console.print(f"saved {out} (attach it to a bug report)")
+    console.print(escape(f"saved {out} (attach it to a bug report)"), soft_wrap=True)  # a path to copy, unbroken
     return 0 if all(r["ok"] for r in results) else 1
 

@@ -114,7 +114,7 @@ def test_doctor_refuses_bad_flags_in_one_line(args, error, tmp_path):
 def test_doctor_bench_runs_real_rounds_and_compares_the_peak_with_the_plan(tiny_a, cache_dir, tmp_path):
     from node.bench import judge
 
-    out = tmp_path / "bench.json"
+    out = tmp_path / ("a-folder-whose-name-outruns-a-terminal-line-" * 2) / "bench.json"  # printed unbroken, created
     r = run_sapo("doctor", "--bench", "--bench-rounds", "3", "--bench-out", str(out), "--model.cache_dir", str(cache_dir),
                  "--run.torch_threads", "1")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -212,7 +212,7 @@ def main() -> None:
         "shape": {"groups": args.groups, "completions": args.completions, "chars": args.chars},
         "shards": args.shards, "max_peers": args.max_peers, "path_rtt_ms_loss": args.path,
         "soak_s": args.soak, "results": rows}, indent=2))
-    console.print(f"saved {args.out}")
+    console.print(f"saved {args.out}", soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -392,7 +392,7 @@ def main() -> None:
             "seeds": list(range(args.seed, args.seed + args.seeds)),
             "command": " ".join(sys.argv[1:]), "support_gate_s": round(gate_s, 2), "support_gate_groups": gated,
         }, indent=2))
-        console.print(f"saved {args.out}")
+        console.print(f"saved {args.out}", soft_wrap=True)
 
 
 if __name__ == "__main__":

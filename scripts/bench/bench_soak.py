@@ -588,7 +588,7 @@ def main() -> None:
     record = json.loads(args.out.read_text())
     report(record, console)
     figure(record, args.out.with_suffix(".png"))
-    console.print(f"saved {args.out} and {args.out.with_suffix('.png')}")
+    console.print(f"saved {args.out} and {args.out.with_suffix('.png')}", soft_wrap=True)
 
 
 if __name__ == "__main__":

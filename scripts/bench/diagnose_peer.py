@@ -223,7 +223,7 @@ def save(args: argparse.Namespace, seen: dict, gate: dict, arms: dict, cutoff: f
                                         "peer_tasks": PEER_TASKS, "seed": args.seed, "cutoff": cutoff, "seen": seen,
                                         "support_gate": gate, "arms": arms, "seconds": round(time.time() - started),
                                         "cpus": os.cpu_count(), "machine": platform.machine()}, indent=1) + "\n")
-        console.print(f"saved {args.out}")
+        console.print(f"saved {args.out}", soft_wrap=True)
 
 
 if __name__ == "__main__":
