@@ -108,6 +108,11 @@ def first_after(rows: list[dict], since: float, pred) -> float | None:
     return next((r["time"] - since for r in rows if r["time"] >= since and pred(r)), None)
 
 
+def got_swarm_group(row: dict) -> bool:
+    """A round in which a group from the swarm entered the node's pool."""
+    return (row.get("n_external_received") or 0) > 0
+
+
 def thirds(series: list[tuple[float, float]], start: float, end: float) -> tuple[float, float]:
     """Mean of the first and of the last third of (time, value) samples between start and end."""
     span = (end - start) / 3
@@ -148,8 +153,9 @@ def plan_nodes(args: argparse.Namespace) -> tuple[list[Node], list[list[int]]]:
 
 def churn(nodes: list[Node], groups: list[list[int]], args: argparse.Namespace, console: Console
           ) -> tuple[list[dict], float, float]:
-    """Start every node, then for --duration kill and restart one group every --period seconds; stop them all
-    (SIGTERM, then SIGKILL after 120 s). Returns each restart and the churn's start and end."""
+    """Start every node, then for --duration kill and restart one group every --period seconds; wait until every
+    restarted node has had a swarm group (a period at most); stop them all (SIGTERM, then SIGKILL after 120 s).
+    Returns each restart and the churn's start and end."""
     restarts: list[dict] = []
     try:
         for node in nodes:
@@ -170,7 +176,12 @@ def churn(nodes: list[Node], groups: list[list[int]], args: argparse.Namespace, 
                 next_kill += args.period
             time.sleep(SAMPLE_S)
         churn_end = time.time()
-        time.sleep(args.period)  # the last restarts' time to rejoin
+        deadline = churn_end + args.period  # the last restarts' time to rejoin: until each has a swarm group, a period at most
+        while time.time() < deadline and not all(first_after(nodes[r["node"]].rows(), r["at"], got_swarm_group) is not None
+                                                  for r in restarts):
+            for node in nodes:
+                node.sample_rss()
+            time.sleep(SAMPLE_S)
     finally:
         for node in nodes:
             if node.proc and node.proc.poll() is None:
@@ -201,7 +212,7 @@ def restart_outcome(node: Node, r: dict, peer_before: str) -> dict:
             "peer_id_kept": peer_before == peer_id(load_or_create(node.out / "node.key")),
             "s_to_first_round": first_after(rows, since, lambda row: row["round"] > 0),
             "s_to_peer": first_after(rows, since, lambda row: (row.get("peers") or 0) >= 1),
-            "s_to_swarm_group": first_after(rows, since, lambda row: (row.get("n_external_received") or 0) > 0)}
+            "s_to_swarm_group": first_after(rows, since, got_swarm_group)}
 
 
 def survivor(node: Node, churn_start: float, churn_end: float) -> dict:
@@ -264,7 +275,7 @@ def main() -> None:
         "command": "scripts/bench/bench_churn.py " + " ".join(sys.argv[1:]), "cpus": os.cpu_count(),
         "machine": platform.platform(), "python": platform.python_version(), "pool_cap": POOL_CAP, "summary": summary,
         "survivors": survivors, "restarts": restarts}, indent=2))
-    console.print(f"saved {args.out}")
+    console.print(f"saved {args.out}", soft_wrap=True)
 
 
 if __name__ == "__main__":
