@@ -36,4 +36,6 @@ command -v npm >/dev/null || missing_js+=(npm)
 if [ ${#missing_js[@]} -gt 0 ]; then
   apt_install "the js-libp2p interop test's peer" "the interop test is skipped (fails under CI=true)" "${missing_js[@]}"
 fi
-exec .venv/bin/python -m pytest "$@"
+# Two workers (tests/conftest.py): the slow tests one after another in one, the quick ones beside them in the other.
+# Arguments given after these win: `-n 0` runs everything in this process.
+exec .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"

@@ -22,6 +22,24 @@ os.environ["SAPO_P2P__LISTEN"] = "/ip4/127.0.0.1/tcp/0"
 os.environ["SAPO_STATUS__LISTEN"] = "127.0.0.1:0"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("dist", "no") == "loadgroup" and tuple(map(int, pytest.__version__.split(".")[:2])) >= (9, 2):
+        raise pytest.UsageError(f"pytest {pytest.__version__}: pytest-xdist's --dist loadgroup does not group tests on "
+                                "pytest 9.2 and later (pytest-xdist issue 1386); scripts/setup.sh installs pytest<9.2")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook turns the mark into the test's group
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """scripts/test.sh runs two pytest-xdist workers with `--dist loadgroup`: every slow test goes to one of them,
+    one at a time, and the quick tests run beside it on the other. Two slow tests side by side would start nodes that
+    fight for the same cores and stretch the bounds each one asserts. A quick test beside one costs it little, and a
+    slow one marked `untimed` asserts no bound that a neighbour could stretch: those run in the other lane."""
+    if getattr(config.option, "loadgroup", False):  # what pytest-xdist sets in a worker for `--dist loadgroup`
+        for item in items:
+            if item.get_closest_marker("slow") and not item.get_closest_marker("untimed"):
+                item.add_marker(pytest.mark.xdist_group("slow"))
+
+
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     return CACHE

@@ -143,6 +143,7 @@ def test_a_node_that_provides_the_key_still_finds_the_other_providers():
 
 
 @pytest.mark.slow
+@pytest.mark.untimed  # a minute asleep, watching that nothing is dialed
 def test_a_flood_of_fake_providers_costs_a_few_connection_attempts_and_none_once_it_is_gone(spawn, tmp_path):  # noqa: F811
     """Provider records cost nothing to write: 32 fake providers of the network's key, each at another host, are
     hints from one source (the DHT) under the peer-exchange budget."""
