@@ -87,8 +87,7 @@ from rewards.config import TasksConfig
 from rewards.gym import PREFIX as RG_PREFIX
 from rewards.sandbox import SandboxError
 from rewards.untrusted import UntrustedTasks
-from trainer.groups import RolloutGroup
-from trainer.rollout import scored_group
+from trainer.groups import RolloutGroup, scored_group
 
 log = logging.getLogger(__name__)
 

@@ -4,21 +4,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from rewards import Score, Task, score_completion
-from trainer.groups import RolloutGroup
+from rewards import Task
+from trainer.groups import RolloutGroup, scored_group
 from trainer.generation import Cancel, Generator, SamplingParams, never
 from trainer.policy import Policy, encode_prompts
-
-
-def scored_group(task: Task, texts: Sequence[str], format_weight: float, truncated: Sequence[bool] | None = None,
-                 completion_ids: list[list[int]] | None = None, source: str = "local",
-                 scores: Sequence[Score] | None = None) -> RolloutGroup:
-    """Completions of a task with this node's verifier's scores, whoever generated them (`scores`:
-    already scored in the sandbox of `rewards.untrusted`)."""
-    scores = scores if scores is not None else [score_completion(task, t, format_weight) for t in texts]
-    return RolloutGroup(task=task, completions=list(texts), rewards=[s.reward for s in scores],
-                        truncated=list(truncated or [False] * len(texts)), completion_ids=completion_ids,
-                        source=source, correct=[s.correct for s in scores])
 
 
 def rollout(generator: Generator, policy: Policy, tasks: Sequence[Task], params: SamplingParams,
