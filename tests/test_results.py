@@ -261,6 +261,11 @@ def owners_gap(d: dict, *which: str, **named: str) -> str:
     return held_out_gap(owners_row(d, *which, **named))
 
 
+def owners_seeds(d: dict, against: str) -> object:
+    """How many seeds the swarm's comparisons with `against` pair on."""
+    return the(r["seeds"] for r in d["comparisons"] if r["arm"] == "swarm" and r["against"] == against)
+
+
 def owners_fewer(d: dict, arm: str, than: str) -> str:
     """How many fewer tokens a node of `arm` generated than one of `than`, in percent, over the seeds they pair on."""
     (row,) = [r for r in d["comparisons"] if (r["measure"], r["endpoint"]) == ("expected", "taught")
@@ -365,9 +370,8 @@ RESULTS = [
         (SPEC, lambda d: f"at {100 * (1 - arm(d, SPEC_SWARM)['tokens_per_node'] / arm(d, SPEC_UNION)['tokens_per_node']):.0f}% "
                          "fewer generated tokens")]),
     ("four SmolLM2-135M owners, each drawing one family of four", [
-        (OWNERS, lambda d: f"({d['rounds']} rounds; {the(r['seeds'] for r in d['comparisons'] if r['arm'] == 'swarm' and r['against'] == 'alone')} "
-                           f"seeds against alone, {the(r['seeds'] for r in d['comparisons'] if r['arm'] == 'swarm' and r['against'] != 'alone')} "
-                           "against the union silos;"),
+        (OWNERS, lambda d: f"({d['rounds']} rounds; seeds: {owners_seeds(d, 'alone')} against alone, {owners_seeds(d, 'union_tokens')} "
+                           f"against the union silo at 2 groups a round, {owners_seeds(d, 'union')} against the one at 4;"),
         (OWNERS, owners_added),
         (OWNERS, lambda d: f"never draws {owners_gap(d, 'swarm', 'alone')} over it alone "
                            f"(greedy {owners_gap(d, 'swarm', 'alone', 'greedy')}); its own family {owners_gap(d, 'swarm', 'alone', endpoint='own')}"),
