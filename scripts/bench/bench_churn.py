@@ -39,6 +39,7 @@ from p2p.identity import load_or_create, peer_id
 
 SURVIVORS = 3  # nodes 0..2 are never killed
 SAMPLE_S = 5.0
+REJOIN_WAIT_S = 90.0  # after the churn, the last restarts' time to get a swarm group (41.5 s at most over 30 restarts)
 POOL_CAP = PoolConfig().size  # the nodes run with the default pool
 
 
@@ -113,6 +114,13 @@ def got_swarm_group(row: dict) -> bool:
     return (row.get("n_external_received") or 0) > 0
 
 
+def rejoined(nodes: list[Node], restarts: list[dict]) -> bool:
+    """Whether each restarted node has had a swarm group since its last restart (an earlier restart's window was
+    closed by the next kill, so waiting cannot change it); one read of each node's metrics."""
+    last = {r["node"]: r["at"] for r in restarts}
+    return all(first_after(nodes[k].rows(), at, got_swarm_group) is not None for k, at in last.items())
+
+
 def thirds(series: list[tuple[float, float]], start: float, end: float) -> tuple[float, float]:
     """Mean of the first and of the last third of (time, value) samples between start and end."""
     span = (end - start) / 3
@@ -154,7 +162,7 @@ def plan_nodes(args: argparse.Namespace) -> tuple[list[Node], list[list[int]]]:
 def churn(nodes: list[Node], groups: list[list[int]], args: argparse.Namespace, console: Console
           ) -> tuple[list[dict], float, float]:
     """Start every node, then for --duration kill and restart one group every --period seconds; wait until every
-    restarted node has had a swarm group (a period at most); stop them all (SIGTERM, then SIGKILL after 120 s).
+    restarted node has had a swarm group (REJOIN_WAIT_S at most); stop them all (SIGTERM, then SIGKILL after 120 s).
     Returns each restart and the churn's start and end."""
     restarts: list[dict] = []
     try:
@@ -165,8 +173,8 @@ def churn(nodes: list[Node], groups: list[list[int]], args: argparse.Namespace, 
         console.log(f"{args.nodes} nodes up; churn: groups {groups} in turn, every {args.period:g} s")
         time.sleep(args.warmup)
         churn_start = time.time()
-        next_kill, turn = churn_start, 0
-        while time.time() < churn_start + args.duration:
+        next_kill, turn, end = churn_start, 0, churn_start + args.duration
+        while time.time() < end or next_kill < end:  # every kill due within --duration, however late the loop runs
             for node in nodes:
                 node.sample_rss()
             if time.time() >= next_kill:
@@ -176,9 +184,8 @@ def churn(nodes: list[Node], groups: list[list[int]], args: argparse.Namespace, 
                 next_kill += args.period
             time.sleep(SAMPLE_S)
         churn_end = time.time()
-        deadline = churn_end + args.period  # the last restarts' time to rejoin: until each has a swarm group, a period at most
-        while time.time() < deadline and not all(first_after(nodes[r["node"]].rows(), r["at"], got_swarm_group) is not None
-                                                  for r in restarts):
+        deadline = churn_end + REJOIN_WAIT_S
+        while time.time() < deadline and not rejoined(nodes, restarts):
             for node in nodes:
                 node.sample_rss()
             time.sleep(SAMPLE_S)
