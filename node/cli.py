@@ -69,13 +69,14 @@ def _run_checked(args: argparse.Namespace, cfg: NodeConfig, checked) -> int:
     from p2p.identity import IdentityError
     from p2p.service import P2PError
 
+    unusable = (IdentityError, P2PError, StatusError)  # a key, port or status socket: one line, exit 1
     if args.bootstrap_only:  # no torch: measured 106 MB and 1 CPU-s to start, against 412 MB and 8 s
         from node.bootstrap import run_bootstrap
 
         with StopSignal(cfg.run.stop_timeout_s, "leaving the swarm (a bootstrap-only node has nothing to save)") as stop:
             try:
                 run_bootstrap(cfg, stop, checked.status_socket)
-            except (IdentityError, P2PError, StatusError) as e:
+            except unusable as e:
                 print(f"sapo: {e}", file=sys.stderr)
                 return 1
         return 0
@@ -97,7 +98,7 @@ def _run_checked(args: argparse.Namespace, cfg: NodeConfig, checked) -> int:
             raise ConfigError(f"generation.backend: {e}") from None
         except MemoryPlanError as e:
             raise ConfigError(str(e)) from None
-        except (CheckpointError, IdentityError, MetricsError, P2PError, StatusError) as e:
+        except (CheckpointError, MetricsError, *unusable) as e:
             print(f"sapo: {e}", file=sys.stderr)
             return 1
         except ComponentFailed as e:
