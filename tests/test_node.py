@@ -59,6 +59,7 @@ def test_a_node_without_peers_runs_as_a_silo_without_warnings_and_with_p2p_off_h
     assert metrics(tmp_path / "off")[-1]["p2p"] is None
 
 
+@pytest.mark.untimed  # one node that waits on no peer: its only limit is a generous timeout
 def test_a_resumed_run_continues_exactly_where_it_stopped(tiny_a, cache_dir, tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"
     # local groups chosen by the selector; the step-size controller's factor carried across the resume
@@ -219,6 +220,7 @@ def test_truncated_model_weights_are_a_clear_error(tiny_a, tmp_path):
     assert f"cannot load model '{model}'" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.untimed  # one node that waits on no peer: its only limit is a generous timeout
 def test_an_unreadable_checkpoint_stops_the_node_without_touching_it(tiny_a, cache_dir, tmp_path):
     assert run_sapo(*small_run(cache_dir, tmp_path, 2)).returncode == 0
     ckpt = checkpoint.complete(tmp_path / "checkpoints")[-1]
@@ -228,6 +230,7 @@ def test_an_unreadable_checkpoint_stops_the_node_without_touching_it(tiny_a, cac
     assert (ckpt / "trainer.pt").read_bytes() == b"garbage"
 
 
+@pytest.mark.untimed  # one node that waits on no peer: its only limit is a generous timeout
 def test_resuming_with_another_model_is_refused(tiny_a, tiny_b, cache_dir, tmp_path):
     assert run_sapo(*small_run(cache_dir, tmp_path, 1)).returncode == 0
     r = run_sapo(*small_run(cache_dir, tmp_path, 2, "--model", "tiny-b"))

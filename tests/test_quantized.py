@@ -61,6 +61,7 @@ def test_adapters_or_a_quantized_base_without_their_packages_are_refused_before_
 
 
 @pytest.mark.slow
+@pytest.mark.untimed  # one node that waits on no peer: its only limit is a generous timeout
 def test_smollm2_on_an_nf4_base_trains_its_adapters_generates_checkpoints_and_resumes(request, cache_dir, tmp_path):
     pytest.importorskip("bitsandbytes")
     pytest.importorskip("peft")

@@ -179,6 +179,7 @@ def test_the_live_table_reads_whole_at_80_columns(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.untimed  # nodes that wait on no peer: their only limit is a generous timeout
 def test_a_lonely_node_fills_j_with_local_groups_exactly_like_a_silo_of_i_plus_j(tiny_a, cache_dir, tmp_path):
     common = ["run", "--model.cache_dir", str(cache_dir), "--rounds", "3", "--tasks.eval_size", "20",
               "--generation.completions_per_group", "4", "--p2p.enabled", "false"]
