@@ -37,7 +37,9 @@ class RunConfig(BaseModel):
     torch_threads: int | None = Field(None, ge=1, description="CPU threads torch may use (null: the cores other work "
                                       "leaves free, chosen again after every round, at least one); `sapo swarm` sets "
                                       "each of its nodes' share")
-    seed: int = Field(0, description="seeds task draws and sampling")
+    seed: int | None = Field(None, description="seeds task draws and sampling (null: with p2p on, a seed of the node's "
+                             "key, so that nodes started alike draw their own tasks and samples and a restart the same "
+                             "ones; with p2p off, 0)")
     memory_gb: float | None = Field(None, gt=0, description="the node's share (GB) of its device's memory (GPU or host), "
                                     "which it plans its rounds in: a config that cannot fit is refused at start; `sapo "
                                     "swarm` and the compose file give each node its share (null: a card's free memory; on "
@@ -113,7 +115,7 @@ class NodeConfig(BaseSettings):
     @model_validator(mode="after")
     def _held_out_stream_apart(self) -> "NodeConfig":
         """The same seed draws the held-out tasks as training tasks: the node would train on what measures it."""
-        if self.run.seed == self.tasks.eval_seed:
+        if self.run.seed is not None and self.run.seed == self.tasks.eval_seed:
             raise ValueError(f"run.seed {self.run.seed} equals tasks.eval_seed: the node would train on its own held-out "
                              "tasks; choose another run.seed")
         return self

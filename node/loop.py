@@ -27,6 +27,7 @@ from node.status import StatusBoard, StatusServer
 from node.supervise import ComponentFailed, describe, retrying
 from node.threads import ThreadGovernor
 from node.watch import Collapsed, LearningWatch, probe_rounds
+from p2p.identity import load_or_create, seed_of
 from p2p.pool import RolloutPool
 from p2p.service import Gossip
 from rewards import Task, TaskSource
@@ -54,6 +55,20 @@ def round_seed(seed: int, round_: int) -> int:
     return (seed * 1_000_003 + round_) % (2**63)
 
 
+def with_seed(cfg: NodeConfig) -> NodeConfig:
+    """`run.seed` as given; unset, a node in a swarm takes the seed of its key (created here if new), so that nodes
+    started alike (compose replicas, two users' defaults) draw their own tasks and samples and a restart the same
+    ones, and a node alone takes 0. Either steps off the held-out set's seed."""
+    if cfg.run.seed is not None:
+        return cfg
+    seed = seed_of(load_or_create(cfg.key_file())) if cfg.p2p.enabled else 0
+    if seed == cfg.tasks.eval_seed:
+        seed += 1
+    source = f"from the node's key {cfg.key_file()}" if cfg.p2p.enabled else "a node without a network"
+    log.info("run.seed %d (%s)", seed, source)
+    return cfg.model_copy(update={"run": cfg.run.model_copy(update={"seed": seed})})
+
+
 def families(tasks: list[Task]) -> Counter:
     """Tasks per family: the learning watch's sample sizes."""
     return Counter(t.ref.dataset for t in tasks)
@@ -76,6 +91,7 @@ class Node:
         allocator.keep_freed_memory()  # a CPU step's tensors reuse the last step's pages (trainer/allocator.py)
         out = cfg.run.out_dir
         out.mkdir(parents=True, exist_ok=True)
+        self.cfg = cfg = with_seed(cfg)
         self.checkpoints = out / "checkpoints"
         self.metrics = MetricsLog(out / "metrics.jsonl", rotate_bytes=int(cfg.run.metrics_rotate_mb * 1e6))
         self.progress = progress or Progress(cfg.run.rounds, out.resolve().name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -68,3 +69,9 @@ def load(path: Path) -> KeyPair:
 
 def peer_id(key_pair: KeyPair) -> str:
     return ID.from_pubkey(key_pair.public_key).to_base58()
+
+
+def seed_of(key_pair: KeyPair) -> int:
+    """A run seed this identity owns: nodes started with the same settings (compose replicas, two users' defaults)
+    draw their own tasks and samples, not one stream, and a node restarted with its key draws the same ones."""
+    return int.from_bytes(hashlib.sha256(key_pair.public_key.serialize()).digest()[:4], "big") >> 1

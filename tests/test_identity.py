@@ -87,3 +87,22 @@ def test_bad_p2p_settings_are_config_errors_naming_the_field(overrides, message)
 def test_address_lists_accept_commas_from_the_environment(monkeypatch):
     monkeypatch.setenv("SAPO_P2P__LISTEN", "/ip4/127.0.0.1/tcp/1, /ip4/127.0.0.1/tcp/2")
     assert load_config().p2p.listen == ["/ip4/127.0.0.1/tcp/1", "/ip4/127.0.0.1/tcp/2"]
+
+
+def test_an_unset_run_seed_is_the_keys_in_a_swarm_and_zero_for_a_node_alone(tmp_path, monkeypatch):
+    """Compose replicas and two users on the defaults drew one stream of tasks and samples: every seed was 0."""
+    import node.loop
+    from node.loop import with_seed
+
+    def seed(name, **run):
+        (tmp_path / name).mkdir(exist_ok=True)
+        p2p = {"enabled": name != "alone"}
+        return with_seed(load_config(None, {"run": {"out_dir": str(tmp_path / name), **run}, "p2p": p2p})).run.seed
+
+    first, restarted, other = seed("a"), seed("a"), seed("b")
+    assert first == restarted != other  # a restart keeps its key's seed; another key draws another stream
+    assert first == node.loop.seed_of(load(tmp_path / "a" / "node.key"))
+    assert seed("alone") == 0 and not (tmp_path / "alone" / "node.key").exists()  # p2p off makes no key
+    assert seed("b", seed=5) == 5
+    monkeypatch.setattr(node.loop, "seed_of", lambda key: 7)  # tasks.eval_seed: the held-out set's stream
+    assert seed("c") == 8
