@@ -4,6 +4,7 @@ harness stopped with SIGTERM stops the processes it started."""
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 import signal
@@ -70,6 +71,33 @@ def test_every_scripts_help_says_what_it_does_in_whole_sentences_without_develop
         assert proc.returncode == 0, (name, err[-2000:])
         description = " ".join(out.split("\n\n")[1].split())
         assert description.endswith((".", ")")) and not re.search(r"(?i)issue \d+", out), (name, description)
+
+
+
+@pytest.mark.parametrize("script, args, flag", [
+    ("sapo_experiment.py", ["--seed", "3"], "--seed"),  # a prefix of --seeds: it ran three seeds
+    ("simulate_swarm.py", ["--node", "3"], "--node"),
+    ("gpu_check.py", ["run", "--out", "{tmp}", "--dry"], "--dry"),  # a subcommand's flags too
+])
+def test_a_scripts_flag_is_taken_whole_never_as_the_prefix_of_another(script, args, flag, tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / script), *(a.format(tmp=tmp_path) for a in args)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"error: unrecognized arguments: {flag}" in r.stderr.strip().splitlines()[-1], r.stderr
+
+
+def test_every_parser_a_script_builds_takes_whole_flags_only():
+    """argparse matches prefixes unless told not to, parser by parser (a subcommand's included)."""
+    built = []
+    for path in sorted((ROOT / "scripts").rglob("*.py")):
+        for call in ast.walk(ast.parse(path.read_text())):
+            name = getattr(call, "func", None) and getattr(call.func, "attr", getattr(call.func, "id", None))
+            if name in ("ArgumentParser", "add_parser"):
+                whole = any(k.arg == "allow_abbrev" and getattr(k.value, "value", True) is False for k in call.keywords)
+                built.append((path.relative_to(ROOT).as_posix(), call.lineno, whole))
+            elif name == "script_parser":  # node/argtypes.py: allow_abbrev=False
+                built.append((path.relative_to(ROOT).as_posix(), call.lineno, True))
+    assert len(built) >= 20 and [b for b in built if not b[2]] == []
 
 
 def children(pid: int) -> set[int]:

@@ -30,7 +30,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from node.argtypes import bounded, count, positive
+from node.argtypes import bounded, count, positive, script_parser
 from node.lifecycle import exit_on_stop_signals
 from node.metrics import MetricsLog
 from node.swarm import free_port, wait_listening
@@ -130,7 +130,7 @@ def thirds(series: list[tuple[float, float]], start: float, end: float) -> tuple
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p = script_parser(__doc__)
     p.add_argument("--nodes", type=int, default=9)
     p.add_argument("--period", type=positive, default=60.0, help="seconds between kills")
     p.add_argument("--duration", type=positive, default=600.0, help="seconds of churn")

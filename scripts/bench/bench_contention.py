@@ -13,7 +13,6 @@ its idle pace it keeps.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -26,7 +25,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from node.argtypes import count
+from node.argtypes import count, script_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 BUSY_LOOP = "while True: pass"
@@ -73,7 +72,7 @@ def summary(runs: list[dict]) -> list[dict]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p = script_parser(__doc__)
     p.add_argument("--code", type=Path, nargs="+", default=[ROOT], help="checkouts to measure in turn")
     p.add_argument("--busy", type=int, nargs="+", default=[0, 2], help="busy-loop processes beside the node")
     p.add_argument("--model", default="smollm2-135m")

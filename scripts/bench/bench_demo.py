@@ -11,7 +11,6 @@ every run; the table gives each arm's means. Besides pace, each node's seconds i
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -24,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from node.argtypes import count
+from node.argtypes import count, script_parser
 from node.metrics import MetricsLog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +63,7 @@ def arm_row(runs: list[dict]) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p = script_parser(__doc__)
     p.add_argument("--arm", action="append", required=True, metavar="FLAGS", help="node flags of one arm, e.g. "
                    "\"--run.gc_freeze false\" (give --arm once per arm)")
     p.add_argument("--repeats", type=count, default=2, help="runs of each arm, alternated (default 2)")

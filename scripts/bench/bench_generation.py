@@ -15,7 +15,6 @@ Prints a table and saves JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import platform
@@ -27,7 +26,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from node.argtypes import bounded, count
+from node.argtypes import bounded, count, script_parser
 from trainer.batch import sequence_logprobs
 from trainer.config import GenerationConfig, ModelConfig, VLLMConfig, default_cache_dir
 from trainer.generation import SamplingParams, make_generator, vllm_available
@@ -111,7 +110,7 @@ def sync() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser = script_parser(__doc__)
     parser.add_argument("--model", default="tiny-a", help=f"a tiny preset, a model folder or hub id, or {SHAPED}")
     parser.add_argument("--backends", nargs="+", default=None, help="default: every backend installed")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

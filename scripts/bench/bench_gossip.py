@@ -31,7 +31,7 @@ from rich.table import Table
 
 from libp2p.peer.id import ID
 
-from node.argtypes import bounded, count, json_of, positive
+from node.argtypes import bounded, count, json_of, positive, script_parser
 from node.lifecycle import exit_on_stop_signals
 from p2p.config import P2PConfig, ShardConfig
 from p2p.shards import publish_topics, shard_key, shard_topic
@@ -160,7 +160,7 @@ def run_swarm(n: int, args: argparse.Namespace, workdir: Path) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p = script_parser(__doc__)
     p.add_argument("--nodes", type=bounded(int, ge=2), nargs="+", default=[2, 4, 8])
     p.add_argument("--rate", type=positive, default=20.0, help="messages per second published by the whole swarm")
     p.add_argument("--round-s", type=bounded(float, ge=0), default=0.0,

@@ -86,7 +86,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from node.argtypes import bounded, count, positive
+from node.argtypes import bounded, count, positive, script_parser
 from node.lifecycle import exit_on_stop_signals
 from node.progress import print_table
 from node.selection_config import RULES
@@ -687,7 +687,7 @@ def px_aim_report(runs: list[dict], commit: str, window: float) -> list[dict]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p = script_parser(__doc__)
     p.add_argument("--attack", choices=("flood", *SWARM_ATTACKS, *RELAY_ATTACKS), default="flood",
                    help="flood: useless or hostile groups into the pool; level-hijack: subscribe-only strangers; level-grind: "
                    "strangers ground into a node's level-8 shard publishing there; "

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from node.argtypes import count
+from node.argtypes import count, script_parser
 
 MODES = {"chunked": None, "whole": 2**62}  # LOGITS_CHUNK_BYTES: the trainer's default, or one chunk for all
 
@@ -57,7 +57,7 @@ def measure(model: str, rows: int, tokens: int, repeats: int, chunk_bytes: int |
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser = script_parser(__doc__)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--rows", type=count, default=16, help="completions in the batch")
     parser.add_argument("--tokens", type=count, default=256, help="tokens per completion")

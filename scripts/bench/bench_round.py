@@ -61,7 +61,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from node.argtypes import bounded, count
+from node.argtypes import bounded, count, script_parser
 from node.config import load_config
 from node.recipes import with_recipe
 from node.selection import rows_to_gate
@@ -111,7 +111,7 @@ def peak_rss_gb() -> float:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser = script_parser(__doc__)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--tasks", type=count, default=8)
     parser.add_argument("--completions", type=count, default=8)

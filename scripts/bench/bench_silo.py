@@ -8,7 +8,6 @@ the share of time spent generating, training and elsewhere. Building the preset 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -21,7 +20,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from node.argtypes import bounded, count, positive
+from node.argtypes import bounded, count, positive, script_parser
 from node.config import load_config
 from node.lifecycle import StopSignal
 from node.loop import Node
@@ -29,7 +28,7 @@ from trainer.presets import resolve_model_path
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser = script_parser(__doc__)
     parser.add_argument("--model", default="tiny-a")
     parser.add_argument("--minutes", type=positive, default=10.0)
     parser.add_argument("--out", type=Path, default=Path("runs/bench-silo"))

@@ -45,7 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench_churn import Node, node_args, restart, restart_outcome
-from node.argtypes import bounded, positive
+from node.argtypes import bounded, positive, script_parser
 from node.lifecycle import exit_on_stop_signals
 from node.threads import CLOCK_TICKS, machine_cpu_s
 from node.swarm import free_port, wait_listening
@@ -153,7 +153,7 @@ def file_mb(path: Path) -> float:
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p = script_parser(__doc__)
     p.add_argument("--nodes", type=bounded(int, ge=SURVIVORS + 1), default=5, help="tiny-a nodes (the first two survive)")
     p.add_argument("--duration", type=positive, default=7200.0, help="seconds of soak")
     p.add_argument("--phase", type=positive, default=600.0, help="seconds of each phase")

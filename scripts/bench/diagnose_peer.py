@@ -39,7 +39,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from node.argtypes import bounded, count
+from node.argtypes import bounded, count, script_parser
 from node.config import NodeConfig, load_config
 from node.recipes import with_recipe
 from node.selection import SupportGate
@@ -130,7 +130,7 @@ def train_arm(node: NodeConfig, peer_groups: list[RolloutGroup], rounds: int, se
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p = script_parser(__doc__)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--peer", default="tiny-a")
     p.add_argument("--tasks", type=count, default=16, help="tasks per source in part one")

@@ -308,15 +308,15 @@ def git_commit() -> str | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()), allow_abbrev=False)
     sub = parser.add_subparsers(dest="what", required=True)
-    p = sub.add_parser("prepare", help="here: download what the card lacks into bundles under --dest")
+    p = sub.add_parser("prepare", allow_abbrev=False, help="here: download what the card lacks into bundles under --dest")
     p.add_argument("--dest", type=Path, default=ROOT / ".gpu")
     p.add_argument("--accept-license", action="append", default=[], choices=["gemma"],
                    help="also carry a model under these terms (gemma: https://ai.google.dev/gemma/terms)")
-    s = sub.add_parser("stage", help="on the card: keep one carried bundle")
+    s = sub.add_parser("stage", allow_abbrev=False, help="on the card: keep one carried bundle")
     s.add_argument("bundle", type=Path)
-    r = sub.add_parser("run", help="on the card: the check itself (--dry-run: print and check the plan, run nothing)")
+    r = sub.add_parser("run", allow_abbrev=False, help="on the card: the check itself (--dry-run: print and check the plan, run nothing)")
     r.add_argument("--out", type=Path, required=True, help="where the results go ($OUT on the card)")
     r.add_argument("--accept-license", action="append", default=[], choices=["gemma"],
                    help="terms you accept for a model of the check (gemma: https://ai.google.dev/gemma/terms)")

@@ -14,7 +14,6 @@ family and by third of the run, with what explains it: the groups it inspected a
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections import Counter
@@ -26,6 +25,7 @@ from rich.table import Table
 from experiment.grids import OWNER_FAMILIES
 from experiment.paired import gap_stats, mean
 from experiment.report import held_out_gap
+from node.argtypes import script_parser
 from rewards import TaskSource
 from rewards.held_out import content_key
 from rewards.source import DatasetMix
@@ -291,7 +291,7 @@ def figure(results_json: Path, path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser = script_parser(__doc__)
     parser.add_argument("--out", type=Path, help="the grid's folder (sapo_experiment.py --owners --out)")
     parser.add_argument("--sizes", type=Path, metavar="JSON", help="estimate each family's question space, save it here")
     args = parser.parse_args()

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from node.argtypes import bounded, count
+from node.argtypes import bounded, count, script_parser
 from rewards import TaskSource
 from rewards.config import TasksConfig
 from rewards.mixes import MIXES
@@ -87,7 +87,7 @@ def measure(generator: TransformersGenerator, policy, mix: DatasetMix, sampling:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser = script_parser(__doc__)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--accept-license", nargs="*", default=[], metavar="TERMS",
                         help="terms of use you accept for a preset under them (gemma for gemma3-270m; nothing accepts them for you)")

@@ -15,7 +15,6 @@ measurement did (its nodes' last rounds, while they are stopped one by one, are 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -25,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench_soak import cores
-from node.argtypes import positive
+from node.argtypes import positive, script_parser
 from node.metrics import MetricsLog
 
 PARTS = ("seconds_generate", "seconds_train", "seconds_other", "groups_trained", "n_external", "tokens_generated",
@@ -86,7 +85,7 @@ def table(name: str, ws: list[dict]) -> Table:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p = script_parser(__doc__)
     p.add_argument("runs", type=Path, nargs="+", help="node run folders (each holds metrics.jsonl)")
     p.add_argument("--window", type=positive, default=120.0, help="seconds a window")
     p.add_argument("--soak", type=Path, help="the bench_soak.py JSON of the run: each window's cores and CPU a round")

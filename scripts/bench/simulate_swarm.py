@@ -55,7 +55,7 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX, signature_validator
 
-from node.argtypes import bounded, count, fraction, positive
+from node.argtypes import bounded, count, fraction, positive, script_parser
 from node.selection import fair_order
 from p2p.config import Limits, P2PConfig, PoolConfig, ShardConfig
 from p2p.policy import MessagePolicy
@@ -359,7 +359,7 @@ def summarize(swarm: Swarm, scheme: str, costs: dict[str, float]) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p = script_parser(__doc__)
     p.add_argument("--nodes", type=bounded(int, ge=2), nargs="+", default=[8, 100, 1000, 10000])
     p.add_argument("--schemes", nargs="+", choices=["shards", "one-topic"], default=["shards", "one-topic"])
     p.add_argument("--round-s", type=positive, default=30.0, help="mean round time")

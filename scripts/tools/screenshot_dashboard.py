@@ -27,7 +27,8 @@ def rounds_done(node: Path) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--rounds", type=int, default=150, help="rounds node1 has done when the picture is taken")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "dashboard.png")
     args = p.parse_args()

@@ -100,7 +100,7 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--listen-ip", default="127.0.0.1")
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--peer", action="append", default=[], help="full multiaddr of another DHT server to know")

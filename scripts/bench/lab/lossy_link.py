@@ -35,7 +35,7 @@ def open_tun(name: str) -> int:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--dev", required=True, help="TUN device to attach to (must exist in this namespace)")
     p.add_argument("--delay-ms", type=float, default=0.0, help="added to every packet, one way")
     p.add_argument("--loss", type=float, default=0.0, help="probability that a packet is dropped")

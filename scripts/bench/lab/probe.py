@@ -60,7 +60,8 @@ def _peer_id(text: str) -> ID:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m scripts.bench.lab.probe", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.bench.lab.probe", description=__doc__.splitlines()[0],
+                                allow_abbrev=False)
     p.add_argument("--key", type=Path, required=True, help="identity key file (created if missing)")
     p.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
     p.add_argument("--bootstrap", action="append", default=[], help="full multiaddr of a peer (repeatable)")
