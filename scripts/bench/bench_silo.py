@@ -16,15 +16,12 @@ import threading
 import time
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
 from node.argtypes import bounded, count, positive, script_parser
 from node.config import load_config
 from node.lifecycle import StopSignal
-from node.loop import Node
-from trainer.presets import resolve_model_path
 
 
 def main() -> None:
@@ -35,6 +32,10 @@ def main() -> None:
     parser.add_argument("--seed", type=bounded(int, ge=0), default=0)
     parser.add_argument("--eval-every", type=count, default=50)
     args = parser.parse_args()
+    import torch  # the model stack loads once the flags are checked: --help or a bad flag costs no 8 s of imports
+    from node.loop import Node
+    from trainer.presets import resolve_model_path
+
     logging.basicConfig(level=logging.WARNING)
 
     if args.out.exists() and any(args.out.iterdir()):

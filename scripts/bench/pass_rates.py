@@ -22,8 +22,8 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
@@ -36,10 +36,9 @@ from rewards.scoring import CLOSE
 from rewards.source import DatasetMix
 from trainer.config import ModelConfig
 from trainer.generation import SamplingParams
-from trainer.generation.hf import TransformersGenerator
-from trainer.policy import ModelLoadError
-from trainer.presets import load
-from trainer.rollout import rollout
+
+if TYPE_CHECKING:
+    from trainer.generation.hf import TransformersGenerator
 
 CANDIDATES = [
     DatasetMix("arith", {"max_operand": 9, "ops": "+-"}),
@@ -70,6 +69,8 @@ def dataset_list(text: str) -> list[DatasetMix]:
 
 def measure(generator: TransformersGenerator, policy, mix: DatasetMix, sampling: SamplingParams, tasks: int,
             seed: int) -> dict:
+    from trainer.rollout import rollout
+
     drawn = TaskSource([mix], seed=seed).draw(tasks)
     started = time.perf_counter()
     groups = rollout(generator, policy, drawn, sampling)
@@ -105,6 +106,11 @@ def main() -> None:
     parser.add_argument("--seed", type=bounded(int, ge=0), default=0)
     parser.add_argument("--out", type=Path, help="save the JSON here")
     args = parser.parse_args()
+    import torch  # the model stack loads once the flags are checked: --help or a bad flag costs no 8 s of imports
+    from trainer.generation.hf import TransformersGenerator
+    from trainer.policy import ModelLoadError
+    from trainer.presets import load
+
     logging.basicConfig(level=logging.WARNING)
     console = Console(width=None if sys.stdout.isatty() else 200)  # piped: the full table, unsqueezed
 
