@@ -57,9 +57,8 @@ def json_of(model: type[BaseModel]) -> Callable[[str], dict]:
     return parse
 
 
-def script_parser(doc: str | None, **kwargs) -> argparse.ArgumentParser:
-    """A script's parser: described by its docstring's first paragraph, and whole flags only. argparse takes a
-    prefix by default, so `sapo_experiment.py --seed 3` ran `--seeds 3`, and a flag added later turns a prefix
-    that worked into an error."""
-    kwargs.setdefault("description", " ".join((doc or "").split("\n\n")[0].split()))
-    return argparse.ArgumentParser(allow_abbrev=False, **kwargs)
+def script_parser(doc: str) -> argparse.ArgumentParser:
+    """A script's parser: described by the first paragraph of `doc` (its docstring), and whole flags only. argparse
+    takes a prefix by default, so `sapo_experiment.py --seed 3` ran `--seeds 3`, and a flag added later turns a
+    prefix that worked into an error."""
+    return argparse.ArgumentParser(description=" ".join(doc.split("\n\n")[0].split()), allow_abbrev=False)

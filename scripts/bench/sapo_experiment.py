@@ -182,8 +182,8 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
 
 
 def parse_args() -> argparse.Namespace:
-    p = script_parser(None, description="The SAPO paper's swarm-vs-silo experiment: a grid of arms, each paired by "
-                      "seed with the same nodes alone.")
+    p = script_parser("The SAPO paper's swarm-vs-silo experiment: a grid of arms, each paired by seed with the same "
+                      "nodes alone.")
     p.add_argument("--nodes", type=count, default=4, help="node processes a run (default 4)")
     p.add_argument("--rounds", type=count, default=300, help="rounds each node trains (default 300)")
     p.add_argument("--eval-every", type=count, default=50, help="rounds between held-out evaluations and checkpoints")
