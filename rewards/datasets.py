@@ -35,6 +35,14 @@ def canonical_config(dataset: str, config: Mapping[str, Any]) -> dict[str, Any]:
     return dict(config)
 
 
+def stream_ref(name: str, config: Mapping[str, Any], seed: int, k: int) -> TaskRef:
+    """The reference of the k-th task of stream `seed` (`rewards.source`): each adapter says how its streams map
+    onto its entries."""
+    if name.startswith(gym.PREFIX):
+        return gym.stream_ref(name, dict(config), seed, k)
+    return TaskRef(name, dict(config), seed=seed, index=k)
+
+
 def check_dataset(name: str, config: Mapping[str, Any]) -> None:
     """Fail early, with the reason, if `name`/`config` cannot produce tasks."""
     regenerate(TaskRef(name, dict(config), seed=0, index=0))

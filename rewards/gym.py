@@ -1,12 +1,15 @@
 """Adapter for reasoning-gym: any registered dataset, addressed as `rg/<name>` plus its config.
 
-The config travels in the reference (including `size`, which some generators depend on), so a
-peer rebuilds the exact entry. reasoning-gym's `score_answer` gives partial credit to answers
-that merely contain the oracle; rewards are therefore binary (full score or nothing).
+The config travels in the reference (including `size`, which some generators depend on), so a peer rebuilds the
+exact entry. reasoning-gym builds entry `i` of seed `s` from the seed `s + i`, so two streams whose seeds are close
+(nodes `base + k` of one swarm, a node and its evaluation) would run through the same entries shifted: `stream_ref`
+spreads each stream's seed apart by a hash. reasoning-gym's `score_answer` gives partial credit to answers that
+merely contain the oracle; rewards are therefore binary (full score or nothing).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from functools import lru_cache
 from typing import Any
@@ -15,6 +18,8 @@ from rewards.tasks import Task, TaskError, TaskRef, UnknownDataset
 
 PREFIX = "rg/"
 DEFAULT_SIZE = 100_000
+STREAM_SEEDS = 2**31  # spread seeds lie below this, so seed + index stays below 2**32 (some generators seed numpy
+# with it); two streams share entries with odds of about 2 * size / 2**31 (1e-4 a pair at the default size)
 
 
 @lru_cache(maxsize=64)
@@ -50,6 +55,14 @@ def defaults(name: str) -> dict[str, Any]:
         elif f.default_factory is not dataclasses.MISSING:
             out[f.name] = f.default_factory()
     return json.loads(json.dumps({**out, "size": DEFAULT_SIZE}, default=list))
+
+
+def stream_ref(name: str, config: dict[str, Any], seed: int, k: int) -> TaskRef:
+    """The k-th reference of stream `seed`: after `size` entries a stream moves on to a fresh seed, since an index
+    past the dataset's size is refused."""
+    size = config.get("size", DEFAULT_SIZE)
+    digest = hashlib.sha256(f"{PREFIX}stream:{seed}:{k // size}".encode()).digest()
+    return TaskRef(name, config, seed=int.from_bytes(digest[:8], "big") % STREAM_SEEDS, index=k % size)
 
 
 def regenerate(ref: TaskRef) -> Task:

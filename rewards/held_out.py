@@ -1,11 +1,11 @@
 """Which questions a node never trains on: those of its own evaluation set, so that held-out means held out by
 content, not merely drawn with another seed.
 
-A family's questions can repeat across seeds: one-digit products have 100, and reasoning-gym seeds entry `i` of
-seed `s` with `s + i`, so seed 7's entry 100 is seed 8's entry 99. An evaluation of 193 products tasks held 86
-distinct questions, most of them among the draws of the node that trained on products. Excluding them is free where a family
-is large and impossible where the evaluation covers it: a family whose fresh draws hit the evaluation set more
-often than `MAX_COVERAGE` is held out by seed only, said once at start and recorded (`HeldOut.record`).
+A family's questions repeat across seeds when it has few: one-digit products have 100. An evaluation of 193 products
+tasks held 86 distinct questions, most of them among the draws of the node that trained on products. Excluding them
+is free where a family is large and impossible where the evaluation covers it: a family whose fresh draws hit the
+evaluation set more often than `MAX_COVERAGE` is held out by seed only, said once at start and recorded
+(`HeldOut.record`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 MAX_COVERAGE = 0.5  # above this share of fresh draws in the evaluation set, excluding them would leave too little
 PROBES = 256  # fresh draws per family that measure its coverage
-PROBE_SEED_OFFSET = 1_000_003  # far from the evaluation's seed: reasoning-gym's nearby seeds share entries
+PROBE_SEED_OFFSET = 1_000_003  # the probes' stream: not the evaluation's own
 
 
 def content_key(question: str) -> str:

@@ -6,8 +6,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Container, Mapping, Sequence
 
-from rewards.datasets import check_dataset, regenerate
-from rewards.tasks import Task, TaskError, TaskRef
+from rewards.datasets import check_dataset, regenerate, stream_ref
+from rewards.tasks import Task, TaskError
 
 MAX_SKIPS = 10_000  # consecutive excluded draws after which a stream is taken to hold nothing else
 
@@ -51,4 +51,4 @@ class TaskSource:
     def _task(self, k: int) -> Task:
         rng = random.Random(f"{self.seed}:{k}")  # str seeds hash with sha512: stable across runs
         item = rng.choices(self.mix, weights=[m.weight for m in self.mix])[0]
-        return regenerate(TaskRef(item.name, dict(item.config), seed=self.seed, index=k))
+        return regenerate(stream_ref(item.name, item.config, self.seed, k))

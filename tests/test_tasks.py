@@ -83,6 +83,20 @@ def test_task_source_is_deterministic_and_resumable():
     assert [t.ref for t in TaskSource(mix, seed=5).draw(40)] != [t.ref for t in full]
 
 
+def test_reasoning_gym_streams_of_neighbouring_seeds_share_no_entries():
+    # reasoning-gym builds entry i of seed s from s + i: streams seeded s and s + 1 (nodes base + k of one swarm)
+    # would otherwise draw the same entries one place apart
+    mix = [DatasetMix("rg/leg_counting", {"size": 50})]
+    streams = {seed: TaskSource(mix, seed=seed).draw(120) for seed in (3, 4)}
+    rebuilt = {seed: {(t.ref.seed + t.ref.index, t.question) for t in tasks} for seed, tasks in streams.items()}
+    assert not rebuilt[3] & rebuilt[4]
+    naive = [{(s + i, regenerate(TaskRef("rg/leg_counting", {"size": 50}, s, i)).question) for i in range(50)} for s in (3, 4)]
+    assert len(naive[0] & naive[1]) == 49  # what the spread avoids
+    # past the dataset's size a stream moves to a fresh seed rather than failing on an index out of range
+    assert [t.ref.index for t in streams[3][48:52]] == [48, 49, 0, 1]
+    assert streams[3][49].ref.seed != streams[3][50].ref.seed
+
+
 def test_task_source_follows_mix_weights():
     tasks = TaskSource([DatasetMix("arith", weight=1.0), DatasetMix("count", weight=3.0)], seed=0).draw(2000)
     share = sum(t.ref.dataset == "count" for t in tasks) / len(tasks)
