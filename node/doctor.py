@@ -9,6 +9,7 @@ import ipaddress
 import os
 import platform
 from dataclasses import replace
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -29,12 +30,24 @@ def _version(package: str) -> str | None:
         return None
 
 
+def cpu_model() -> str:
+    """The CPU's name (Linux's /proc/cpuinfo, else what `platform` knows): timings of runs on two machines only compare
+    when it is recorded beside them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
 def machine() -> list[tuple[str, str]]:
     import torch
 
     from trainer.memory import host_budget, total_bytes
 
-    rows = [("python", platform.python_version()), ("torch", f"{torch.__version__} ({torch.get_num_threads()} threads, "
+    rows = [("python", platform.python_version()), ("cpu", f"{cpu_model()} ({os.cpu_count()} cores)"), ("torch", f"{torch.__version__} ({torch.get_num_threads()} threads, "
                                                             f"{os.cpu_count()} cores)"),
             ("host memory", f"{total_bytes() / GB:.1f} GB; a node with no run.memory_gb plans in {host_budget() / GB:.1f} GB "
                             "(what is available now, less a margin for the rest of the machine)")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from types import SimpleNamespace
 
@@ -29,10 +30,11 @@ def test_doctor_reports_the_machine_and_the_plan_for_this_cpu(tiny_a, cache_dir,
     r = run_sapo("doctor", "--model.cache_dir", str(cache_dir), "--out", str(tmp_path))  # piped, at rich's 80 columns
     assert r.returncode == 0, r.stderr[-2000:]
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in r.stdout.splitlines() if line.count("│") == 3}
-    for row in ("torch", "host memory", "cuda", "cpu bfloat16", "mps", "vllm", "peft (LoRA)", "bitsandbytes", "p2p.listen", "addresses",
+    for row in ("cpu", "torch", "host memory", "cuda", "cpu bfloat16", "mps", "vllm", "peft (LoRA)", "bitsandbytes", "p2p.listen", "addresses",
                 "DHT rendezvous", "mDNS (LAN)", "port mapping (UPnP, NAT-PMP)"):
         assert row in rows, row
     # piped, the table keeps its own width: each row one line, not wrapped to 80 columns
+    assert rows["cpu"].endswith(f"({os.cpu_count()} cores)") and not rows["cpu"].startswith("unknown")
     assert rows["host memory"].endswith("(what is available now, less a margin for the rest of the machine)")
     assert "its speed on a GPU is unmeasured" in rows["vllm"]  # whether or not it is installed here
     assert "plan for tiny-a: cpu (" in r.stdout and "full fine-tuning, micro-batch 8;" in r.stdout  # the fastest on a CPU

@@ -15,6 +15,7 @@ from tests.conftest import ROOT
 import sapo_experiment as driver
 from experiment import grids, paired, report as reports
 from experiment.grids import Config
+from node.doctor import cpu_model
 
 
 def fake_run(cfg: Config, seed: int, cumulative: list[float], rounds: int = 5, models: tuple[str, ...] = ("tiny-a",)) -> dict:
@@ -211,6 +212,7 @@ def test_a_stopped_run_is_not_saved_and_a_failed_one_is_saved_marked_as_failed_w
     result = driver.run_one(cfg, 0, args, Console(file=open(log, "w"), width=300))
     saved = json.loads((tmp_path / "homogeneous-4-4-signal" / "seed0" / "result.json").read_text())
     assert result == saved and saved["failed"] == [KILLED] and "nodes" not in saved
+    assert saved["cpu"] == cpu_model() and saved["cpu"] != "unknown"  # seconds compare only on one named CPU
     assert f"homogeneous 4/4 signal seed 0: failed: {KILLED}" in log.read_text()
     rerun = []  # a failed run is run again, a finished one is not
     monkeypatch.setattr(driver, "run", lambda *a, **k: rerun.append(1) or {"per_node": [], "stopped": True, "failed": []})

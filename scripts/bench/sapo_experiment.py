@@ -41,6 +41,7 @@ from experiment.paired import mean, picked
 from experiment.report import report
 from node.argtypes import count, script_parser
 from node.bench import measured
+from node.doctor import cpu_model
 from node.metrics import MetricsLog
 from node.selection_config import RULES
 from node.swarm import SwarmError, SwarmSpec, run
@@ -166,7 +167,7 @@ def run_one(cfg: Config, seed: int, args: argparse.Namespace, console: Console) 
         raise SystemExit(f"sapo_experiment: stopped during {cfg.name} seed {seed}; finished runs are kept under {args.out}")
     result = {"config": cfg.name, **asdict(cfg), "seed": seed, "nodes_n": args.nodes, "rounds": args.rounds, **bed,
               "wall_seconds": time.time() - t0, "resumed_from_round": resumed_from, "cpus": os.cpu_count(),
-              "products": args.products,
+              "cpu": cpu_model(), "products": args.products,
               "failed": summary["failed"]}
     if summary["failed"]:
         for why in summary["failed"]:
