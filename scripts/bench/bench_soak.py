@@ -194,6 +194,7 @@ class Soak:
             self.smollm2 = self._watched(args.nodes, "smollm2", args.workdir / "smollm2")
             self.smollm2.args = node_args(args.nodes, self.smollm2.out, self.smollm2.port, first, args) + ["--model", "smollm2-135m", *rotate]
         self.flood: ProbeProcess | None = None
+        self.flood_started = 0.0
         self.events: list[dict] = []
         self.machine: list[dict] = []  # machine_cpu at every sample
         self.restarts: list[dict] = []
@@ -270,14 +271,15 @@ class Soak:
         kind, cycle = self._kind(phase)
         self._end_flood()
         flood = kind.split("+")[-1] if kind.endswith(("junk", "length")) else None
-        if flood == "junk":
-            code = stop(self.bootstrap)
-            self.bootstrap.start()
-            self.events.append({"t": now, "event": "bootstrap_restart", "exit_code": code})
-        if flood:
+        if flood:  # first: the bootstrap's stop below blocks, and the flood (aimed at a survivor) need not wait for it
             self.flood = ProbeProcess(self.args.workdir / "floods", f"{flood}{phase}", "--bootstrap", self.flood_target,
                                       "--rate", "2", "--groups", "8", "--completions", "8", "--chars", "200", "--unpaced",
                                       *FLOOD_ARGS[flood])
+            self.flood_started = now
+        if flood == "junk":
+            code = stop(self.bootstrap)
+            self.events.append({"t": now, "event": "bootstrap_restart", "exit_code": code, "stop_s": time.time() - now})
+            self.bootstrap.start()
         first = phase % len(self.args.phases) == 0
         if self.smollm2 and cycle == 1 and first:
             self.smollm2.start()
@@ -294,8 +296,10 @@ class Soak:
     def _end_flood(self) -> None:
         if self.flood is not None:
             cpu_s = process_stats(self.flood.proc.pid).get("cpu_s")  # the cores the attacker took from the swarm here
+            published = self.flood.events("published")
             self.events.append({"t": time.time(), "event": "flood_end", "flood": self.flood.name, "cpu_s": cpu_s,
-                                "published": len(self.flood.events("published")), "exit_code": self.flood.stop()})
+                                "published": len(published), "exit_code": self.flood.stop(),
+                                "s_to_first_publish": published[0]["t"] - self.flood_started if published else None})
             self.flood = None
 
     def save(self) -> None:
