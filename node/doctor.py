@@ -48,7 +48,7 @@ def machine() -> list[tuple[str, str]]:
     from trainer.memory import host_budget, total_bytes
 
     rows = [("python", platform.python_version()), ("cpu", f"{cpu_model()} ({os.cpu_count()} cores)"),
-            ("torch", f"{torch.__version__} ({torch.get_num_threads()} threads, {os.cpu_count()} cores)"),
+            ("torch", f"{torch.__version__} ({torch.get_num_threads()} threads)"),
             ("host memory", f"{total_bytes() / GB:.1f} GB; a node with no run.memory_gb plans in {host_budget() / GB:.1f} GB "
                             "(what is available now, less a margin for the rest of the machine)")]
     if torch.cuda.is_available():
