@@ -194,7 +194,6 @@ class Soak:
             self.smollm2 = self._watched(args.nodes, "smollm2", args.workdir / "smollm2")
             self.smollm2.args = node_args(args.nodes, self.smollm2.out, self.smollm2.port, first, args) + ["--model", "smollm2-135m", *rotate]
         self.flood: ProbeProcess | None = None
-        self.flood_started = 0.0
         self.events: list[dict] = []
         self.machine: list[dict] = []  # machine_cpu at every sample
         self.restarts: list[dict] = []
@@ -275,10 +274,10 @@ class Soak:
             self.flood = ProbeProcess(self.args.workdir / "floods", f"{flood}{phase}", "--bootstrap", self.flood_target,
                                       "--rate", "2", "--groups", "8", "--completions", "8", "--chars", "200", "--unpaced",
                                       *FLOOD_ARGS[flood])
-            self.flood_started = now
         if flood == "junk":
+            stopping = time.time()
             code = stop(self.bootstrap)
-            self.events.append({"t": now, "event": "bootstrap_restart", "exit_code": code, "stop_s": time.time() - now})
+            self.events.append({"t": now, "event": "bootstrap_restart", "exit_code": code, "stop_s": time.time() - stopping})
             self.bootstrap.start()
         first = phase % len(self.args.phases) == 0
         if self.smollm2 and cycle == 1 and first:
@@ -299,7 +298,7 @@ class Soak:
             published = self.flood.events("published")
             self.events.append({"t": time.time(), "event": "flood_end", "flood": self.flood.name, "cpu_s": cpu_s,
                                 "published": len(published), "exit_code": self.flood.stop(),
-                                "s_to_first_publish": published[0]["t"] - self.flood_started if published else None})
+                                "s_to_first_publish": published[0]["t"] - self.flood.started if published else None})
             self.flood = None
 
     def save(self) -> None:

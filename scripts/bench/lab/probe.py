@@ -313,6 +313,7 @@ class ProbeProcess:
         self.events_path = workdir / f"{name}.events.jsonl"
         self.log_path = workdir / f"{name}.log"
         self.key = key or workdir / f"{name}.key"
+        self.started = time.time()  # wall clock, as its events' "t"
         with open(self.log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
                 [*prefix, sys.executable, "-m", probe_module(cwd or ROOT), "--key", str(self.key), "--events", str(self.events_path), *args],
