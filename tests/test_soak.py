@@ -124,3 +124,16 @@ def test_a_soak_stopped_by_ctrl_c_before_its_duration_keeps_what_it_measured_mar
     assert not record["complete"] and record["ended"] < record["started"] + 3600
     assert record["processes"]["node0"]["samples"] and record["processes"]["node0"]["exit_code"] == 0
 
+
+
+@pytest.mark.parametrize("content,says", [(None, "No such file"), ("{oops", "Expecting property name"),
+                                          ('{"a": 1}', "not a soak record"), ("[1]", "not a soak record")])
+def test_a_report_of_a_missing_or_broken_file_is_one_line_naming_it(tmp_path, content, says):
+    path = tmp_path / "soak.json"
+    if content is not None:
+        path.write_text(content)
+    r = subprocess.run([sys.executable, "scripts/bench/bench_soak.py", "--report", str(path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"bench_soak.py: error: --report {path}: ") and says in line, line

@@ -580,8 +580,13 @@ def main() -> None:
     args = parse_args()
     console = Console(width=170)
     if args.report:
-        record = json.loads(args.report.read_text())
-        record["summary"] = summarize(record)  # from the raw series: an analysis changed since the run applies
+        try:
+            record = json.loads(args.report.read_text())
+            record["summary"] = summarize(record)  # from the raw series: an analysis changed since the run applies
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"bench_soak.py: error: --report {args.report}: {e}") from None
+        except (KeyError, TypeError, AttributeError) as e:
+            raise SystemExit(f"bench_soak.py: error: --report {args.report}: not a soak record ({e!r})") from None
         report(record, console)
         figure(record, args.report.with_suffix(".png"))
         return
