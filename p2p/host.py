@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 DIAL_TIMEOUT_S = 10.0
 EXCHANGE_MAX_PEERS = 32
 EXCHANGE_MAX_BYTES = 64 * 1024
+LINGER_S = 0.5  # after the last publish, how long a stopping node keeps its connections for peers to read it
 HINT_DIALS_PER_ANSWER = 4  # new peers dialed from one peer-exchange answer: a liar's answer costs at most this
 SHARD_CHECK_S = 2.0  # how often the shard level is re-decided
 DHT_SOURCE = "the DHT"  # who gave a hint found on the DHT: one source under the hint budget, never proven
@@ -145,6 +146,8 @@ class GossipHost:
         self.gossipsub = gossipsub_router(self.counts, cfg)
         self.pubsub = GuardedPubsub(self.host, self.gossipsub, strict_signing=True, counts=self.counts)
         self.outbox_send, self.outbox_recv = trio.open_memory_channel[bytes](64)
+        self.publishing = False
+        self.last_published: float | None = None  # trio time
         limits = cfg.limits  # receivers allow an author two of the largest messages at once: one is ours
         self.own_budget = Bucket(limits.max_author_kib_per_s * 1024, limits.max_message_bytes)
 
@@ -319,6 +322,7 @@ class GossipHost:
 
     async def _publish_outbox(self) -> None:
         async for data in self.outbox_recv:
+            self.publishing = True
             if wait := self.own_budget.take(len(data), trio.current_time()):  # else peers refuse it: `over_budget`
                 self.counts["publish_paced_s"] += wait
                 await trio.sleep(wait)
@@ -326,9 +330,20 @@ class GossipHost:
                 for topic in publish_topics(self.base, self.shard.key, self.shard.level):  # one message each
                     await self.pubsub.publish([topic], data)
                 self.counts["published"] += 1
+                self.last_published = trio.current_time()
             except Exception as e:
                 self.counts["publish_failed"] += 1
                 log.warning("publishing %d bytes failed: %s", len(data), e)
+            finally:
+                self.publishing = False
+
+    async def drain(self) -> None:
+        """Until every queued message is written and peers had LINGER_S to read the last: a node publishes its
+        last round moments before it exits, and closing its connections at once lost that round."""
+        while self.publishing or self.outbox_send.statistics().current_buffer_used:
+            await trio.sleep(0.05)
+        if self.last_published is not None:
+            await trio.sleep_until(self.last_published + LINGER_S)
 
     def enqueue(self, data: bytes) -> None:
         """Called on the trio thread (via TrioToken.run_sync_soon): never blocks the caller."""

@@ -129,16 +129,32 @@ class Gossip:
         live = host.stats()  # first: it counts the connected peers and the mesh afresh
         return {"peers": host.n_peers, "mesh_peers": host.n_mesh, **live, **host.counts, **LIBP2P_DROPS}
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, drain_s: float = 2.0) -> None:
+        """Send what is queued (at most `drain_s`), then close the host."""
         if self._token is not None and self._stop is not None and self._thread.is_alive():
             try:
-                self._token.run_sync_soon(self._stop.set)
+                self._token.run_sync_soon(self._begin_stop, drain_s)
             except trio.RunFinishedError:
                 pass
         if self._thread.is_alive():
             self._thread.join(timeout)
             if self._thread.is_alive():
                 log.warning("p2p thread did not stop within %.0f s; abandoning it", timeout)
+
+    def _begin_stop(self, drain_s: float) -> None:
+        """On the trio thread: drain, then stop; or stop at once where the host never got to run its tasks."""
+        if self._tasks is None:
+            self._stop.set()
+            return
+        try:
+            self._tasks.start_soon(self._drain_then_stop, drain_s)
+        except RuntimeError:  # the nursery has closed: the host is ending already
+            self._stop.set()
+
+    async def _drain_then_stop(self, within: float) -> None:
+        with trio.move_on_after(within):
+            await self._host.drain()
+        self._stop.set()
 
     def __enter__(self) -> "Gossip":
         return self.start()
