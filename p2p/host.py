@@ -53,7 +53,6 @@ EXCHANGE_MAX_BYTES = 64 * 1024
 LINGER_S = 0.5  # after the last publish, how long a stopping node keeps its connections for peers to read it
 HINT_DIALS_PER_ANSWER = 4  # new peers dialed from one peer-exchange answer: a liar's answer costs at most this
 SHARD_CHECK_S = 2.0  # how often the shard level is re-decided
-DHT_SOURCE = "the DHT"  # who gave a hint found on the DHT: one source under the hint budget, never proven
 LAN_SOURCE = "mDNS"  # ... and one heard on the LAN
 DELIVERED_TTL_S = 600.0  # a message is not handed on twice within this (the pool drops stale ones sooner)
 ELSEWHERE = {  # why a connected peer on another rollout topic family shares nothing with this node
@@ -456,16 +455,22 @@ class GossipHost:
             await self._dial_hints(responder, infos, connected)
 
     async def _rendezvous(self) -> None:
-        """Peers found on the DHT (`p2p.rendezvous`), dialed as hints under the same budget as peer exchange."""
+        """Peers found on the DHT (`p2p.rendezvous`), dialed as hints under the same budget as peer exchange: each
+        pick is charged to the server that named it, and one lookup dials at most `HINT_DIALS_PER_ANSWER` of them,
+        taken round-robin over the servers (`Region.picks`)."""
         profile = self.cfg.profile()
+        own = advertised(self.host.get_transport_addrs())
         self.rendezvous = Rendezvous(self.host, rendezvous_key(profile.namespace, profile.protocol), self.cfg.dht_peers(),
-                                     self.counts)
+                                     self.counts, self.hints, lambda info: self.reach.dialable(info, own))
 
-        async def found(infos: list[PeerInfo]) -> None:
-            if self._wants_peers():
-                await self._dial_hints(DHT_SOURCE, infos, self._connected())
+        async def found(picks: list[tuple[ID, PeerInfo]]) -> None:
+            start = self.counts["dials"]
+            for server, info in picks:
+                if self.counts["dials"] - start >= HINT_DIALS_PER_ANSWER or not self._wants_peers():
+                    return
+                await self._dial_hints(server, [info], self._connected())
 
-        await self.rendezvous.run(found, lambda: bool(self.pubsub.peers))
+        await self.rendezvous.run(found, lambda: set(self.pubsub.peers))
 
     async def _lan(self) -> None:
         """Peers announced on the LAN (`p2p.lan`), dialed as hints under the same budget as peer exchange."""

@@ -2,10 +2,13 @@
 
 Every node of a network provides one key, derived from the network's namespace and wire protocol, on the DHT
 (`/ipfs/kad/1.0.0`, the public one that kubo, go-, rust- and js-libp2p serve), and looks the key up to learn the
-others: go-libp2p's "chat with rendezvous" example, on py-libp2p's own `KadDHT`. A node is a DHT *client*: it asks
-and provides, and serves no records (a home node behind NAT could not). The providers it finds are hints like any
-other (`p2p.hints`): the host dials them within the same budget as peer exchange, and a DHT server it talked to is
-disconnected again after the lookup, so DHT traffic never takes a swarm peer's place.
+others: go-libp2p's "chat with rendezvous" example. A node is a DHT *client*: it asks and provides, and serves no
+records (a home node behind NAT could not). The lookups are our own (`p2p.kad`: disjoint paths, dials within a budget,
+the whole region around the key asked and told), since py-libp2p's let three servers near the key choose what the node
+dials and which providers it sees. The providers it finds are hints like any other (`p2p.hints`): the host dials a few
+from each answering server within the budget of peer exchange, a provider counts as found once it completes our gossip
+handshake, and a DHT server it talked to is disconnected again after the lookup, so DHT traffic never takes a swarm
+peer's place.
 """
 
 from __future__ import annotations
@@ -17,20 +20,20 @@ from collections.abc import Awaitable, Callable
 
 import trio
 from libp2p.abc import IHost
-from libp2p.kad_dht.kad_dht import PROTOCOL_ID as KAD_PROTOCOL, DHTMode, KadDHT, _encode_key
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
-from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
+
+from p2p.hints import HintBudget
+from p2p.kad import DIRECT_TCP, PROTOCOL as KAD_PROTOCOL, DialBudget, KadClient, key_bytes
 
 log = logging.getLogger(__name__)
 
 LOOKUP_TIMEOUT_S = 30.0  # one provide or one lookup, over however many DHT hops
 RETRY_S = 10.0  # the first wait before the next lookup while the node has no swarm peer, doubling up to REFRESH_S
 REFRESH_S = 600.0  # the next lookup (and a fresh provider record), once it has some
-PROVIDERS = 32  # providers asked for per lookup: hints, dialed a few at a time
 RESOLVE_TIMEOUT_S = 10.0  # one /dnsaddr name's DNS TXT lookups
-DIRECT_TCP = {"ip4", "ip6", "dns4", "dns6", "tcp", "p2p"}  # what an address may be made of for the host to dial it
+NAMED = 4096  # providers remembered as named by the DHT, until they are checked against gossip peers
 
 
 async def resolve_dns(addr: Multiaddr) -> list[Multiaddr]:
@@ -45,35 +48,41 @@ def rendezvous_key(namespace: str, protocol: int) -> str:
 
 
 class Rendezvous:
-    """A DHT client that provides `key` and looks it up, from the DHT peers at `bootstrap` (full multiaddrs)."""
+    """A DHT client that provides `key` and looks it up, from the DHT peers at `bootstrap` (full multiaddrs).
+    `dialable`: which of a DHT server's addresses this node should dial (`Reach.dialable`)."""
 
-    def __init__(self, host: IHost, key: str, bootstrap: list[str], counts: Counter[str],
+    def __init__(self, host: IHost, key: str, bootstrap: list[str], counts: Counter[str], hints: HintBudget,
+                 dialable: Callable[[PeerInfo], list[Multiaddr]],
                  resolve: Callable[[Multiaddr], Awaitable[list[Multiaddr]]] = resolve_dns):
-        self.host, self.key, self.counts, self.resolve = host, key, counts, resolve
+        self.host, self.key, self.counts, self.resolve = host, key_bytes(key), counts, resolve
         self.bootstrap = [info_from_p2p_addr(Multiaddr(a)) for a in bootstrap]
-        self.dht = KadDHT(host, DHTMode.CLIENT, enable_values=False)
-        self.providers: set[ID] = set()  # every provider seen, for stats
+        self.kad = KadClient(host, DialBudget(host, hints), dialable)
+        self.named: set[ID] = set()  # providers the DHT named (at most `NAMED`): claims
+        self.providers: set[ID] = set()  # ... of which completed our gossip handshake: found, for stats
 
-    async def run(self, found: Callable[[list[PeerInfo]], Awaitable[None]], has_peers: Callable[[], bool]) -> None:
-        """Provide and look up, then hand what was found to `found`; again in `RETRY_S`, doubling, while
-        `has_peers()` is false (a node alone on a network nobody else has joined asks less and less often), else in
-        `REFRESH_S`. Every `RETRY_S` the connections DHT servers hold to us are closed (a server
-        may dial its table's peers, clients included)."""
+    async def run(self, found: Callable[[list[tuple[ID, PeerInfo]]], Awaitable[None]],
+                  gossip_peers: Callable[[], set[ID]]) -> None:
+        """Look up and provide, then hand `found` the providers as (server that named it, provider) picks; again in
+        `RETRY_S`, doubling, while no peer speaks our gossip (a node alone on a network nobody else has joined asks
+        less and less often), else in `REFRESH_S`. Every `RETRY_S` the connections DHT servers hold to us are closed
+        (a server may dial its table's peers, clients included)."""
         due, wait = 0.0, RETRY_S
-        async with background_trio_service(self.dht):
-            while True:
-                if trio.current_time() >= due:
-                    if await self._join():
-                        infos = await self._lookup()
-                        self.counts["dht_lookups"] += 1
-                        self.providers.update(i.peer_id for i in infos)
-                        await found(infos)
-                    if has_peers():
-                        due, wait = trio.current_time() + REFRESH_S, RETRY_S
-                    else:
-                        due, wait = trio.current_time() + wait, min(2 * wait, REFRESH_S)
-                await self._leave_dht_servers()
-                await trio.sleep(RETRY_S)
+        while True:
+            if trio.current_time() >= due:
+                if await self._join():
+                    picks = await self._lookup()
+                    if len(self.named) > NAMED:
+                        self.named.clear()
+                    self.named.update(info.peer_id for _, info in picks)
+                    await found(picks)
+                    self.counts["dht_lookups"] += 1
+                if gossip_peers():
+                    due, wait = trio.current_time() + REFRESH_S, RETRY_S
+                else:
+                    due, wait = trio.current_time() + wait, min(2 * wait, REFRESH_S)
+            await self._leave_dht_servers()
+            self.providers |= self.named & gossip_peers()
+            await trio.sleep(RETRY_S)
 
     async def _join(self) -> bool:
         """Connect to the DHT bootstrap peers not connected yet; whether any is connected."""
@@ -87,7 +96,6 @@ class Rendezvous:
                     except Exception as e:  # an unreachable DHT peer is one of several
                         log.debug("DHT bootstrap peer %s unreachable: %s", info.peer_id, e)
                         continue
-            await self.dht.add_peer(info.peer_id)
         connected = set(self.host.get_connected_peers())
         if any(i.peer_id in connected for i in self.bootstrap):
             return True
@@ -112,27 +120,28 @@ class Rendezvous:
                     log.debug("resolving %s failed: %s", addr, e)
         return [_without_peer(a) for a in out]
 
-    async def _lookup(self) -> list[PeerInfo]:
-        """Our provider record, then the key's providers other than us, one entry per peer.
-
-        py-libp2p's `find_providers` answers from the local provider store whenever it holds the key, and never asks
-        the network then: a node that provides the key itself (every node here does), or found providers before,
-        would only ever find itself or the first ones it found. A client serves no records, so its local entries for
-        the key are dropped before each lookup (tests/test_rendezvous.py shows the library's behaviour)."""
+    async def _lookup(self) -> list[tuple[ID, PeerInfo]]:
+        """One walk to the key's region, our provider record at each of its servers, and the providers they named,
+        as picks (`Region.picks`)."""
+        connected = set(self.host.get_connected_peers())
+        known = [i for i in self.bootstrap if i.peer_id in connected]
+        with trio.move_on_after(LOOKUP_TIMEOUT_S) as scope:
+            region = await self.kad.lookup(self.key, known)
+        if scope.cancelled_caught:
+            self.counts["dht_lookup_timeouts"] += 1
+            return []
+        self.counts["dht_servers_dialed"] += region.dialed
+        self.counts["dht_servers_failed"] += region.failed
         with trio.move_on_after(LOOKUP_TIMEOUT_S):
-            if not await self.dht.provide(self.key):
+            if not await self.kad.provide(self.key, region.servers):
                 self.counts["dht_provide_failed"] += 1
-        self.dht.provider_store.providers.pop(_encode_key(self.key), None)
-        found: dict[ID, PeerInfo] = {}
-        with trio.move_on_after(LOOKUP_TIMEOUT_S):
-            for info in await self.dht.find_providers(self.key, PROVIDERS):
-                if info.peer_id != self.host.get_id() and info.addrs:
-                    found.setdefault(info.peer_id, PeerInfo(info.peer_id, [_without_peer(a) for a in info.addrs]))
-        return list(found.values())
+        return region.picks({self.host.get_id()})
 
     async def _leave_dht_servers(self) -> None:
-        """Close connections to peers that serve the DHT and not our gossip: they are not swarm peers."""
+        """Close connections to peers that serve the DHT and not our gossip: they are not swarm peers. Those the
+        operator did not name leave the address book too."""
         store = self.host.get_peerstore()
+        named = {i.peer_id for i in self.bootstrap}
         for peer in self.host.get_connected_peers():
             try:
                 protocols = set(store.get_protocols(peer))
@@ -140,6 +149,8 @@ class Rendezvous:
                 continue
             if KAD_PROTOCOL in protocols and not any(p.startswith("/meshsub/") for p in protocols):
                 await self.host.disconnect(peer)
+                if peer not in named:
+                    store.clear_addrs(peer)
 
 
 def _peer_of(addr: Multiaddr) -> ID | None:

@@ -19,7 +19,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
 from p2p.config import P2PConfig
-from p2p.hints import SOURCE_FAILURES
+from p2p.hints import SOURCE_FAILURES, HintBudget
 from p2p.rendezvous import Rendezvous, rendezvous_key
 from lab.dht import DHTServers
 from tests.test_gossip import ConnectionCounter, log_lines, made_up_peer, spawn, wait_heard  # noqa: F401 - spawn is a fixture
@@ -59,7 +59,8 @@ def test_a_dnsaddr_dht_peer_is_dialed_at_the_tcp_addresses_its_dns_records_give_
 
     def addresses(resolve) -> tuple[list[str], Counter]:
         counts: Counter[str] = Counter()
-        r = Rendezvous(new_host(key_pair=create_new_key_pair()), rendezvous_key("testnet", 3), [boot], counts, resolve)
+        r = Rendezvous(new_host(key_pair=create_new_key_pair()), rendezvous_key("testnet", 3), [boot], counts,
+                       HintBudget(60.0), lambda info: info.addrs, resolve)
         return [str(a) for a in trio.run(r._addresses, r.bootstrap[0])], counts
 
     assert addresses(records)[0] == ["/ip4/198.51.100.7/tcp/4001"] and asked == [boot]  # its TCP address only
@@ -111,35 +112,6 @@ def test_nodes_that_know_only_different_dht_servers_of_two_implementations_find_
     finally:
         js.close()
         py.close()
-
-
-def test_a_node_that_provides_the_key_still_finds_the_other_providers():
-    """py-libp2p's `find_providers` answers from the local store whenever it holds the key: a node that provides the
-    key (every node does) found only itself. `Rendezvous` asks the network."""
-    servers = DHTServers(1)
-    key = rendezvous_key("local", 3)
-
-    async def scenario() -> tuple[set[ID], set[ID], ID]:
-        hosts = [new_host(key_pair=create_new_key_pair()) for _ in range(2)]
-        async with AsyncExitStack() as stack:
-            for h in hosts:
-                await stack.enter_async_context(h.run(listen_addrs=[Multiaddr("/ip4/127.0.0.1/tcp/0")]))
-            first, second = (Rendezvous(h, key, servers.addrs, Counter()) for h in hosts)
-            for r in (first, second):
-                await stack.enter_async_context(background_trio_service(r.dht))
-                assert await r._join()
-            await first._lookup()
-            await second.dht.provide(key)
-            library = {i.peer_id for i in await second.dht.find_providers(key)}
-            ours = {i.peer_id for i in await second._lookup()}
-            return library, ours, hosts[0].get_id()
-
-    try:
-        library, ours, first_id = trio.run(scenario)
-    finally:
-        servers.close()
-    assert first_id not in library  # the library's answer: this node alone
-    assert ours == {first_id}
 
 
 @pytest.mark.slow

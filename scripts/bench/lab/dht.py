@@ -1,27 +1,41 @@
-"""py-libp2p Kademlia DHT servers that know each other: the public DHT's stand-in in tests and the network lab.
+"""py-libp2p Kademlia DHT servers that know each other: the public DHT's stand-in in tests and the network lab; and
+hostile ones that answer `/ipfs/kad/1.0.0` by hand.
 
 `DHTServers(n)` runs them on a trio thread of the calling process (on 127.0.0.1); `python -m scripts.bench.lab.dht
 --listen-ip IP [--servers N] [--peer ADDR ...]` runs them as a process of their own (in a lab namespace), prints one
-JSON line with their full multiaddrs once listening, and runs until SIGTERM/SIGINT.
+JSON line with their full multiaddrs once listening, and runs until SIGTERM/SIGINT. `HostileDHT(n, key, ...)` runs `n`
+servers whose ids are ground near a key (`GROUND_BITS`) and that answer every FIND_NODE and GET_PROVIDERS with made-up
+closer peers, made-up providers or both, at addresses of the caller's choosing, and drop every ADD_PROVIDER.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import random
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 
 import trio
+import varint
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.keys import KeyPair
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT, _encode_key
+from libp2p.kad_dht.pb.kademlia_pb2 import Message
+from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.tools.anyio_service import background_trio_service
+from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 from multiaddr import Multiaddr
+
+from p2p.kad import PROTOCOL as KAD
+
+GROUND_BITS = 8  # leading bits a hostile server's id shares with the key (about 256 key generations each)
 
 
 async def serve(n: int, listen_ip: str, peers: list[str], started: Callable[[list[str], list[KadDHT]], None],
@@ -47,38 +61,127 @@ async def serve(n: int, listen_ip: str, peers: list[str], started: Callable[[lis
         await stop.wait()
 
 
-class DHTServers:
+class TrioThread:
+    """Servers on a trio thread of their own, started by `serve(started, stop)`, which calls `started()` once they
+    listen; `call(fn, *args)` runs a function on that thread."""
+
+    def __init__(self, serve: Callable[[Callable[[], None], trio.Event], Awaitable[None]]):
+        self._ready, self._token, self._stop = threading.Event(), None, None
+        self._thread = threading.Thread(target=trio.run, args=(self._main, serve), daemon=True)
+        self._thread.start()
+        assert self._ready.wait(30), "the DHT servers did not start"
+
+    async def _main(self, serve) -> None:
+        self._token, self._stop = trio.lowlevel.current_trio_token(), trio.Event()
+        await serve(self._ready.set, self._stop)
+
+    def call(self, fn, *args):
+        return trio.from_thread.run(fn, *args, trio_token=self._token)
+
+    def close(self) -> None:
+        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        self._thread.join(timeout=10)
+
+
+class DHTServers(TrioThread):
     """`n` servers on 127.0.0.1 on a trio thread of their own. `addrs`: their full multiaddrs."""
 
     def __init__(self, n: int):
         self.addrs: list[str] = []
         self.dhts: list[KadDHT] = []
-        self._ready, self._token, self._stop = threading.Event(), None, None
-        self._thread = threading.Thread(target=trio.run, args=(self._serve, n), daemon=True)
-        self._thread.start()
-        assert self._ready.wait(30), "the DHT servers did not start"
 
-    async def _serve(self, n: int) -> None:
-        self._token, self._stop = trio.lowlevel.current_trio_token(), trio.Event()
-
-        def started(addrs: list[str], dhts: list[KadDHT]) -> None:
-            self.addrs, self.dhts = addrs, dhts
-            self._ready.set()
-        await serve(n, "127.0.0.1", [], started, self._stop)
+        async def run(ready: Callable[[], None], stop: trio.Event) -> None:
+            def started(addrs: list[str], dhts: list[KadDHT]) -> None:
+                self.addrs, self.dhts = addrs, dhts
+                ready()
+            await serve(n, "127.0.0.1", [], started, stop)
+        super().__init__(run)
 
     def add_providers(self, key: str, providers: list[PeerInfo]) -> None:
         """Provider records for `key` on the first server, as a flood of fake providers would leave them."""
-        store = self.dhts[0].provider_store
         for info in providers:
-            trio.from_thread.run_sync(store.add_provider, _encode_key(key), info, trio_token=self._token)
+            self.call(_sync, self.dhts[0].provider_store.add_provider, _encode_key(key), info)
 
     def remove_providers(self, key: str) -> None:
-        trio.from_thread.run_sync(self.dhts[0].provider_store.providers.pop, _encode_key(key), None,
-                                  trio_token=self._token)
+        self.call(_sync, self.dhts[0].provider_store.providers.pop, _encode_key(key), None)
 
-    def close(self) -> None:
-        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        self._thread.join(timeout=10)
+    def know(self, addrs: list[str]) -> None:
+        """Every server connects to these servers and puts them in its routing table (and so in its answers)."""
+        async def know() -> None:
+            for dht in self.dhts:
+                for addr in addrs:
+                    info = info_from_p2p_addr(Multiaddr(addr))
+                    await dht.host.connect(info)
+                    await dht.add_peer(info.peer_id)
+        self.call(know)
+
+
+async def _sync(fn, *args):
+    return fn(*args)
+
+
+def ground_key_pair(key: bytes, bits: int = GROUND_BITS) -> KeyPair:
+    """A key pair whose peer id's Kademlia position shares `bits` leading bits with `key`'s."""
+    target = int.from_bytes(hashlib.sha256(key).digest(), "big") >> (256 - bits)
+    while True:
+        pair = create_new_key_pair()
+        pid = ID.from_pubkey(pair.public_key)
+        if int.from_bytes(hashlib.sha256(pid.to_bytes()).digest(), "big") >> (256 - bits) == target:
+            return pair
+
+
+def made_up_peers(n: int, addrs: list[str], per_peer: int, rng: random.Random) -> list[Message.Peer]:
+    """`n` peer entries with fresh ids, each listing `per_peer` of `addrs`."""
+    out = []
+    for _ in range(n):
+        peer = Message.Peer(id=ID.from_pubkey(create_new_key_pair().public_key).to_bytes())
+        peer.addrs.extend(Multiaddr(a).to_bytes() for a in rng.sample(addrs, min(per_peer, len(addrs))))
+        out.append(peer)
+    return out
+
+
+class HostileDHT(TrioThread):
+    """`n` hostile DHT servers on `listen_ip`, ids ground near `key` (a hex multihash). Every FIND_NODE and
+    GET_PROVIDERS is answered with `closer` made-up peers and, for GET_PROVIDERS, `providers` made-up providers, each
+    at `per_peer` of the addresses `at` (fresh ids for every answer); ADD_PROVIDER is read and dropped. `asked` counts requests by
+    type name."""
+
+    def __init__(self, n: int, key: str, at: list[str], closer: int = 20, providers: int = 0, per_peer: int = 4,
+                 listen_ip: str = "127.0.0.1"):
+        self.addrs: list[str] = []
+        self.asked: dict[str, int] = {}
+        rng = random.Random(0)
+
+        async def handle(stream) -> None:
+            try:
+                while True:
+                    request = Message()
+                    request.ParseFromString(await read_varint_prefixed_bytes_limited(stream, 64 * 1024))
+                    kind = Message.MessageType.Name(request.type)
+                    self.asked[kind] = self.asked.get(kind, 0) + 1
+                    if request.type == Message.MessageType.ADD_PROVIDER:
+                        continue
+                    answer = Message(type=request.type, key=request.key)
+                    answer.closerPeers.extend(made_up_peers(closer, at, per_peer, rng))
+                    if request.type == Message.MessageType.GET_PROVIDERS:
+                        answer.providerPeers.extend(made_up_peers(providers, at, per_peer, rng))
+                    data = answer.SerializeToString()
+                    await stream.write(varint.encode(len(data)) + data)
+            except Exception:  # noqa: BLE001 - the asker closed the stream
+                pass
+            finally:
+                await stream.close()
+
+        async def run(ready: Callable[[], None], stop: trio.Event) -> None:
+            hosts = [new_host(key_pair=ground_key_pair(bytes.fromhex(key))) for _ in range(n)]
+            async with AsyncExitStack() as stack:
+                for h in hosts:
+                    await stack.enter_async_context(h.run(listen_addrs=[Multiaddr(f"/ip4/{listen_ip}/tcp/0")]))
+                    h.set_stream_handler(KAD, handle)
+                self.addrs = [str(h.get_addrs()[0]) for h in hosts]
+                ready()
+                await stop.wait()
+        super().__init__(run)
 
 
 async def _main(args: argparse.Namespace) -> None:
