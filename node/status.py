@@ -192,6 +192,16 @@ def families(s: dict) -> list[Metric]:
            [({}, p2p.get("relayed_bytes", 0))])
     metric("relay_paced_seconds_total", "counter", "seconds relayed circuits waited for p2p.relay_kib_per_s",
            [({}, p2p.get("relay_paced_s", 0))])
+    metric("dialback_answers_total", "counter", "dial-back answers: proven (the nonce came back over a new direct "
+           "connection), unreached, unproven (a claim of reaching this node without the nonce)",
+           [({"answer": a}, p2p.get(f"dialback_{a}", 0)) for a in ("proven", "unreached", "unproven")])
+    metric("dialback_disagreeing_total", "counter", "dial-back answers against the verdict their check left",
+           [({}, p2p.get("dialback_disagreeing", 0))])
+    metric("reachability_changes_total", "counter", "times this node's reachability verdict changed",
+           [({}, p2p.get("reachability_changes", 0))])
+    metric("dht_servers_dialed_total", "counter", "DHT servers this node's lookups dialed that it was not given, and "
+           "of those the dials that failed (made-up servers cost at most 4 failures a minute)",
+           [({"outcome": "dialed"}, p2p.get("dht_servers_dialed", 0)), ({"outcome": "failed"}, p2p.get("dht_servers_failed", 0))])
     metric("publish_paced_seconds_total", "counter", "seconds this node's messages waited for p2p.limits."
            "max_author_kib_per_s (receivers refuse an author's bytes past it)", [({}, p2p.get("publish_paced_s", 0))])
     metric("peers_other_protocol", "gauge", "connected peers gossiping rollouts under another protocol version",

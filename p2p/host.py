@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import ipaddress
 import logging
 import math
 import random
@@ -31,6 +30,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.address_validation import expand_wildcard_address
 from multiaddr import Multiaddr
 
+from p2p.addrbook import RECORD_S, REJOIN_DIALS, REJOIN_RETRY_S, SOURCE as BOOK_SOURCE, AddressBook, Entry, network_group
 from p2p.bucket import Bucket
 from p2p.config import P2PConfig
 from p2p.hints import REMEMBERED, HintBudget
@@ -39,7 +39,7 @@ from p2p.peerstore import OrderedPeerStore
 from p2p.policy import MessagePolicy
 from p2p.portmap import PortMap, private_port
 from p2p.pubsub import GuardedPubsub, gossipsub_router
-from p2p.reach import Reach, is_circuit, remote_ip, subnet_of
+from p2p.reach import Reach, is_circuit, remote_ip
 from p2p.rendezvous import Rendezvous, rendezvous_key
 from p2p.seen import SeenKeys
 from p2p.shards import publish_topics, shard_topic, shared_bits, topic_level
@@ -99,9 +99,11 @@ class NoBackgroundDials(AutoConnector):
 
 class GossipHost:
     def __init__(self, cfg: P2PConfig, key_pair: KeyPair, policy: MessagePolicy,
-                 on_message: Callable[[WireMessage], None], useful: Callable[[str], bool] | None = None):
+                 on_message: Callable[[WireMessage], None], useful: Callable[[str], bool] | None = None,
+                 book: AddressBook | None = None):
         """`useful`: whether an author (base58 peer id) has proven itself to this node's selection; only such
-        authors set its shard level (`ShardLevel.useful`). None: every author with valid rollouts."""
+        authors set its shard level (`ShardLevel.useful`). None: every author with valid rollouts. `book`: the
+        node's address book (`p2p.addrbook`; None: one in memory, never saved)."""
         self.cfg = cfg
         self.policy = policy
         self.on_message = on_message
@@ -149,6 +151,7 @@ class GossipHost:
         self.last_published: float | None = None  # trio time
         limits = cfg.limits  # receivers allow an author two of the largest messages at once: one is ours
         self.own_budget = Bucket(limits.max_author_kib_per_s * 1024, limits.max_message_bytes)
+        self.book = book if book is not None else AddressBook()
 
     def _advertised(self, addrs: list[Multiaddr]) -> list[Multiaddr]:
         """What identify tells peers to dial (py-libp2p asks before `self.reach` exists)."""
@@ -199,6 +202,7 @@ class GossipHost:
             if self.cfg.mdns:
                 nursery.start_soon(self._lan)
             nursery.start_soon(self.reach.run, self._connected, nursery)
+            nursery.start_soon(self._keep_book)
             task_status.started()
             await stop.wait()
             nursery.cancel_scope.cancel()
@@ -274,20 +278,113 @@ class GossipHost:
                 "shard_topics": len(self.reading),  # own, probes, and for a while after a move the old one
                 "shard_probes": sorted(self.shard.probes),
                 "peers_other_protocol": self.n_other_protocol, "peers_other_network": self.n_other_network,
-                "dht_providers": len(self.rendezvous.providers) if self.rendezvous else None,
+                "dht_providers": len(self.rendezvous.proven(set(self.pubsub.peers))) if self.rendezvous else None,
                 "mdns": self.lan.active if self.lan else False,
-                "port_mapping": self.portmap.why if self.portmap else None}
+                "port_mapping": self.portmap.why if self.portmap else None,
+                "book_tried": len(self.book.tried), "book_new": len(self.book.new),
+                "book_anchors_dialed": self.counts["book_anchors_dialed"], "book_rejoined": self.counts["book_rejoined"]}
+
+    # -- address book -------------------------------------------------------------------------
+
+    async def _keep_book(self) -> None:
+        """Rejoin through the address book (`p2p.addrbook`) at start, record peers as they prove themselves and
+        save what changed every `RECORD_S`, and once more at stop. While the node has no peer at all it runs
+        another rejoin round, `REJOIN_RETRY_S` after the last, the wait doubling up to `max_backoff_s`: a stale
+        book costs a few failed dials a minute, never a stream of them."""
+        delay, due = REJOIN_RETRY_S, trio.current_time()
+        try:
+            while True:
+                if trio.current_time() >= due:
+                    await self._rejoin()
+                    due, delay = trio.current_time() + delay, min(2 * delay, self.cfg.max_backoff_s)
+                await trio.sleep(RECORD_S)
+                self._record_proven()
+                if self.book.changed:
+                    self.book.save()
+                if self._connected():  # once every peer is lost, a round within REJOIN_RETRY_S
+                    delay, due = REJOIN_RETRY_S, trio.current_time() + REJOIN_RETRY_S
+        finally:  # at stop: a few kilobytes written at once, nothing awaited
+            self._record_proven()
+            if self.book.changed:
+                self.book.save()
+
+    async def _rejoin(self) -> None:
+        """The anchors all at once (a dead one costs its timeout once, not one each), then the book's other
+        candidates one by one while the node wants peers, at most `REJOIN_DIALS` of them."""
+        anchors, others = self.book.anchors(), self.book.candidates()  # before a failure drops a stale anchor
+        async with trio.open_nursery() as nursery:
+            for entry in anchors:
+                nursery.start_soon(self._dial_from_book, entry, True, True)
+        dials = 0
+        for entry, proven in others:
+            if dials == REJOIN_DIALS or not self._wants_peers():
+                return
+            dials += await self._dial_from_book(entry, proven) is not None
+
+    async def _dial_from_book(self, entry: Entry, proven: bool, anchor: bool = False) -> bool | None:
+        """Dial a peer of the book as a hint (`p2p.hints`): an address that failed within the window is not dialed
+        again, whoever named it. A tried peer is a hint of a proven source (it once proved itself: its failures
+        spend none of the allowance strangers' hints share, so a stale book does not stop the DHT's hints); a
+        heard-of one is a stranger's. None: not dialed (connected, or no address the budget allows)."""
+        peer, now = ID.from_base58(entry.peer), trio.current_time()  # the book keeps only rows that read
+        info = PeerInfo(peer, [Multiaddr(a) for a in entry.addrs])
+        addrs = [a for a in self.reach.dialable(info, advertised(self.host.get_transport_addrs()))
+                 if self.hints.may_dial(_addr_key(a), now)][:self.hints.allowance(now, proven)]
+        if peer == self.me or peer in self._connected() or not addrs:
+            return None
+        self.counts["book_anchors_dialed"] += anchor
+        if await self._dial(PeerInfo(peer, addrs)):
+            self.counts["book_rejoined"] += 1
+            log.info("connected to %s from the address book", peer)
+            return True
+        self.host.get_peerstore().clear_addrs(peer)  # nothing else dials it (`NoBackgroundDials`)
+        self.hints.failed([_addr_key(a) for a in addrs], BOOK_SOURCE, trio.current_time(), proven)
+        self.book.failed(entry.peer, time.time())
+        return False
+
+    def _record_proven(self) -> None:
+        """Connected peers on our gossip protocol whose messages our validator accepted (`reach.slots.participants`)
+        proved themselves: into the book's tried table, at the addresses identify gave for them, grouped by the
+        address they are connected from (which they cannot choose, unlike the ones they announce)."""
+        store, now = self.host.get_peerstore(), time.time()
+        for peer in self._connected():
+            if peer not in self.pubsub.peers or peer not in self.reach.slots.participants \
+                    or (ip := remote_ip(self.host, peer)) is None:
+                continue
+            try:
+                addrs = [str(a) for a in store.addrs(peer)]
+            except Exception:  # no addresses (yet, or expired): py-libp2p raises
+                continue
+            self.book.proven(peer.to_base58(), addrs, network_group(ip, peer.to_base58()), now)
+
+    def _book_heard(self, source: Hashable, infos: list[PeerInfo]) -> None:
+        """A peer a source named (a peer-exchange answer, a DHT server, an mDNS record) and our dial reached: into the
+        book's new table under the source's network group (mDNS is a group of its own; a source that left before
+        the dial ended, none). Only a peer that answered at that address: a rejoin redials no host a liar merely
+        named (hinted fakes got no connection after their liars left, and keep getting none)."""
+        group = str(source)
+        if isinstance(source, ID):
+            if (ip := remote_ip(self.host, source)) is None:
+                return
+            group = network_group(ip, source.to_base58())
+        self.book.heard(group, [(i.peer_id.to_base58(), [str(a) for a in i.addrs]) for i in infos if i.peer_id != self.me],
+                        time.time())
 
     # -- gossip -------------------------------------------------------------------------------
 
     def _validate(self, forwarder: ID, msg) -> bool:
+        """GossipSub asks once per message, with the neighbour that brought it: the author is heard in our shard
+        here, vouched for by its own connection, or by the forwarder's when it is not connected to us."""
         if msg.from_id == self.me.to_bytes():
             return True
+        author = ID(msg.from_id)
         try:
-            self.policy.check(msg.data, ID(msg.from_id).to_base58(), topics=list(msg.topicIDs))
+            self.policy.check(msg.data, author.to_base58(), topics=list(msg.topicIDs))
         except Rejected as r:
-            log.debug("rejected message from %s via %s: %s", ID(msg.from_id), forwarder, r)
+            log.debug("rejected message from %s via %s: %s", author, forwarder, r)
             return False
+        self.shard.hear(msg.from_id, time.time(), topic_level(self.base, msg.topicIDs[0]),  # one shard topic: checked
+                        self._group(author) or self._group(forwarder) or forwarder.to_base58())
         return True
 
     async def _read(self, subscription, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -301,8 +398,6 @@ class GossipHost:
 
     def _deliver(self, msg) -> None:
         now = time.time()
-        self.shard.hear(msg.from_id, now, topic_level(self.base, msg.topicIDs[0]),  # one shard topic: `_validate`
-                        self._subnet(ID(msg.from_id)))
         digest = hashlib.sha256(msg.data).digest()
         if digest in self._delivered:  # the same payload under a second topic we read (a probe, a move)
             return
@@ -313,11 +408,11 @@ class GossipHost:
         except Exception:  # a consumer bug must not stop the gossip layer
             log.exception("handling a received message failed")
 
-    def _subnet(self, author: ID) -> str | None:
-        """The subnet an author is connected to us from, by which `ShardLevel` counts it; None when it is not
-        connected directly or connects over loopback (every process of one machine: one owner's)."""
-        ip = remote_ip(self.host, author)
-        return None if ip is None or ipaddress.ip_address(ip).is_loopback else subnet_of(ip)
+    def _group(self, peer: ID) -> str | None:
+        """The network group `peer` is connected to us from (`network_group`: its subnet, over loopback the peer
+        itself), by which `ShardLevel` counts the authors it vouches for; None when it is not connected directly."""
+        ip = remote_ip(self.host, peer)
+        return None if ip is None else network_group(ip, peer.to_base58())
 
     async def _publish_outbox(self) -> None:
         async for data in self.outbox_recv:
@@ -365,18 +460,26 @@ class GossipHost:
         return peers
 
     async def _dial(self, info: PeerInfo) -> bool:
-        """Directly, or through its relays when it lists any (it cannot be dialed directly then)."""
+        """Directly, or through its relays when it lists any (it cannot be dialed directly then); address by
+        address, each one connection attempt. py-libp2p's `connect` dials one TCP address of all those its peer
+        store holds for the peer, and after a failure none for 60 s: each attempt here leaves it the one address,
+        and our own budgets decide what is dialed again."""
+        if info.peer_id in self.host.get_connected_peers():  # it dialed us meanwhile: keep the addresses identify gave
+            return True
         self.counts["dials"] += 1
         relayed = [a for a in info.addrs if is_circuit(a)]
-        attempts = [lambda a=a: self.reach.dial(a, info.peer_id) for a in relayed] if relayed else \
-            [lambda: self.host.connect(info)]
-        for attempt in attempts:
+        for addr in relayed or info.addrs:
             with trio.move_on_after(DIAL_TIMEOUT_S):
                 try:
-                    await attempt()
+                    if relayed:
+                        await self.reach.dial(addr, info.peer_id)
+                    else:
+                        self.host.get_peerstore().clear_addrs(info.peer_id)
+                        self.host.get_network().unblock_peer(info.peer_id)
+                        await self.host.connect(PeerInfo(info.peer_id, [addr]))
                     return True
                 except Exception as e:
-                    log.debug("dial %s failed: %s", info.peer_id, e)
+                    log.debug("dial %s at %s failed: %s", info.peer_id, addr, e)
         self.counts["dial_failed"] += 1
         return False
 
@@ -412,14 +515,16 @@ class GossipHost:
             await trio.sleep(0.5)
 
     async def _serve_peer_list(self, stream) -> None:
-        """Peer exchange, responder side: the peers we are connected to, with their addresses."""
+        """Peer exchange, responder side: the peers we are connected to that speak our gossip, with their addresses.
+        Not the others: a DHT server that dialed us is no swarm peer, and an asker that dialed it from our answer
+        closed it again at its next sweep (`p2p.rendezvous`), some 200 dials a node in 10 minutes."""
         try:
             asker = stream.muxed_conn.peer_id
             store = self.host.get_peerstore()
             entries = []
             near = self.shard.key_of(asker.to_bytes())  # the asker's own shard first: those are the peers it most wants
             relayed = self.reach.relayed_entries()
-            for pid in sorted((p for p in self._connected() if p != asker),
+            for pid in sorted((p for p in self._connected() if p != asker and p in self.pubsub.peers),
                               key=lambda p: -shared_bits(near, self.shard.key_of(p.to_bytes()))):
                 if addrs := [*relayed.get(pid, []), *map(str, store.addrs(pid))][:8]:
                     entries.append({"id": pid.to_base58(), "addrs": addrs})
@@ -464,11 +569,13 @@ class GossipHost:
                                      self.counts, self.hints, lambda info: self.reach.dialable(info, own))
 
         async def found(picks: list[tuple[ID, PeerInfo]]) -> None:
-            start = self.counts["dials"]
+            tried = 0
             for server, info in picks:
-                if self.counts["dials"] - start >= HINT_DIALS_PER_ANSWER or not self._wants_peers():
+                if tried == HINT_DIALS_PER_ANSWER or not self._wants_peers():
                     return
-                await self._dial_hints(server, [info], self._connected())
+                if info.peer_id not in self._connected() and self.hints.may_ask(server, trio.current_time()):
+                    tried += 1
+                    await self._dial_hints(server, [info], self._connected())
 
         await self.rendezvous.run(found, lambda: set(self.pubsub.peers))
 
@@ -492,7 +599,9 @@ class GossipHost:
 
     async def _dial_hints(self, responder: Hashable, infos: list[PeerInfo], connected: set[ID]) -> None:
         """Dial the new peers of one answer, nearest our shard first, within the answer's and the addresses'
-        budgets (`self.hints`); a failed dial counts against its addresses and the responder."""
+        budgets (`self.hints`): each peer address by address (`HintBudget.allowance`), every failed attempt
+        charged to its address, and a peer reached at none of them to the responder. An mDNS answer's addresses
+        are kept apart per peer id (`_addr_key`)."""
         budget = self.hints
         dials, proven = 0, responder in self.bootstrap_ids
         own = advertised(self.host.get_transport_addrs())
@@ -502,17 +611,26 @@ class GossipHost:
             if dials == HINT_DIALS_PER_ANSWER or not budget.may_ask(responder, trio.current_time()):
                 return
             now = trio.current_time()
-            addrs = [a for a in self.reach.dialable(info, own) if budget.may_dial(_addr_key(a), now)][:budget.allowance(now, proven)]
-            if info.peer_id == self.me or info.peer_id in connected or not addrs:
+            by_key = {_addr_key(a, info.peer_id if responder == LAN_SOURCE else None): a
+                      for a in self.reach.dialable(info, own)}
+            keys = [k for k in by_key if budget.may_dial(k, now)][:budget.allowance(now, proven)]
+            if info.peer_id == self.me or info.peer_id in connected or not keys:
                 continue
             if not await self._make_room(shared_bits(self.shard.key, self.shard.key_of(info.peer_id.to_bytes()))):
                 return  # hints are sorted: the rest are no nearer
             dials += 1
-            if await self._dial(PeerInfo(info.peer_id, addrs)):
+            missed = []
+            for key in keys:
+                if await self._dial(PeerInfo(info.peer_id, [by_key[key]])):
+                    break
+                missed.append(key)
+            if len(missed) < len(keys):
+                budget.missed(missed, trio.current_time(), proven)
+                self._book_heard(responder, [PeerInfo(info.peer_id, [by_key[k] for k in keys])])
                 log.info("discovered peer %s", info.peer_id)
                 continue
             self.host.get_peerstore().clear_addrs(info.peer_id)  # nothing else dials a failed hint (DHT, identify)
-            keys = [_addr_key(a) for a in addrs]
+            self.book.failed(info.peer_id.to_base58(), time.time())  # ... nor the address book's rejoin
             budget.failed(keys, responder, trio.current_time(), proven)
             self.counts["hints_failed"] += 1
             for key in (k for k in keys if k not in self._logged_hints):
@@ -521,20 +639,23 @@ class GossipHost:
                          key, responder, self.cfg.max_backoff_s)
 
     def _wants_peers(self) -> bool:
-        """Below `max_peers`, or short of D neighbours on our shard's topic (then a nearer peer may take
-        a farther one's place)."""
+        """Below `max_peers`, or short of `split_authors` neighbours on our shard's topic (then a nearer peer may
+        take a farther one's place). Authors count toward a split by the network group of the connection that
+        vouches for them (`_validate`), so a node splits only once that many of its shard are its own neighbours;
+        shard keys are redrawn every epoch while connections stay, and with D neighbours as the bar a node would
+        stop seeking its new shard's peers at about level 2, whatever the swarm's size."""
         return len(self._connected()) < self.cfg.max_peers \
-            or len(self.pubsub.peer_topics.get(self.topic, ())) < self.cfg.mesh_degree
+            or len(self.pubsub.peer_topics.get(self.topic, ())) < self.cfg.shards.split_authors
 
     async def _make_room(self, shared: int) -> bool:
         """Whether a peer sharing `shared` key bits with us may be dialed: below `max_peers`; at it, only a
-        peer of our own shard while fewer than D neighbours listen on our shard's topic, in place of the
-        connected peer farthest from our shard that neither listens on it nor is a bootstrap peer."""
+        peer of our own shard while fewer than `split_authors` neighbours listen on our shard's topic (`_wants_peers`),
+        in place of the connected peer farthest from our shard that neither listens on it nor is a bootstrap peer."""
         connected = self._connected()
         if len(connected) < self.cfg.max_peers:
             return True
         listening = self.pubsub.peer_topics.get(self.topic, set())
-        if shared < self.shard.level or len(listening) >= self.cfg.mesh_degree:
+        if shared < self.shard.level or len(listening) >= self.cfg.shards.split_authors:
             return False
         spare = [p for p in connected if p not in listening and p not in self.bootstrap_ids]
         if not spare:
@@ -567,10 +688,16 @@ class GossipHost:
         return None
 
 
-def _addr_key(addr: Multiaddr) -> str:
+def _addr_key(addr: Multiaddr, peer: ID | None = None) -> str:
     """What a dial's backoff is kept by: the address (many fresh peer ids at one address cost one dial),
-    or, through a relay, the whole circuit (one unreachable peer does not bar its relay's others)."""
-    return str(addr) if is_circuit(addr) else str(addr).split("/p2p/")[0]
+    or, through a relay, the whole circuit (one unreachable peer does not bar its relay's others). With `peer`
+    (an mDNS answer, which anyone on the LAN can send for any id at any address), that peer at the address: a
+    made-up record bars only the id it made up, never the real peer announced there (py-libp2p reports an mDNS
+    service only when it is first added, so a barred address lost the real announcement)."""
+    if is_circuit(addr):
+        return str(addr)
+    bare = str(addr).split("/p2p/")[0]
+    return f"{bare}/p2p/{peer}" if peer else bare
 
 
 def _parse_peer_list(data: bytes) -> list[PeerInfo]:

@@ -4,8 +4,11 @@ Every node announces its addresses under a service type of its network (`service
 `_p2p._udp.local` would find every IPFS node in the house) and listens for the others'. mDNS runs only on the
 interfaces the node listens on: a node on 127.0.0.1 (every test, `sapo swarm`) multicasts nothing, since nothing on
 a LAN could dial it. What a listener hears is a hint like any other (`p2p.hints`): the host dials it within the same
-budget as peer exchange. zeroconf calls back on a thread of its own; the hints cross to the trio thread by a
-bounded channel, and a full channel drops them (the next announcement brings them again).
+budget as peer exchange, except that a failed answer bars only its peer id at that address (`p2p.host._addr_key`):
+anyone on the LAN can announce any id at any address, and py-libp2p reports a service only when it first appears, so
+a barred address would lose the real peer's announcement for the whole window. zeroconf calls back on a thread of
+its own; the hints cross to the trio thread by a bounded channel, and a full channel drops them (the next
+announcement brings them again).
 """
 
 from __future__ import annotations

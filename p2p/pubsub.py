@@ -74,6 +74,15 @@ class CountingGossipSub(GossipSub):
         undo path indexes `mesh[topic]` after an await, when a shard move may have left the topic. Pruning
         an oversubscribed mesh by score is what keeps the neighbours that deliver."""
 
+    def add_peer(self, peer_id: ID, protocol_id) -> None:
+        """A peer connecting anew (a restarted node, same id) starts with no GRAFT backoff: the backoff left from its
+        previous life refused every GRAFT of the restarted node, and each refusal extended it, so a node rejoining
+        through its address book stayed connected and unfed for over a minute (tests/test_addrbook.py). A peer
+        that drops and redials to shed a backoff pays a connection and a handshake each time."""
+        for peers in self.back_off.values():
+            peers.pop(peer_id, None)
+        super().add_peer(peer_id, protocol_id)
+
     async def _do_px(self, px_peers: list[rpc_pb2.PeerInfo]) -> None:
         """Peers named in a PRUNE are not dialed: py-libp2p dials up to 16 of them per PRUNE whatever the
         sender's score, outside the node's hint budget (`p2p.hints`), so any neighbour could aim the node's

@@ -1,14 +1,16 @@
 """Reachability behind home routers: whether peers can dial us, and circuit relay v2 when they cannot.
 
-A node learns whether it can be dialed by asking a few peers to dial it back (`/sapo/<ns>/dialback`):
-the peer opens a TCP connection to the address it sees us at, on our listen ports, and says which
-answered. py-libp2p 0.8.1's AutoNAT cannot answer this (its dial-back reuses the connection already
-open, so every node looks public: measured), hence this small protocol of our own. A node nobody can
-dial reserves a slot on `relays` public peers (circuit relay v2, py-libp2p's implementation) and is
-then reached through them at `<relay addr>/p2p/<relay>/p2p-circuit/p2p/<us>`; its outbound connections
-are direct as always. Public nodes serve as relays (`relay_slots` reservations each) and tell askers of
-their peer list how to reach the peers that reserved with them. Hole punching (DCUtR) is not used:
-on py-libp2p 0.8.1 the punched connection replaced the relayed one and GossipSub stopped on it (measured).
+A node learns whether it can be dialed by asking a few peers to dial it back (`/sapo/<ns>/dialback`), as
+libp2p's AutoNAT v2 does: the asker sends a fresh nonce, and the peer dials the address it sees us at, on our
+listen ports, on a connection of its own, and hands the nonce over it; only a nonce that arrives proves the dial.
+py-libp2p 0.8.1's AutoNAT cannot answer this (its dial-back reuses the connection already open, so every node
+looks public: measured), hence this small protocol of our own. A verdict needs the agreement of peers in two
+network groups (`verdict`), so one peer that lies cannot move it either way. A node nobody can dial reserves a
+slot on `relays` public peers (circuit relay v2, py-libp2p's implementation) and is then reached through them at
+`<relay addr>/p2p/<relay>/p2p-circuit/p2p/<us>`; its outbound connections are direct as always. Public nodes
+serve as relays (`relay_slots` reservations each) and tell askers of their peer list how to reach the peers that
+reserved with them. Hole punching (DCUtR) is not used: on py-libp2p 0.8.1 the punched connection replaced the
+relayed one and GossipSub stopped on it (measured).
 """
 
 from __future__ import annotations
@@ -17,20 +19,27 @@ import contextlib
 import ipaddress
 import logging
 import random
+import secrets
 from collections import Counter
 from enum import Enum
 
 import msgpack
 import trio
-from libp2p.abc import IHost
+from libp2p.abc import IHost, IRawConnection, ISecureConn, ISecureTransport
+from libp2p.connection_types import ConnectionType
 from libp2p.custom_types import TProtocol
+from libp2p.io.exceptions import IOException
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
+from libp2p.protocol_muxer.multiselect_client import MultiselectClient
+from libp2p.protocol_muxer.multiselect_communicator import MultiselectCommunicator
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL, CircuitV2Protocol
 from libp2p.relay.circuit_v2.resources import RelayLimits, RelayResourceManager
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
+from libp2p.security.exceptions import HandshakeFailure
 from libp2p.tools.anyio_service import background_trio_service
+from libp2p.transport.tcp.tcp import TCP
 from multiaddr import Multiaddr
 
 from p2p.bucket import Bucket, Buckets
@@ -39,9 +48,12 @@ from p2p.seen import SeenKeys
 
 log = logging.getLogger(__name__)
 
-DIALBACK_TIMEOUT_S = 5.0
+DIALBACK_TIMEOUT_S = 5.0  # per port dialed back
 DIALBACK_MAX_PORTS = 4
-DIALBACK_ASK = 3  # peers asked per check: public if any of them reached us
+DIALBACK_ASK = 3  # peers asked per check, each of another network group while there are others
+DIALBACK_QUORUM = 2  # network groups that must agree on a verdict (all there are, when a node is connected to fewer)
+NONCE_BYTES = 16  # the dial-back's proof: only a connection that really reached us can hand it back
+EARLY_RECHECK_S = 75.0  # after a change of verdict or a check that settled nothing (past a server's one dial-back a minute)
 RELAY_RETRY_S = 4.0  # a first refusal is mostly a peer that has not yet learned it is public (a second after us, seen)
 RELAY_RETRY_MAX_S = 60.0  # ... later ones a relay waiting for us to have taken part long enough (p2p.relay_after_s)
 RECHECK_S = 600.0  # addresses change (a new lease, a new router): check again this often
@@ -255,8 +267,40 @@ def tcp_ports(addrs: list[Multiaddr]) -> list[int]:
     return sorted({int(a.value_for_protocol("tcp")) for a in addrs if "tcp" in [p.name for p in a.protocols()]})
 
 
+def verdict(answers: list[tuple[str, bool]], groups: int) -> tuple[Reachability | None, int]:
+    """What one check's answers settle, and how many network groups back it. Each answer is the answering peer's
+    group and whether it reached us (our nonce came back); a group counts once on each side it answered for. A side
+    wins with `DIALBACK_QUORUM` groups, or all `groups` the node is connected to when there are fewer, and more
+    groups than the other side; else nothing is settled. A "reached" cannot be forged, and one liar's "not reached"
+    (free to send) is one group: it neither makes a verdict alone nor outweighs two honest groups."""
+    reached, unreached = ({g for g, ok in answers if ok is side} for side in (True, False))
+    need = max(1, min(DIALBACK_QUORUM, groups))
+    for side, other, state in ((reached, unreached, Reachability.PUBLIC), (unreached, reached, Reachability.PRIVATE)):
+        if len(side) >= need and len(side) > len(other):
+            return state, len(side)
+    return None, 0
+
+
+class NonceTaker(ISecureTransport):
+    """Where a dial-back's nonce comes in (`Reach.nonce_protocol`): negotiated on a new inbound TCP connection in
+    place of a security protocol, so that the connection never becomes one to a peer. It is read, checked and
+    closed here, and the swarm drops it as a failed handshake (a dial-back over a secured, multiplexed connection
+    from a throwaway identity showed that identity as a connected peer for 0.1 s: identify, GossipSub and peer
+    exchange turned to it). It secures nothing."""
+
+    def __init__(self, reach: Reach):
+        self.reach = reach
+
+    async def secure_inbound(self, conn: IRawConnection) -> ISecureConn:
+        await self.reach._take_nonce(conn)
+        raise HandshakeFailure("a dial-back's nonce, not a security protocol")
+
+    async def secure_outbound(self, conn: IRawConnection, peer_id: ID) -> ISecureConn:
+        raise HandshakeFailure("a dial-back's nonce, not a security protocol")
+
+
 class Reach:
-    """Our reachability, our relay reservations when private, and our relay service when public."""
+    """Our reachability, our relay reservations when not known public, and our relay service when public."""
 
     def __init__(self, cfg: P2PConfig, host: IHost, counts: Counter[str]):
         self.cfg = cfg
@@ -269,16 +313,23 @@ class Reach:
         self.protocol = MeteredRelay(host, limits, RelayMeter(cfg.relay_kib_per_s << 10, counts))
         self.slots = self.protocol.resource_manager = ParticipantSlots(limits, host, counts, cfg.relay_after_s)
         self.transport = CircuitV2Transport(host, self.protocol, RelayConfig(roles=RelayRole.STOP | RelayRole.CLIENT))
-        self.dialback_protocol = TProtocol(f"/sapo/{cfg.profile().namespace}/dialback/1.0.0")
+        self.dialback_protocol = TProtocol(f"/sapo/{cfg.profile().namespace}/dialback/2.0.0")
+        self.nonce_protocol = TProtocol(f"/sapo/{cfg.profile().namespace}/dialback-nonce/2.0.0")
         self.reserved: dict[ID, Multiaddr] = {}  # relay -> our address through it (without /p2p/<us>)
         self._served = SeenKeys(60.0, 4096)  # askers answered in the last minute: one dial-back each
+        self._asked: dict[bytes, bool] = {}  # nonce of a dial-back waiting for its answer -> whether it came in
+        self.reached = False  # whether the last check with answers had one that proved a peer reached us
         self._hop = False
 
     # -- what others should dial ---------------------------------------------------------------
 
     def advertised(self, direct: list[Multiaddr]) -> list[Multiaddr]:
-        """Our direct addresses, or, when nobody can dial them, our addresses through our relays."""
-        return list(self.reserved.values()) if self.state is Reachability.PRIVATE else direct
+        """Our direct addresses, or, when nobody can dial them, our addresses through our relays; both while we do
+        not know (a relay grants a slot only to a peer its own dial-back could not reach)."""
+        if self.state is Reachability.PUBLIC:
+            return direct
+        relayed = list(self.reserved.values())
+        return relayed if self.state is Reachability.PRIVATE else direct + relayed
 
     def relayed_entries(self) -> dict[ID, list[str]]:
         """As a relay: how to reach each peer that holds a reservation with us."""
@@ -311,32 +362,43 @@ class Reach:
 
     # -- background tasks ------------------------------------------------------------------------
 
+    def set_handlers(self) -> None:
+        """Serve dial-backs, and take the nonces of our own (after the security protocols: this node never
+        proposes it first when it dials)."""
+        self.host.set_stream_handler(self.dialback_protocol, self._serve_dialback)
+        self.host.get_network().upgrader.security_multistream.add_transport(self.nonce_protocol, NonceTaker(self))
+
     async def run(self, connected, nursery: trio.Nursery) -> None:
         """Keep our reachability known, and our relay reservations or relay service up to date.
-        `connected()` gives the peers we hold direct connections to."""
-        self.host.set_stream_handler(self.dialback_protocol, self._serve_dialback)
+        `connected()` gives the peers we hold direct connections to. While the answers settle nothing and none
+        proved that a peer reached us, we keep relay slots as a fallback too (a node that one peer did reach
+        would only be refused: a relay grants a slot to a peer its own dial-back could not reach)."""
+        self.set_handlers()
         await nursery.start(self._run_protocol)
         ask = AskAgain()  # peers that refused a reservation are not asked again for a while
-        checked_at = -RECHECK_S
+        due = 0.0
         while True:
             now = trio.current_time()
             peers = [p for p in connected() if p in self.direct_peers()]
-            if self.cfg.reachability == "auto" and peers and now - checked_at >= RECHECK_S:
-                if (found := await self._check(peers)) is not None:
-                    checked_at = now
-                    self._set(found)
+            if self.cfg.reachability == "auto" and peers and now >= due:
+                due = now + await self._recheck(peers)
             if self.state is Reachability.PUBLIC and self.cfg.relay_slots and not self._hop:
                 self._serve_relay()
-            if self.state is Reachability.PRIVATE:
-                for relay in [r for r in self.reserved if r not in peers]:
-                    del self.reserved[relay]
-                    log.info("lost relay %s", relay)
-                for relay in [p for p in peers if p not in self.reserved and ask.may_ask(p, now)][:self.cfg.relays - len(self.reserved)]:
-                    if await self._reserve(relay, nursery):
-                        ask.granted(relay)
-                    else:
-                        ask.refused(relay, now)
+            if self.state is Reachability.PRIVATE or (self.state is Reachability.UNKNOWN and not self.reached):
+                await self._keep_reservations(peers, ask, nursery)
             await trio.sleep(2.0)
+
+    async def _keep_reservations(self, peers: list[ID], ask: AskAgain, nursery: trio.Nursery) -> None:
+        """Forget relays we lost; ask connected peers for slots until we hold `relays` (each refusal backs off)."""
+        for relay in [r for r in self.reserved if r not in peers]:
+            del self.reserved[relay]
+            log.info("lost relay %s", relay)
+        now = trio.current_time()
+        for relay in [p for p in peers if p not in self.reserved and ask.may_ask(p, now)][:self.cfg.relays - len(self.reserved)]:
+            if await self._reserve(relay, nursery):
+                ask.granted(relay)
+            else:
+                ask.refused(relay, now)
 
     def _serve_relay(self) -> None:
         self._hop = True
@@ -355,6 +417,7 @@ class Reach:
             log.info("reachability: %s%s", found.value, "" if found is Reachability.PUBLIC else
                      f" (no peer could dial us back); reserving slots on {self.cfg.relays} relays")
             self.state = found
+            self.counts["reachability_changes"] += 1
 
     def direct_peers(self) -> set[ID]:
         """Peers we hold a connection to that does not go through a relay."""
@@ -363,7 +426,7 @@ class Reach:
 
     async def _reserve(self, relay: ID, nursery: trio.Nursery) -> bool:
         """Ask `relay` to dial us back first: a relay serves only peers it found it could not reach."""
-        await self._check([relay])
+        await self._ask(relay, self._ports())
         with trio.move_on_after(DIALBACK_TIMEOUT_S * 2):
             try:
                 stream = await self.host.new_stream(relay, [HOP_PROTOCOL])
@@ -379,29 +442,101 @@ class Reach:
 
     # -- dial-back -------------------------------------------------------------------------------
 
-    async def _check(self, peers: list[ID]) -> Reachability | None:
-        """Ask up to DIALBACK_ASK peers to dial us back: public if any reached us, private if all that
-        answered did not, None if none answered."""
-        ports = tcp_ports(self.host.get_transport_addrs())[:DIALBACK_MAX_PORTS]
-        answers = []
-        for peer in random.sample(peers, min(DIALBACK_ASK, len(peers))):
-            with trio.move_on_after(DIALBACK_TIMEOUT_S * 2):
-                try:
-                    stream = await self.host.new_stream(peer, [self.dialback_protocol])
-                    await stream.write(msgpack.packb({"ports": ports}))
-                    reply = msgpack.unpackb(await stream.read(1024))
-                    await stream.close()
-                    if reply.get("relayed"):  # it reaches us through a relay: it cannot tell
-                        continue
-                    reached = [p for p in reply.get("reached", []) if p in ports]
-                    answers.append(bool(reached))
-                    if reached:
-                        break
-                except Exception as e:
-                    log.debug("dial-back by %s failed: %s", peer, e)
+    def _ports(self) -> list[int]:
+        return tcp_ports(self.host.get_transport_addrs())[:DIALBACK_MAX_PORTS]
+
+    def group_of(self, peer: ID) -> str | None:
+        """The network group a peer counts in: the /24 or /48 its connection comes from (`subnet_of`). Loopback
+        groups like any address, so a swarm of processes on 127.0.0.1 is one group, and its nodes settle on
+        one answer (a verdict asks at most as many groups as a node is connected to)."""
+        ip = remote_ip(self.host, peer)
+        return subnet_of(ip) if ip else None
+
+    async def _recheck(self, peers: list[ID]) -> float:
+        """Check and act on the verdict; return when to check again. A check nobody answered is repeated at
+        the next turn; one that confirmed what we believed with `DIALBACK_QUORUM` groups, after `RECHECK_S`; any other
+        (a change, a verdict from the one group we are connected to, answers that settle nothing) after
+        `EARLY_RECHECK_S`, when the peers asked may answer again."""
+        groups = {p: g for p in peers if (g := self.group_of(p)) is not None}
+        answers = await self._check(groups)
         if not answers:
+            return 0.0
+        found, support = verdict(answers, len(set(groups.values())))
+        self.reached = any(ok for _, ok in answers)
+        settled = found is self.state and support >= DIALBACK_QUORUM
+        if found is not None:
+            self._set(found)
+        if self.state is not Reachability.UNKNOWN:
+            self.counts["dialback_disagreeing"] += sum(ok is not (self.state is Reachability.PUBLIC) for _, ok in answers)
+        return RECHECK_S if settled else EARLY_RECHECK_S
+
+    async def _check(self, groups: dict[ID, str]) -> list[tuple[str, bool]]:
+        """Ask up to DIALBACK_ASK peers at once, one per network group first, to dial us back; the answers,
+        each with its peer's group (`verdict`)."""
+        by_group: dict[str, list[ID]] = {}
+        for peer, group in groups.items():
+            by_group.setdefault(group, []).append(peer)
+        firsts = [random.choice(peers) for peers in by_group.values()]
+        rest = [p for p in groups if p not in firsts]
+        random.shuffle(firsts)
+        random.shuffle(rest)
+        ports, answers = self._ports(), []
+
+        async def ask(peer: ID) -> None:
+            if (reached := await self._ask(peer, ports)) is not None:
+                answers.append((groups[peer], reached))
+
+        async with trio.open_nursery() as nursery:
+            for peer in (firsts + rest)[:DIALBACK_ASK]:
+                nursery.start_soon(ask, peer)
+        return answers
+
+    async def _ask(self, peer: ID, ports: list[int]) -> bool | None:
+        """One dial-back: True when `peer` handed our nonce over a new direct connection, False when it
+        answered without (whatever it says: one that claims it reached us is counted, `dialback_unproven`),
+        None when it did not answer (refused, timed out, over a relay, asked again within the minute)."""
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        self._asked[nonce] = False
+        reply = None
+        try:
+            with trio.move_on_after(DIALBACK_TIMEOUT_S * (len(ports) + 1)):
+                stream = await self.host.new_stream(peer, [self.dialback_protocol])
+                try:
+                    await stream.write(msgpack.packb({"ports": ports, "nonce": nonce}))
+                    reply = msgpack.unpackb(await stream.read(1024))
+                finally:
+                    await stream.close()
+        except Exception as e:
+            log.debug("dial-back by %s failed: %s", peer, e)
+        finally:
+            reached = self._asked.pop(nonce)
+        if reached:
+            self.counts["dialback_proven"] += 1
+            return True
+        if not isinstance(reply, dict) or "reached" not in reply:
             return None
-        return Reachability.PUBLIC if any(answers) else Reachability.PRIVATE
+        self.counts["dialback_unproven" if reply["reached"] else "dialback_unreached"] += 1
+        return False
+
+    async def _take_nonce(self, conn: IRawConnection) -> None:
+        """A dial-back's nonce, on a connection dialed to us (`NonceTaker`). It proves the dial when it is one we
+        are waiting for and the connection came directly (through a relay it would only prove the relay
+        reachable); anything else is counted (`dialback_nonce_refused`)."""
+        try:
+            nonce = b""
+            with trio.move_on_after(DIALBACK_TIMEOUT_S):
+                while len(nonce) < NONCE_BYTES and (data := await conn.read(NONCE_BYTES - len(nonce))):
+                    nonce += data
+            if nonce in self._asked and not conn.is_initiator and conn.get_connection_type() is ConnectionType.DIRECT:
+                self._asked[nonce] = True
+            else:
+                self.counts["dialback_nonce_refused"] += 1
+        except Exception as e:
+            self.counts["dialback_nonce_refused"] += 1
+            log.debug("taking a dial-back nonce failed: %s", e)
+        finally:
+            with trio.CancelScope(shield=True):
+                await conn.close()  # the server waits for this: we have read its nonce
 
     def _relayed(self, stream) -> bool:
         """Whether a stream runs over a relayed connection (or one no longer known): the address it
@@ -411,34 +546,70 @@ class Reach:
         return conn is None or any(map(is_circuit, conn.get_transport_addresses()))
 
     async def _serve_dialback(self, stream) -> None:
-        """Dial the asker back at the IP its direct connection comes from, on at most 4 of its ports,
-        once a minute per asker: nobody can point us at a third party. Over a relay that IP is the
-        relay's, so the answer is that we cannot tell (dialing would scan the relay's host)."""
+        """Dial the asker back at the IP its direct connection comes from, on at most 4 of its ports in
+        turn until its nonce is handed over (`_deliver`), once a minute per asker: nobody can point us at a
+        third party. Over a relay that IP is the relay's, so the answer is that we cannot tell (dialing would
+        scan the relay's host). A request that is not one (no nonce, not a map, not sent in time, a stream that
+        breaks) is counted, `dialback_malformed`, and left unanswered."""
         try:
             asker = stream.muxed_conn.peer_id
             remote = stream.get_remote_address()
-            request = msgpack.unpackb(await stream.read(1024))
+            request = None
+            with trio.move_on_after(DIALBACK_TIMEOUT_S):
+                request = msgpack.unpackb(await stream.read(1024))
             if self._relayed(stream):
                 self.counts["dialback_relayed"] += 1
                 await stream.write(msgpack.packb({"relayed": True}))
                 return
-            ports = [p for p in request.get("ports", []) if isinstance(p, int) and 0 < p < 65536][:DIALBACK_MAX_PORTS]
+            nonce = request.get("nonce") if isinstance(request, dict) else None
+            ports = request.get("ports") if isinstance(request, dict) else None
+            if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES or not isinstance(ports, list):
+                self.counts["dialback_malformed"] += 1
+                return
+            ports = [p for p in ports if isinstance(p, int) and 0 < p < 65536][:DIALBACK_MAX_PORTS]
+            now = trio.current_time()
+            self._served.forget_expired(now)
+            if not remote or asker in self._served:
+                self.counts["dialback_limited"] += 1
+                await stream.write(msgpack.packb({"limited": True}))
+                return
+            self._served.add(asker, now)
             reached = []
-            self._served.forget_expired(trio.current_time())
-            if remote and asker not in self._served:
-                self._served.add(asker, trio.current_time())
-                for port in ports:
-                    with trio.move_on_after(DIALBACK_TIMEOUT_S):
-                        try:
-                            tcp = await trio.open_tcp_stream(remote[0], port)
-                            await tcp.aclose()
-                            reached.append(port)
-                        except OSError:
-                            pass
-                if ports and not reached:  # it needs a relay: it may reserve a slot with us
-                    self.slots.unreachable.add(asker, trio.current_time())
+            for port in ports:
+                if await self._deliver(remote[0], port, nonce):
+                    reached.append(port)
+                    break
+            if ports and not reached:  # it needs a relay: it may reserve a slot with us
+                self.slots.unreachable.add(asker, trio.current_time())
+            self.counts["dialbacks_served"] += 1
             await stream.write(msgpack.packb({"reached": reached}))
         except Exception as e:
+            self.counts["dialback_malformed"] += 1
             log.debug("serving a dial-back failed: %s", e)
         finally:
             await stream.close()
+
+    async def _deliver(self, ip: str, port: int, nonce: bytes) -> bool:
+        """Dial ip:port on a new TCP connection, negotiate `nonce_protocol` there (multistream-select, where a
+        security protocol goes: `NonceTaker`), write the nonce and wait for the asker to close; True once it has.
+
+        Not through our host: py-libp2p keeps one connection per peer (`max_connections_per_peer=1`), so a dial
+        from it reuses the one the request came over and proves nothing (why py-libp2p's AutoNAT calls every peer
+        public). Measured on loopback: about 3 ms a dial-back, both ends' CPU included (a Noise and Yamux connection
+        from a throwaway identity took 0.12 s and 15 ms, and showed the asker a peer for 0.1 s)."""
+        raw = None
+        with trio.move_on_after(DIALBACK_TIMEOUT_S):
+            try:
+                raw = await TCP().dial(Multiaddr(f"/{'ip6' if ':' in ip else 'ip4'}/{ip}/tcp/{port}"))
+                await MultiselectClient().select_one_of([self.nonce_protocol], MultiselectCommunicator(raw))
+                await raw.write(nonce)
+                with contextlib.suppress(IOException):
+                    await raw.read(1)  # the asker closes the connection once it has the nonce
+                return True
+            except Exception as e:
+                log.debug("dial-back to %s:%d failed: %s", ip, port, e)
+            finally:
+                if raw is not None:
+                    with trio.CancelScope(shield=True):
+                        await raw.close()
+        return False

@@ -81,8 +81,13 @@ class Rendezvous:
                 else:
                     due, wait = trio.current_time() + wait, min(2 * wait, REFRESH_S)
             await self._leave_dht_servers()
-            self.providers |= self.named & gossip_peers()
+            self.proven(gossip_peers())
             await trio.sleep(RETRY_S)
+
+    def proven(self, gossip_peers: set[ID]) -> set[ID]:
+        """The providers found so far: those the DHT named that have spoken our gossip (now, or before)."""
+        self.providers |= self.named & gossip_peers
+        return self.providers
 
     async def _join(self) -> bool:
         """Connect to the DHT bootstrap peers not connected yet; whether any is connected."""

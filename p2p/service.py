@@ -20,6 +20,7 @@ from typing import TypeVar
 import trio
 from libp2p.custom_types import TProtocol
 
+from p2p.addrbook import AddressBook
 from p2p.config import P2PConfig
 from p2p.host import GossipHost
 from p2p.identity import load_or_create, peer_id
@@ -42,6 +43,7 @@ class Gossip:
         self.cfg, self._useful = cfg, useful
         self.key_pair = load_or_create(key_file)
         self.peer_id = peer_id(self.key_pair)
+        self.book = AddressBook.beside(key_file)  # peers that proved themselves, redialed first at start
         self.policy = MessagePolicy(cfg.limits, cfg.rollout_topic_base(), cfg.profile().shard_epoch_s, signal=signal)
         self._on_message = on_message
         self._host: GossipHost | None = None
@@ -176,7 +178,7 @@ class Gossip:
     async def _trio_main(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()
-        self._host = GossipHost(self.cfg, self.key_pair, self.policy, self._on_message, self._useful)
+        self._host = GossipHost(self.cfg, self.key_pair, self.policy, self._on_message, self._useful, self.book)
         async with trio.open_nursery() as nursery:
             self._tasks = nursery  # what `spawn` starts ends with the host
             await nursery.start(self._host.serve, self._stop)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 MAX_LEVEL = 24  # 16 million shards: far beyond any swarm this protocol expects
@@ -101,7 +101,13 @@ class ShardLevel:
     authors whose groups it used count, itself included: six ids ground into a node's level-8 shard (about
     2^L key generations each, per epoch), each publishing one valid message every few seconds, pulled a
     3-node swarm's node to level 8 in 9 s and held it there, its honest groups cut from 4 a round to 0.1. A
-    bootstrap-only node, which uses nothing, counts every author with valid rollouts. `pinned`
+    bootstrap-only node, which uses nothing, counts every author with valid rollouts. Authors count by the
+    network group of the connection that vouches for them (`hear`): the author's own when it is connected to
+    us, else the one its message came over. While an author that was not connected counted alone, twelve ids
+    ground into a node's level-8 shard, whose messages all came over one connection of a thirteenth id, took
+    it to level 8 in 27 s and held it. An honest shard's authors are connected to each other (a node dials
+    the peers nearest its shard key first) or reach it through neighbours that are shard authors themselves,
+    so their count is unchanged (`scripts/bench/simulate_swarm.py` models it). `pinned`
     fixes the level (0 floods every rollout to every node, as protocol 1 did). A new epoch moves the
     node to its new shard at the same level and starts its hearing over."""
 
@@ -115,7 +121,7 @@ class ShardLevel:
     level: int = 0
     since: float | None = None  # when this level was taken: a full window is heard before it widens
     heard: dict[tuple[bytes, int], float] = field(default_factory=dict)  # (author, level heard at) -> last heard
-    subnets: dict[bytes, str] = field(default_factory=dict)  # author -> the subnet it is connected to us from
+    groups: dict[bytes, Hashable] = field(default_factory=dict)  # author -> the network group that vouched for it last
     probes: dict[int, float] = field(default_factory=dict)  # level probed -> when the probe started
     probed: dict[int, float] = field(default_factory=dict)  # level -> when its last probe started
     useful: Callable[[bytes], bool] | None = field(default=None, repr=False)  # which authors count; None: all
@@ -131,21 +137,23 @@ class ShardLevel:
     def key_of(self, peer: bytes) -> bytes:
         return shard_key(peer, self.epoch)
 
-    def hear(self, author: bytes, now: float, level: int, subnet: str | None = None) -> None:
+    def hear(self, author: bytes, now: float, level: int, group: Hashable | None = None) -> None:
         """A valid message of `author`, heard on our shard's topic at `level` (it publishes within one
-        level of it). `subnet`: the author's own address block when it is connected to us directly; authors
-        connected from one subnet count once (GossipSub v1.1's IP colocation, P6), since peer ids are free."""
+        level of it). `group`: the network group of the connection that vouches for it, the author's own when
+        it is connected to us, else the one its message arrived over; authors of one group count once
+        (GossipSub v1.1's IP colocation, P6), since peer ids are free and forwarding is too. None: no
+        connection known, the author counts as itself."""
         self.heard[author, level] = now
-        if subnet is not None:
-            self.subnets[author] = subnet
+        if group is not None:
+            self.groups[author] = group
         else:
-            self.subnets.pop(author, None)
+            self.groups.pop(author, None)
 
     def authors(self, now: float, level: int) -> int:
         """Authors (self included) heard within the window that the topic of our shard at `level` hears, those
-        connected to us from one subnet counted once."""
+        of one network group counted once."""
         mine = prefix(self.key, level)
-        return 1 + len({self.subnets.get(p, p) for (p, lv), t in self.heard.items()
+        return 1 + len({self.groups.get(p, p) for (p, lv), t in self.heard.items()
                         if t >= now - self.window_s and abs(lv - level) <= 1
                         and (level == 0 or prefix(self.key_of(p), level) == mine)
                         and (self.useful is None or self.useful(p))})
@@ -157,7 +165,7 @@ class ShardLevel:
         if epoch_of(now, self.epoch_s) != self.epoch:
             self.epoch, self.since = epoch_of(now, self.epoch_s), now
             self.heard.clear()  # heard in the old shard: they count nowhere now
-            self.subnets.clear()
+            self.groups.clear()
             self.probes.clear()
             self.probed.clear()  # the new shards are other peers' too: any level may be probed again
             return True
@@ -184,11 +192,11 @@ class ShardLevel:
         return True
 
     def _forget(self, now: float) -> None:
-        """Authors not heard within the window, and their subnets."""
+        """Authors not heard within the window, and their groups."""
         for k in [k for k, t in self.heard.items() if t < now - self.window_s]:
             del self.heard[k]
-        for author in set(self.subnets) - {p for p, _ in self.heard}:
-            del self.subnets[author]
+        for author in set(self.groups) - {p for p, _ in self.heard}:
+            del self.groups[author]
 
     def _probe(self, now: float, hinted: Iterable[int]) -> None:
         """End probes that listened a full window; start probes of hinted levels out of earshot."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import select
 import signal
 import socket
 import threading
@@ -28,6 +27,7 @@ from libp2p.pubsub.pubsub import ValidationError
 from node.swarm import free_port
 from p2p.config import P2PConfig
 from p2p.identity import load_or_create, peer_id
+from lab.listeners import ConnectionCounter
 from lab.probe import ProbeProcess
 from p2p.service import Gossip
 from p2p.hints import HOST_FAILURES
@@ -386,30 +386,6 @@ def test_peer_exchange_hints_on_many_ports_of_one_host_cost_a_few_dials(spawn, t
     assert log_lines(node, " ERROR ") == []
 
 
-class ConnectionCounter:
-    """Listening sockets on distinct loopback hosts that count the connections made to them (closed at once, so a
-    libp2p dial of a made-up peer there fails)."""
-
-    def __init__(self, hosts: list[str]):
-        self.servers = [socket.create_server((h, 0)) for h in hosts]
-        self.addrs = [f"/ip4/{h}/tcp/{s.getsockname()[1]}" for h, s in zip(hosts, self.servers)]
-        self.count, self._stop = 0, threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            for server in select.select(self.servers, [], [], 0.2)[0]:  # all at once: close() waits for one pass
-                server.accept()[0].close()
-                self.count += 1
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        for server in self.servers:
-            server.close()
-
-
 @pytest.mark.untimed  # a minute asleep, watching that nothing is dialed
 def test_hinted_peers_are_not_dialed_again_after_their_liar_has_gone(spawn, tmp_path):
     """py-libp2p's background connector redialed every peer in the address book about every 10 s while the host was
@@ -622,3 +598,25 @@ def test_peers_that_only_subscribe_to_deep_shards_move_no_level(spawn, tmp_path)
     assert probed and probed <= set(range(2, 25))  # it looked where the liars pointed, and stayed
     for p in honest:
         assert heard_from(p, {q.peer_id for q in honest if q is not p}, time.time() - 5)
+
+
+def test_twelve_ground_ids_whose_messages_arrive_over_one_connection_move_no_level(spawn, tmp_path):
+    """Twelve ids ground into a node's level-8 shard, whose signed messages all came over one connection of a
+    thirteenth id (which subscribes there, so the node probes that level), took a 3-node swarm's node to level 8
+    in 27 s and held it: an author that was not connected counted alone. Over loopback a connection's group is
+    its peer."""
+    profile = tmp_path / "lab.toml"
+    profile.write_text(f'namespace = "lab"\nprotocol = 3\nshard_epoch_s = {ONE_EPOCH_S}\n')
+    knobs = ["--network", str(profile), "--shards", json.dumps({"window_s": 10})]
+    node = spawn("node", *knobs)
+    honest = [spawn(f"n{i}", *knobs, "--rate", "1", "--groups", "1", "--bootstrap", node.addr) for i in (1, 2)]
+    forwarder = spawn("forwarder", *knobs, "--forward-signers", node.peer_id, "--groups", "1", "--bootstrap", node.addr)
+    signers = lambda: {e["peer"] for e in node.events("received")} - {p.peer_id for p in [*honest, forwarder]}
+    node.wait_for(lambda: len(signers()) == 12, 60, "the twelve signers' messages, all through the forwarder")
+    assert node.stats()["peers"] == 3  # none of the twelve dialed the node
+    since = time.time()
+    while time.time() < since + 15:  # a window and a half: a probe's verdict, and a move at once, come within it
+        stats = node.stats()
+        assert stats["shard_level"] == 0 and stats["shard_authors"] == 3, stats  # itself and the two honest nodes
+        time.sleep(1)
+    assert len({e["peer"] for e in node.events("received") if e["at"] > since} - {p.peer_id for p in honest}) == 12

@@ -24,8 +24,10 @@ from p2p.hints import HintBudget
 from p2p.host import NoBackgroundDials
 from p2p.kad import FAILURES_PER_MINUTE, DialBudget, KadClient, Region, key_bytes
 from p2p.rendezvous import rendezvous_key
-from lab.dht import DHTServers, HostileDHT
-from tests.test_gossip import ConnectionCounter, log_lines, spawn, wait_heard  # noqa: F401 - spawn is a fixture
+from lab.dht import DHTServers, HostileDHT, JsDHTServer
+from lab.listeners import ConnectionCounter
+from tests.test_gossip import log_lines, spawn, wait_heard  # noqa: F401 - spawn is a fixture
+from tests.test_interop import js_peer  # noqa: F401 - a fixture
 
 KEY = rendezvous_key("local", 3)
 FAKE_HOSTS = [f"127.0.0.{k}" for k in range(2, 10)]
@@ -36,18 +38,28 @@ def peer(n: int = 0) -> ID:
 
 
 @pytest.fixture
-def dht():
-    """Five DHT servers: two honest py-libp2p ones that know three hostile ones with ids ground near the key, whose
-    made-up peers all sit at `FAKE_HOSTS`, where a listener counts every connection and closes it."""
+def dht(tmp_path):
+    """Five DHT servers: two honest ones that know three hostile ones with ids ground near the key, whose made-up
+    peers all sit at `FAKE_HOSTS`, where a listener counts every connection and closes it. The honest ones are
+    py-libp2p's, or with `js` (the command that runs node) js-libp2p's, which name no client in their answers: two
+    clients then meet only through provider records. Returns the honest servers' addresses, the hostile ones, the
+    counter."""
     counter = ConnectionCounter(FAKE_HOSTS)
     made: list = []
 
-    def make(closer: int = 20, providers: int = 0) -> tuple[DHTServers, HostileDHT, ConnectionCounter]:
-        honest = DHTServers(2)
+    def make(closer: int = 20, providers: int = 0, js: str | None = None) -> tuple[list[str], HostileDHT, ConnectionCounter]:
         hostile = HostileDHT(3, KEY, counter.addrs, closer=closer, providers=providers)
-        honest.know(hostile.addrs)
-        made.extend([honest, hostile])
-        return honest, hostile, counter
+        made.append(hostile)
+        if js is None:
+            honest = DHTServers(2)
+            made.append(honest)
+            honest.know(hostile.addrs)
+            return honest.addrs, hostile, counter
+        first = JsDHTServer(js, hostile.addrs, tmp_path / "js-dht-0.log")
+        made.append(first)
+        second = JsDHTServer(js, [first.addr, *hostile.addrs], tmp_path / "js-dht-1.log")
+        made.append(second)
+        return [first.addr, second.addr], hostile, counter
 
     yield make
     for servers in made:
@@ -78,10 +90,10 @@ def test_the_librarys_lookup_dials_what_servers_near_the_key_name_and_keeps_thei
 
     async def scenario() -> tuple[int, int]:
         async with AsyncExitStack() as stack:
-            (host,) = await clients(1, honest.addrs + hostile.addrs, stack)
+            (host,) = await clients(1, honest + hostile.addrs, stack)
             kad = KadDHT(host, DHTMode.CLIENT, enable_values=False)
             await stack.enter_async_context(background_trio_service(kad))
-            for info in known(honest.addrs + hostile.addrs):
+            for info in known(honest + hostile.addrs):
                 await kad.add_peer(info.peer_id)
             with trio.move_on_after(40):
                 await kad.peer_routing.find_closest_peers_network(key_bytes(KEY))
@@ -99,9 +111,9 @@ def test_our_lookup_dials_few_made_up_servers_keeps_none_and_still_reaches_the_h
 
     async def scenario() -> tuple[Region, int]:
         async with AsyncExitStack() as stack:
-            (host,) = await clients(1, honest.addrs + hostile.addrs, stack)
+            (host,) = await clients(1, honest + hostile.addrs, stack)
             client = KadClient(host, DialBudget(host, HintBudget(60.0)), lambda info: info.addrs)
-            region = await client.lookup(key_bytes(KEY), known(honest.addrs + hostile.addrs))
+            region = await client.lookup(key_bytes(KEY), known(honest + hostile.addrs))
             stored = [p for p in host.get_peerstore().peer_ids()
                       if any(str(a).startswith(tuple(f"/ip4/{h}/" for h in FAKE_HOSTS))
                              for a in host.get_peerstore().addrs(p))]
@@ -110,7 +122,7 @@ def test_our_lookup_dials_few_made_up_servers_keeps_none_and_still_reaches_the_h
     region, stored = trio.run(scenario)
     assert counter.count <= FAILURES_PER_MINUTE and region.failed <= FAILURES_PER_MINUTE
     assert stored == 0
-    assert {i.peer_id for i in known(honest.addrs + hostile.addrs)} <= set(region.servers)  # all five answered
+    assert {i.peer_id for i in known(honest + hostile.addrs)} <= set(region.servers)  # all five answered
 
 
 @pytest.mark.parametrize("flood", [0, 32], ids=["eclipse", "provider-flood"])
@@ -122,8 +134,8 @@ def test_a_provider_is_told_to_the_whole_region_and_found_first_among_made_up_on
 
     async def scenario() -> tuple[ID, int, list[tuple[ID, PeerInfo]]]:
         async with AsyncExitStack() as stack:
-            a, b = await clients(2, honest.addrs + hostile.addrs, stack)
-            seeds = known(honest.addrs + hostile.addrs)
+            a, b = await clients(2, honest + hostile.addrs, stack)
+            seeds = known(honest + hostile.addrs)
             ka, kb = (KadClient(h, DialBudget(h, HintBudget(60.0)), lambda info: info.addrs) for h in (a, b))
             told = await ka.provide(key_bytes(KEY), (await ka.lookup(key_bytes(KEY), seeds)).servers)
             region = await kb.lookup(key_bytes(KEY), seeds)
@@ -149,22 +161,26 @@ def test_picks_take_one_provider_from_each_server_in_turn_whatever_one_server_na
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flood", [0, 32], ids=["eclipse", "provider-flood"])
-def test_two_nodes_that_know_only_dht_servers_meet_within_two_lookups_beside_three_hostile_ones(spawn, dht, flood):  # noqa: F811
+def test_two_nodes_that_know_only_dht_servers_meet_within_two_lookups_beside_three_hostile_ones(spawn, dht, js_peer,  # noqa: F811
+                                                                                                 flood):
     """The issue's case: three hostile servers nearest the key among five, under an eclipse (made-up closer peers, no
-    providers) and under a provider flood (32 made-up providers per answer). Each node opens at most
+    providers) and under a provider flood (32 made-up providers per answer). The honest servers are js-libp2p's, which
+    name no client: the nodes meet through a provider record or not at all. Each node opens at most
     `FAILURES_PER_MINUTE` server dials and a few provider dials a minute to the made-up hosts."""
-    honest, hostile, counter = dht(providers=flood)
-    boot = [arg for addr in honest.addrs + hostile.addrs for arg in ("--dht-bootstrap", addr)]
+    honest, hostile, counter = dht(providers=flood, js=js_peer[0])
+    boot = [arg for addr in honest + hostile.addrs for arg in ("--dht-bootstrap", addr)]
     start = time.monotonic()
     a = spawn("a", "--rate", "2", *boot)
+    counter.watch.add(a.proc.pid)  # the servers dial the made-up hosts too: only the nodes' connections count here
     a.wait_for(lambda: a.stats().get("dht_lookups", 0) >= 1, 60, "a's first lookup")
     b = spawn("b", "--rate", "2", *boot)
+    counter.watch.add(b.proc.pid)
     since = time.time()
     wait_heard(b, [a], since, timeout=60)
     assert b.stats().get("dht_lookups", 0) <= 2, b.stats()  # counted once its picks are dialed
     wait_heard(a, [b], since, timeout=30)
     b.wait_for(lambda: (b.stats().get("dht_providers") or 0) >= 1, 30, "a counted as found once it spoke our gossip")
     minutes = math.ceil((time.monotonic() - start) / 60)
-    assert counter.count <= 2 * 8 * minutes, (counter.count, minutes)
     for node in (a, b):
+        assert counter.owners.count(node.proc.pid) <= 8 * minutes, (counter.owners.count(node.proc.pid), minutes)
         assert log_lines(node, " ERROR ") == [], log_lines(node, " ERROR ")

@@ -16,10 +16,10 @@ import pytest
 from p2p.identity import load_or_create, peer_id
 from lab.probe import ProbeProcess
 from lab import netlab
+from lab.dht import JsDHTServer
 from tests.conftest import ROOT
 from tests.test_gossip import log_lines, wait_heard
 from tests.test_interop import js_peer  # noqa: F401 - a fixture
-from tests.test_rendezvous import JsDHTServer
 from tests.test_node import metrics
 
 REASON = netlab.unavailable()

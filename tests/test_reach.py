@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from collections import Counter
 from types import SimpleNamespace
 
@@ -9,14 +11,18 @@ import msgpack
 import pytest
 import trio
 from trio.testing import MockClock
-from libp2p import new_host
+from libp2p import NOISE_PROTOCOL_ID, YAMUX_PROTOCOL_ID, ConnectionConfig, NoiseTransport, Yamux, new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.connection_types import ConnectionType
+from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
+from libp2p.security.exceptions import HandshakeFailure
 from multiaddr import Multiaddr
 
 from p2p.config import P2PConfig
-from p2p.reach import AskAgain, SLOTS_PER_IP, SLOTS_PER_SUBNET, UNREACHABLE_S, Reach, Reachability, _private_net, is_circuit
+from p2p.reach import (EARLY_RECHECK_S, NONCE_BYTES, RECHECK_S, SLOTS_PER_IP, SLOTS_PER_SUBNET, UNREACHABLE_S, AskAgain,
+                       NonceTaker, Reach, Reachability, _private_net, is_circuit, verdict)
 
 HOME = [Multiaddr("/ip4/192.168.3.2/tcp/7420")]
 CIRCUIT = "/ip4/198.18.1.2/tcp/7420/p2p/12D3KooWEm5ckQy2MGzaxaFwYEHBSaiLKHJSGfcot2iSVfqKr2r6/p2p-circuit"
@@ -82,14 +88,17 @@ def test_a_private_node_advertises_only_its_relayed_addresses():
     assert node.advertised(HOME) == [Multiaddr(CIRCUIT)]
 
 
+NONCE = b"n" * NONCE_BYTES
+
+
 class FakeStream:
     """A dial-back stream from `asker` over a connection whose transport address is `addr`."""
 
-    def __init__(self, node: Reach, asker: ID, addr: str, ports: list[int]):
+    def __init__(self, node: Reach, asker: ID, addr: str, ports: list[int], **request):
         self.muxed_conn = SimpleNamespace(peer_id=asker)
         conn = SimpleNamespace(muxed_conn=self.muxed_conn, get_transport_addresses=lambda: [Multiaddr(addr)])
         node.host.get_network().connections[asker] = [conn]
-        self.request, self.written = msgpack.packb({"ports": ports}), []
+        self.request, self.written = msgpack.packb({"ports": ports, "nonce": NONCE, **request}), []
 
     def get_remote_address(self) -> tuple[str, int]:
         return ("198.18.1.2", 40000)  # over a relay: the relay's host
@@ -104,27 +113,250 @@ class FakeStream:
         pass
 
 
-@pytest.mark.parametrize("relayed, open_ports", [(True, True), (False, True), (False, False)])
-def test_dial_back_is_served_only_over_a_direct_connection(relayed, open_ports, monkeypatch):
+@pytest.mark.parametrize("relayed, open_port", [(True, 80), (False, 80), (False, None)])
+def test_dial_back_is_served_only_over_a_direct_connection(relayed, open_port):
+    """The nonce goes only to the IP the asker's direct connection comes from (`_deliver`: a connection of its
+    own), on its ports in turn until one takes it."""
     node = reach(Reachability.PUBLIC)
     asker = peer(after=node)
     dialed = []
 
-    async def open_tcp_stream(ip: str, port: int):
-        dialed.append((ip, port))
-        if not open_ports:
-            raise OSError("refused")
-        return SimpleNamespace(aclose=lambda: trio.sleep(0))
+    async def deliver(ip: str, port: int, nonce: bytes) -> bool:
+        dialed.append((ip, port, nonce))
+        return port == open_port
 
-    monkeypatch.setattr(trio, "open_tcp_stream", open_tcp_stream)
+    node._deliver = deliver
     stream = FakeStream(node, asker, f"{CIRCUIT}/p2p/{asker}" if relayed else "/ip4/198.18.1.2/tcp/40000", [22, 80, 7420])
     trio.run(node._serve_dialback, stream)
     if relayed:  # dialing would scan the relay's host for the asker
         assert stream.written == [{"relayed": True}] and dialed == [] and node.counts["dialback_relayed"] == 1
     else:
-        assert stream.written == [{"reached": [22, 80, 7420] if open_ports else []}]
-        assert dialed == [("198.18.1.2", p) for p in (22, 80, 7420)]
-    assert (asker in node.slots.unreachable) == (not relayed and not open_ports)  # only then may it reserve a slot
+        assert stream.written == [{"reached": [80] if open_port else []}]
+        assert dialed == [("198.18.1.2", p, NONCE) for p in ((22, 80) if open_port else (22, 80, 7420))]
+    assert (asker in node.slots.unreachable) == (not relayed and not open_port)  # only then may it reserve a slot
+
+
+def test_a_dial_back_request_without_its_nonce_or_within_the_minute_is_not_dialed():
+    node = reach(Reachability.PUBLIC)
+    dialed = []
+
+    async def deliver(*args) -> bool:
+        dialed.append(args)
+        return False
+
+    node._deliver = deliver
+    addr = "/ip4/198.18.1.2/tcp/40000"
+    asker = peer(after=node)
+    malformed = [FakeStream(node, peer(after=node), addr, [22], nonce=b"short"),
+                 FakeStream(node, peer(after=node), addr, [22], nonce=None), FakeStream(node, peer(after=node), addr, "22")]
+    first, again = FakeStream(node, asker, addr, [22]), FakeStream(node, asker, addr, [22])
+    first.muxed_conn = again.muxed_conn  # one connection (the last registered), two requests
+
+    async def scenario() -> None:
+        for stream in [*malformed, first, again]:
+            await node._serve_dialback(stream)
+
+    trio.run(scenario, clock=MockClock(autojump_threshold=0))
+    assert [s.written for s in malformed] == [[]] * 3 and node.counts["dialback_malformed"] == 3
+    assert first.written == [{"reached": []}] and again.written == [{"limited": True}]
+    assert len(dialed) == 1 and node.counts["dialback_limited"] == 1
+
+
+class RawConn:
+    """A connection as it reaches `NonceTaker`: before any security protocol, `data` to read."""
+
+    def __init__(self, data: bytes, kind: ConnectionType = ConnectionType.DIRECT, dialed_by_us: bool = False):
+        self.data, self.kind, self.is_initiator, self.closed = data, kind, dialed_by_us, False
+
+    async def read(self, n: int) -> bytes:
+        data, self.data = self.data[:min(n, 5)], self.data[min(n, 5):]  # in pieces, as TCP may hand it over
+        return data
+
+    def get_connection_type(self) -> ConnectionType:
+        return self.kind
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("conn, proves", [
+    (RawConn(NONCE), True), (RawConn(NONCE, kind=ConnectionType.RELAYED), False),
+    (RawConn(NONCE, dialed_by_us=True), False), (RawConn(b"m" * NONCE_BYTES), False), (RawConn(NONCE[:5]), False),
+])
+def test_a_nonce_proves_a_dial_back_only_on_a_connection_dialed_to_us_directly(conn, proves):
+    """It comes only where a security protocol is negotiated (`NonceTaker`): on a new connection, never on one a
+    request went over; through a relay it would prove only the relay reachable."""
+    node = reach(Reachability.UNKNOWN)
+    node._asked[NONCE] = False
+    with pytest.raises(HandshakeFailure):  # the swarm drops the connection
+        trio.run(NonceTaker(node).secure_inbound, conn)
+    assert node._asked[NONCE] is proves and node.counts["dialback_nonce_refused"] == (not proves) and conn.closed
+
+
+@pytest.mark.parametrize("answers, groups, found", [
+    ([("a", True), ("b", True), ("c", False)], 3, Reachability.PUBLIC),  # one liar's "not reached" is outweighed
+    ([("a", False), ("b", True)], 2, None),  # one group a side: nothing settled, the belief stays
+    ([("a", False)], 2, None),  # one liar alone is one group: no verdict
+    ([("a", False), ("b", False)], 3, Reachability.PRIVATE),
+    ([("a", False), ("a", False)], 2, None),  # two ids of one /24 count once
+    ([("a", True)], 1, Reachability.PUBLIC),  # connected to one group only (a swarm on 127.0.0.1): it decides
+    ([("a", True), ("a", False)], 1, None),
+])
+def test_a_verdict_needs_two_network_groups_that_agree_more_than_they_disagree(answers, groups, found):
+    assert verdict(answers, groups)[0] is found
+
+
+def listening() -> Reach:
+    """A node whose host is set up like `GossipHost`'s (Noise, Yamux, one connection per peer)."""
+    kp = create_new_key_pair()
+    return Reach(P2PConfig(), new_host(key_pair=kp, sec_opt={NOISE_PROTOCOL_ID: NoiseTransport(
+        kp, noise_privkey=new_x25519_key_pair().private_key)}, muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
+        connection_config=ConnectionConfig(max_connections_per_peer=1)), Counter())
+
+
+def serve_lies(server: Reach, answer: dict | None, hand_back: bool = False) -> None:
+    """`server` answers dial-backs with `answer` (None: not at all) and dials nobody; with `hand_back`, it
+    returns the nonce over the connection the request came on."""
+    async def lie(stream) -> None:
+        request = msgpack.unpackb(await stream.read(1024))
+        if hand_back:  # refused: the nonce is no stream protocol
+            with contextlib.suppress(Exception):
+                back = await server.host.new_stream(stream.muxed_conn.peer_id, [server.nonce_protocol])
+                await back.write(request["nonce"])
+                await back.close()
+        if answer is not None:
+            await stream.write(msgpack.packb(answer))
+        await stream.close()
+
+    server.host.set_stream_handler(server.dialback_protocol, lie)
+
+
+def check_with(servers: int, rig, state: Reachability = Reachability.UNKNOWN) -> tuple[Reach, list[Reach]]:
+    """One reachability check of a node on 127.0.0.1 that asks `servers` nodes, each counted in a network group of
+    its own (on loopback every connection comes from 127.0.0.1); `rig(node, servers)` sets them up first."""
+    node, others = listening(), [listening() for _ in range(servers)]
+    node.state = state
+
+    async def scenario() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            for n in (node, *others):
+                await stack.enter_async_context(n.host.run(listen_addrs=[Multiaddr("/ip4/127.0.0.1/tcp/0")]))
+                n.set_handlers()
+            rig(node, others)
+            groups = {o.host.get_id(): f"198.18.{k}.0/24" for k, o in enumerate(others)}
+            node.group_of = groups.get
+            for o in others:
+                await node.host.connect(PeerInfo(o.host.get_id(), o.host.get_addrs()))
+            await node._recheck(list(groups))
+            with trio.move_on_after(5):  # the dial-backs' own connections close
+                while set(node.host.get_connected_peers()) != set(groups):
+                    await trio.sleep(0.05)
+            assert set(node.host.get_connected_peers()) == set(groups)
+
+    trio.run(scenario)
+    return node, others
+
+
+def test_a_dial_back_liar_answering_reached_is_not_believed():
+    """One peer answering "reached" without dialing made a node behind a router that maps without forwarding call
+    itself public; another that hands the nonce back over the connection it was asked on proves nothing either (the
+    node here is reachable: only a dial proves it)."""
+    node, _ = check_with(2, lambda node, liars: (serve_lies(liars[0], {"reached": node._ports()}),
+                                                    serve_lies(liars[1], {"reached": node._ports()}, hand_back=True)))
+    assert node.state is Reachability.PRIVATE  # two groups answered and neither dialed
+    assert node.counts["dialback_unproven"] == 2
+    assert node.counts["dialback_proven"] == 0 and node.counts["reachability_changes"] == 1
+
+
+@pytest.mark.parametrize("honest, silent", [(2, 0), (0, 1)])
+def test_one_dial_back_liar_answering_not_reached_does_not_make_a_node_private(honest, silent):
+    """Among honest peers that reach it, or as the only answer (the other peer speaks no dial-back, as a
+    js-libp2p peer), one "not reached" leaves a public node public, and an unknown one unknown or public."""
+    def rig(node: Reach, servers: list[Reach]) -> None:
+        serve_lies(servers[0], {"reached": []})
+        for s in servers[1:1 + silent]:
+            serve_lies(s, None)
+
+    for state in (Reachability.UNKNOWN, Reachability.PUBLIC):
+        node, servers = check_with(1 + honest + silent, rig, state)
+        assert node.state is (Reachability.PUBLIC if honest else state)
+        assert node.counts["dialback_proven"] == honest and node.counts["dialback_unreached"] == 1
+        assert node.counts["dialback_disagreeing"] == (1 if node.state is Reachability.PUBLIC else 0)
+        assert all(s.counts["dialbacks_served"] == 1 for s in servers[1:1 + honest])
+
+
+def test_two_honest_peers_in_different_groups_that_cannot_reach_a_node_make_it_private():
+    """... with a liar claiming it reached the node beside them: a claim without the nonce counts as not reached."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nothing listens there once closed
+
+    def rig(node: Reach, servers: list[Reach]) -> None:
+        node._ports = lambda: [port]
+        serve_lies(servers[0], {"reached": [port]})
+
+    node, servers = check_with(3, rig, Reachability.PUBLIC)
+    assert node.state is Reachability.PRIVATE and node.counts["reachability_changes"] == 1
+    assert node.counts["dialback_unreached"] == 2 and node.counts["dialback_unproven"] == 1
+    for s in servers[1:]:  # each dialed and found it needs a relay
+        assert node.host.get_id() in s.slots.unreachable and s.counts["dialbacks_served"] == 1
+
+
+def run_checks(node: Reach, answer, seconds: float) -> tuple[list[float], list[Reachability], list[float]]:
+    """`node.run` for `seconds` of mock time, connected to three peers in three groups that answer each check with
+    `answer(now)` (True: reached); when it checked, the states it went through, and when it asked for a relay slot."""
+    peers = {peer(after=node): f"198.18.{k}.0/24" for k in range(3)}
+    checks, states, reserved = [], [], []
+
+    async def check(groups: dict[ID, str]) -> list[tuple[str, bool]]:
+        checks.append(trio.current_time())
+        return [(g, ok) for g, ok in zip(groups.values(), answer(trio.current_time())) if ok is not None]
+
+    async def no_relay_service(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+
+    async def reserve(relay: ID, nursery: trio.Nursery) -> bool:
+        reserved.append(trio.current_time())
+        return False
+
+    node._check, node.group_of, node.direct_peers = check, peers.get, lambda: set(peers)
+    node._run_protocol, node._reserve, node.cfg.relay_slots = no_relay_service, reserve, 0
+
+    async def scenario() -> None:
+        with trio.move_on_after(seconds):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(node.run, lambda: set(peers), nursery)
+                while True:
+                    await trio.sleep(1)
+                    if not states or states[-1] is not node.state:
+                        states.append(node.state)
+
+    trio.run(scenario, clock=MockClock(autojump_threshold=0))
+    return checks, states, reserved
+
+
+def test_a_change_of_verdict_is_checked_again_early():
+    """A verdict confirmed by two groups stands RECHECK_S; a new one is checked again after EARLY_RECHECK_S, not
+    10 minutes later (one that a transient or a lie brought about does not stand long)."""
+    def behind_a_new_router(now: float) -> list[bool]:  # reachable, then not
+        return [now < RECHECK_S] * 3
+
+    node = reach(Reachability.UNKNOWN)
+    checks, states, _ = run_checks(node, behind_a_new_router, 2 * RECHECK_S)
+    start = EARLY_RECHECK_S + RECHECK_S  # confirmed public at EARLY_RECHECK_S: the next check finds it private
+    assert checks == pytest.approx([0, EARLY_RECHECK_S, start, start + EARLY_RECHECK_S], abs=2.1)
+    assert states == [Reachability.PUBLIC, Reachability.PRIVATE] and node.counts["reachability_changes"] == 2
+
+
+@pytest.mark.parametrize("answers, reserves", [((False, None, None), True), ((True, False, None), False)])
+def test_a_node_whose_answers_settle_nothing_keeps_relay_slots_unless_one_proved_it_reachable(answers, reserves):
+    """One "not reached" (a home behind NAT whose other peers do not answer) leaves it unknown: it reserves slots as
+    a fallback and advertises them after its direct addresses; a proven reach (a public node beside a liar) does not."""
+    node = reach(Reachability.UNKNOWN)
+    checks, states, reserved = run_checks(node, lambda now: answers, 60)
+    assert states == [Reachability.UNKNOWN] and checks == [0] and bool(reserved) is reserves
+    node.reserved[peer(after=node)] = Multiaddr(CIRCUIT)
+    assert node.advertised(HOME) == [*HOME, Multiaddr(CIRCUIT)]
 
 
 def test_relay_slots_go_only_to_participants_our_dial_back_could_not_reach_and_free_when_they_leave():

@@ -21,9 +21,10 @@ from multiaddr import Multiaddr
 from p2p.config import P2PConfig
 from p2p.hints import SOURCE_FAILURES, HintBudget
 from p2p.rendezvous import Rendezvous, rendezvous_key
-from lab.dht import DHTServers
-from tests.test_gossip import ConnectionCounter, log_lines, made_up_peer, spawn, wait_heard  # noqa: F401 - spawn is a fixture
-from tests.test_interop import INTEROP, js_peer, stop  # noqa: F401 - js_peer is a fixture
+from lab.dht import DHTServers, JsDHTServer
+from lab.listeners import ConnectionCounter
+from tests.test_gossip import log_lines, made_up_peer, spawn, wait_heard  # noqa: F401 - spawn is a fixture
+from tests.test_interop import js_peer  # noqa: F401 - a fixture
 
 
 def test_a_networks_rendezvous_key_is_a_sha256_multihash_of_its_topic_base_and_differs_by_network_and_protocol():
@@ -66,23 +67,6 @@ def test_a_dnsaddr_dht_peer_is_dialed_at_the_tcp_addresses_its_dns_records_give_
     assert addresses(records)[0] == ["/ip4/198.51.100.7/tcp/4001"] and asked == [boot]  # its TCP address only
     assert addresses(offline) == ([], Counter(dht_resolve_failed=1))
     assert P2PConfig(network="testnet").dht_peers() and P2PConfig(dht_bootstrap=[boot]).dht_peers() == [boot]
-
-
-class JsDHTServer:
-    """A js-libp2p Kademlia DHT server (tests/interop/dht.mjs) that knows `peers`, on 127.0.0.1 or at `listen`
-    inside `prefix` (a lab namespace's `ip netns exec`)."""
-
-    def __init__(self, node: str, peers: list[str], log: Path, listen: str = "/ip4/127.0.0.1/tcp/0",
-                 prefix: list[str] = ()):
-        args = [arg for p in peers for arg in ("--peer", p)]
-        self.proc = subprocess.Popen([*prefix, node, str(INTEROP / "dht.mjs"), "--seconds", "600", "--listen", listen,
-                                      *args], cwd=INTEROP, stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True)
-        line = self.proc.stdout.readline()
-        assert line, f"the js DHT server exited: {log.read_text()[-2000:]}"
-        self.addr = json.loads(line)["addr"]
-
-    def close(self) -> None:
-        stop(self.proc, grace=10)
 
 
 @pytest.mark.slow

@@ -233,18 +233,64 @@ def test_authors_a_training_node_never_used_do_not_set_its_level_and_its_useful_
     assert shard.update(41.0, [0, 0]) and shard.level == 0 and shard.probed[0] == 41.0
 
 
-def test_authors_connected_from_one_subnet_count_once_and_others_one_each():
+def test_authors_of_one_network_group_count_once_and_others_one_each():
     """Six ground ids on one host, each publishing groups anyone can compute, moved a node to level 8: ids are free,
     addresses are not (GossipSub v1.1's IP colocation)."""
     shard = level()
     sybils, honest = peers_with_prefix("0", 6), peers_with_prefix("0", 3, skip=10**4)
     for p in sybils:
-        shard.hear(p, 5.0, 0, subnet="198.51.100.0/24")
+        shard.hear(p, 5.0, 0, group="198.51.100.0/24")
     assert shard.authors(5.0, 0) == 2 and not shard.update(6.0, [])  # me and one subnet: no split
-    for k, p in enumerate(honest):  # two connected from their own subnets, one heard through a neighbour
-        shard.hear(p, 6.0, 0, subnet=f"203.0.{k}.0/24" if k < 2 else None)
+    for k, p in enumerate(honest):  # each vouched for by a subnet of its own
+        shard.hear(p, 6.0, 0, group=f"203.0.{k}.0/24")
     assert shard.authors(6.0, 0) == 5
-    shard.hear(sybils[0], 7.0, 0)  # the same id later heard relayed, not connected: counted as itself
+    shard.hear(sybils[0], 7.0, 0, group="203.0.0.0/24")  # a sybil's message forwarded by an honest author adds no one
+    assert shard.authors(7.0, 0) == 5
+    shard.hear(sybils[1], 7.0, 0)  # no connection known (the simulation): counted as itself
     assert shard.authors(7.0, 0) == 6
-    shard.update(30.0, [])  # all out of the window: their subnets are forgotten with them
-    assert shard.subnets == {} and shard.authors(30.0, 0) == 1
+    shard.update(30.0, [])  # all out of the window: their groups are forgotten with them
+    assert shard.groups == {} and shard.authors(30.0, 0) == 1
+
+
+def test_twelve_ground_ids_whose_messages_arrive_over_one_connection_move_no_level():
+    """Twelve ids ground into a node's level-8 shard, whose signed messages all came over one connection of a
+    thirteenth id, took the node to level 8 in 27 s and held it: an author that was not connected counted alone.
+    Here through the host's validator, which is told the neighbour that brought each message (not connected in
+    this test: the forwarder's own id stands for its connection)."""
+    import time
+
+    import trio
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+    from libp2p.pubsub.pb import rpc_pb2
+
+    from p2p.host import GossipHost
+    from p2p.policy import MessagePolicy
+    from rewards.scoring import group_carries_signal
+    from tests.test_wire import pack, raw_message
+
+    cfg = P2PConfig(network="local")
+    host = GossipHost(cfg, create_new_key_pair(), MessagePolicy(cfg.limits, cfg.rollout_topic_base(),
+                                                                signal=group_carries_signal), on_message=lambda m: None)
+    shard, base, now = host.shard, cfg.rollout_topic_base(), time.time()
+    mine = prefix(shard.key, 8)
+    ground = []
+    while len(ground) < 12:  # about 2^8 key generations each
+        pid = ID.from_pubkey(create_new_key_pair().public_key)
+        if prefix(shard.key_of(pid.to_bytes()), 8) == mine:
+            ground.append(pid)
+    forwarder = ID.from_pubkey(create_new_key_pair().public_key)
+    shard.update(now, [8])
+    assert set(shard.probes) == {8}  # the forwarder's subscriptions point there: the node listens for a window
+    topic = shard_topic(base, shard.key, 8)
+    host.pubsub.set_topic_validator(topic, host._validate, False)
+    for k, author in enumerate(ground):
+        msg = rpc_pb2.Message(from_id=author.to_bytes(), data=pack(raw_message(peer=author.to_base58(), created=now)),
+                              seqno=k.to_bytes(8, "big"), topicIDs=[topic])
+        trio.run(host.pubsub.validate_msg, forwarder, msg)  # as GossipSub does, then hands it to the reader
+        host._deliver(msg)
+    assert host.policy.stats() == {"accepted": 12, "rejected": {}}
+    assert shard.authors(now, 8) == 2  # itself and the one connection (13 when each counted alone)
+    for t in range(0, 60, 2):
+        shard.update(now + t, [8])
+        assert shard.level == 0

@@ -51,6 +51,19 @@ Per window: the dials each honest node counted, failed hints, every connection a
 filter saw to the hinted one (a library's own dialer included), and ERROR lines; `--after` counts the last window
 longer, by minute.
 
+`--attack dht-eclipse` and `--attack dht-flood`: two honest DHT servers that know three hostile ones whose ids are ground
+near the network's rendezvous key (`lab/dht.py`), each of whose answers names 20 made-up closer peers (and, for the
+flood, 32 made-up providers) at 8 loopback hosts that count every connection. Two nodes that know only the five servers
+start one lookup apart: when the second first hears the first and how many lookups each had made by then, then every
+connection at the made-up hosts for `--window` seconds, by minute. Needs no lab (no root).
+
+`--attack level-forward`: the same swarm and windows, each stranger sending, over its own connections, the signed
+messages of 12 ids ground into the first node's level-8 shard (one group each every 2 s; `--computable` as above),
+which never connect: forwarded Sybils.
+
+`--attack dialback-liar` (lab): a relay, an honest peer and a liar that answers every dial-back request without
+dialing, "reached" to a node behind NAT and "unreached" to a public one; each second, what the node believes.
+
 `--attack relay-squat --computable`: each stranger publishes groups anyone can compute before it asks for a slot;
 `--relay-after S` sets the relay's `p2p.relay_after_s` (relay-squat, relay-abuse).
 
@@ -75,6 +88,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -93,8 +107,12 @@ from node.selection_config import RULES
 from node.swarm import free_port
 from trainer.config import default_cache_dir
 
+from lab.dht import HostileDHT, JsDHTServer
+from lab.listeners import ConnectionCounter
 from lab.probe import FLOOD_ARGS, ProbeProcess, json_lines, probe_module
 from lab import netlab
+from p2p.config import P2PConfig
+from p2p.rendezvous import rendezvous_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -442,13 +460,16 @@ def grind_keys(work: Path, target: str, names: list[str], level: int = GRIND_LEV
 
 
 def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Path, cache: Path, work: Path,
-                     rule: str, grind: bool = False, computable: bool = False, in_lab: bool = False) -> dict:
+                     rule: str, grind: bool = False, computable: bool = False, in_lab: bool = False,
+                     forward: bool = False) -> dict:
     """Subscribe-only strangers (half at level 24 of their own shards, half claiming every level of the first
     node's); with `grind`, strangers whose ids are ground into the first node's level-8 shard, pinned there,
     each publishing one valid group every 3 s (`computable`: bare right and wrong answers, which anyone can
     compute and the node's selection counts as useful) and claiming its shards (the target probes level 8 and
-    hears them). With `in_lab`, every honest process on a lab host of its own and the strangers on one more (one
-    address, as a single machine's), else all on 127.0.0.1."""
+    hears them); with `forward`, each stranger sends the signed messages of 12 ids ground into that shard over its
+    own connections (`lab/probe.py --forward-signers`): Sybils a forwarder launders. With `in_lab`, every honest
+    process on a lab host of its own and the strangers on one more (one address, as a single machine's), else all
+    on 127.0.0.1."""
     procs = Procs(work, code)
     trainers = [f"node{i}" for i in range(min(3, size))]
     gossipers = [f"gossip{i}" for i in range(size - len(trainers))]
@@ -467,20 +488,23 @@ def run_level_hijack(size: int, hostile: int, window: float, seed: int, code: Pa
                             "--rate", "0.5", "--groups", "4", "--events", str(work / f"{name}.jsonl"),
                             "--listen", f"/ip4/{ip[name]}/tcp/{free_port()}", prefix=within[name])
             procs.wait_started([work / n for n in trainers])
-            liar_args = level_liar_args(work, target_id, hostile, grind, computable)
+            liar_args = level_liar_args(work, target_id, hostile, grind, computable, forward)
             phases = procs.three_windows(window, hostile, addr, lambda h: [
                 *liar_args(h), "--listen", f"/ip4/{ip['strangers']}/tcp/{free_port()}"], prefix=within["strangers"])
         finally:
             procs.stop()
     out = {phase: hijack_window(work, trainers, gossipers, a, b) for phase, (a, b) in phases.items()}
-    return {"attack": "level-grind" if grind else "level-hijack", "size": size, "hostile": hostile, "seed": seed, "rule": rule,
+    return {"attack": "level-forward" if forward else "level-grind" if grind else "level-hijack", "size": size, "hostile": hostile, "seed": seed, "rule": rule,
             "window_s": window, "computable": computable, "lab": in_lab, "phases": out,
             **procs.outcome(trainers + gossipers, {n: work / n for n in trainers})}
 
 
-def level_liar_args(work: Path, target_id: str, hostile: int, grind: bool, computable: bool):
-    """Each stranger's probe flags: ground ids pinned at the target's level-8 shard publishing there (their keys
-    written to `work`), or half claiming every level of the target's shard and half level 24 of their own."""
+def level_liar_args(work: Path, target_id: str, hostile: int, grind: bool, computable: bool, forward: bool = False):
+    """Each stranger's probe flags: a forwarder of 12 ground ids' messages, ground ids pinned at the target's level-8
+    shard publishing there (their keys written to `work`), or half claiming every level of the target's shard and half
+    level 24 of their own."""
+    if forward:
+        return lambda h: ["--forward-signers", target_id, "--groups", "1", *(["--wrap", ""] if computable else [])]
     if grind:
         grind_keys(work, target_id, [f"liar{h}" for h in range(hostile)])
         return lambda h: ["--claim-shards-of", target_id, "--shards", json.dumps({"level": GRIND_LEVEL}),
@@ -626,8 +650,120 @@ def run_dialback_relayed(window: float, code: Path, work: Path, ports: list[int]
             **procs.outcome(["relay", "home"])}
 
 
+FAKE_HOSTS = [f"127.0.0.{k}" for k in range(2, 10)]  # dht-*: where the hostile servers' made-up peers are
+
+
+def run_dht(flood: bool, window: float, code: Path, work: Path) -> dict:
+    """One run of dht-eclipse (`flood` False) or dht-flood; see the module's docstring. The honest servers are
+    js-libp2p's (`lab.dht.JsDHTServer`), which like kubo name only DHT servers in their answers: two nodes meet
+    through a provider record or not at all (py-libp2p's servers name their clients too)."""
+    node = shutil.which("node")
+    if node is None:
+        raise SystemExit("bench_hostile: --attack dht-* runs js-libp2p DHT servers: install Node.js (and run `npm ci` in "
+                         "tests/interop)")
+    counter = ConnectionCounter(FAKE_HOSTS)
+    profile = P2PConfig(network="local").profile()
+    hostile = HostileDHT(3, rendezvous_key(profile.namespace, profile.protocol), counter.addrs,
+                         providers=32 if flood else 0)
+    procs = Procs(work, code)
+    honest: list[JsDHTServer] = []
+    try:
+        honest.append(JsDHTServer(node, hostile.addrs, work / "js-dht-0.log"))
+        honest.append(JsDHTServer(node, [honest[0].addr, *hostile.addrs], work / "js-dht-1.log"))
+        boot = [arg for addr in [h.addr for h in honest] + hostile.addrs for arg in ("--dht-bootstrap", addr)]
+        start = time.time()
+        a = procs.probe("a", "--rate", "1", "--groups", "1", *boot)
+        counter.watch.add(a.proc.pid)
+        a.wait_for(lambda: a.stats().get("dht_lookups", 0) >= 1, 120, "a's first lookup")
+        b = procs.probe("b", "--rate", "1", "--groups", "1", *boot)
+        counter.watch.add(b.proc.pid)
+        met, lookups = None, {}
+        while time.time() < start + window:
+            if met is None and any(e["peer"] == a.peer_id for e in b.events("received")):
+                met, lookups = time.time() - b.started, {n: p.stats().get("dht_lookups", 0) for n, p in (("a", a), ("b", b))}
+            time.sleep(1)
+        end = time.time()
+        stats = {n: p.stats() for n, p in (("a", a), ("b", b))}
+    finally:
+        procs.stop()
+        for servers in (*honest, hostile, counter):
+            servers.close()
+    by_node = {n: counter.by_minute(start, end, p.proc.pid) for n, p in (("a", a), ("b", b))}
+    return {"attack": "dht-flood" if flood else "dht-eclipse", "window_s": window, "met_s": met,
+            "lookups_when_met": lookups, "connections_to_made_up_hosts": counter.count,
+            "connections_by_node": {n: sum(m) for n, m in by_node.items()},
+            "connections_by_servers": counter.owners.count(None),  # the honest DHT servers dial the fakes too
+            "connections_by_minute": by_node, "max_per_minute": max(max(m, default=0) for m in by_node.values()),
+            "hostile_asked": hostile.asked,
+            "nodes": {n: {k: st.get(k) for k in ("dht_lookups", "dht_providers", "dht_servers_dialed", "dht_servers_failed",
+                                                 "dials", "hints_failed", "peers")} for n, st in stats.items()},
+            **procs.outcome(["a", "b"])}
+
+
+def dht_report(runs: list[dict], commit: str, window: float) -> None:
+    table = Table(title=f"three hostile DHT servers near the key among five (code {commit}, {window:.0f} s)")
+    for col in ("attack", "met after (s)", "lookups then (a / b)", "connections to made-up hosts: a / b / DHT servers",
+                "most by a node in a minute", "a by minute", "ERROR lines / lost"):
+        table.add_column(col)
+    for r in runs:
+        met = "never" if r["met_s"] is None else f"{r['met_s']:.1f}"
+        table.add_row(r["attack"], met, " / ".join(str(v) for v in r["lookups_when_met"].values()) or "-",
+                      " / ".join(str(v) for v in [*r["connections_by_node"].values(), r["connections_by_servers"]]),
+                      str(r["max_per_minute"]), " ".join(map(str, r["connections_by_minute"]["a"])),
+                      f"{error_lines(r)} / {lost(r)}")
+    print_table(Console(), table)
+
+
+def run_dialback_liar(lie: str, window: float, code: Path, work: Path) -> dict:
+    """dialback-liar: in the lab, a public relay, an honest public peer, a liar on a third public host answering every
+    dial-back `lie` without dialing, and the node under test, which knows the relay and the liar: behind a NAT that
+    lets nothing in when the lie is "reached", public when it is "unreached". Each second of `window`: what the node
+    believes and how many relays it holds."""
+    procs = Procs(work, code)
+    nat = lie == "reached"
+    with netlab.Lab(work / "lab") as lab:
+        relay_host, honest_host, liar_host, node_host = lab.add_host(), lab.add_host(), lab.add_host(), lab.add_host(nat=nat)
+        publish = ["--rate", "1", "--groups", "1"]
+        try:
+            relay = procs.probe("relay", "--listen", f"/ip4/{relay_host.ip}/tcp/{RELAY_PORT}", *publish, prefix=relay_host.cmd())
+            procs.probe("honest", "--listen", f"/ip4/{honest_host.ip}/tcp/{RELAY_PORT}", "--bootstrap", relay.addr,
+                        *publish, prefix=honest_host.cmd())
+            liar = procs.probe("liar", "--listen", f"/ip4/{liar_host.ip}/tcp/{RELAY_PORT}", "--bootstrap", relay.addr,
+                               "--lie-dialback", lie, *publish, cwd=ROOT, prefix=liar_host.cmd())
+            liar.ready()
+            time.sleep(5)  # the relay and the honest peer settle their own reachability first
+            node = procs.probe("node", "--listen", f"/ip4/{node_host.ip}/tcp/{RELAY_PORT}", "--bootstrap", relay.addr,
+                               "--bootstrap", liar.addr, *publish, prefix=node_host.cmd())
+            start, timeline = node.ready()["t"], []
+            while time.time() < start + window:
+                time.sleep(1)
+                stats = node.stats()
+                timeline.append([round(time.time() - start, 1), stats.get("reachability"), stats.get("relays")])
+            others = {n: p.stats().get("reachability") for n, p in (("relay", relay),)}
+        finally:
+            procs.stop()
+    verdicts = [(t, r) for t, r, _ in timeline if r not in (None, "unknown")]
+    return {"attack": "dialback-liar", "lie": lie, "behind_nat": nat, "window_s": window,
+            "first_verdict": verdicts[0][1] if verdicts else None, "first_verdict_s": verdicts[0][0] if verdicts else None,
+            "final": timeline[-1][1] if timeline else None, "max_relays": max((r or 0 for _, _, r in timeline), default=0),
+            "believed_public_s": sum(1 for _, r, _ in timeline if r == "public"), "relay_reachability": others["relay"],
+            "timeline": timeline, **procs.outcome(["relay", "honest", "node"])}
+
+
+def dialback_report(runs: list[dict], commit: str, window: float) -> None:
+    table = Table(title=f"one dial-back liar among the peers asked (code {commit}, {window:.0f} s)")
+    for col in ("the node", "lie", "first verdict (s)", "seconds believed public", "final", "most relays", "ERROR lines / lost"):
+        table.add_column(col)
+    for r in runs:
+        table.add_row("behind NAT" if r["behind_nat"] else "public", r["lie"],
+                      f"{r['first_verdict']} ({r['first_verdict_s']})", str(r["believed_public_s"]), str(r["final"]),
+                      str(r["max_relays"]), f"{error_lines(r)} / {lost(r)}")
+    print_table(Console(), table)
+
+
+DHT_ATTACKS = ("dht-eclipse", "dht-flood", "dialback-liar")
 RELAY_ATTACKS = ("relay-squat", "relay-abuse", "dialback-relayed")
-SWARM_ATTACKS = ("level-hijack", "level-grind", "px-aim")  # honest swarms of --sizes nodes
+SWARM_ATTACKS = ("level-hijack", "level-grind", "level-forward", "px-aim")  # honest swarms of --sizes nodes
 
 
 def relay_report(runs: list[dict], commit: str, window: float) -> None:
@@ -688,12 +824,14 @@ def px_aim_report(runs: list[dict], commit: str, window: float) -> list[dict]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = script_parser(__doc__)
-    p.add_argument("--attack", choices=("flood", *SWARM_ATTACKS, *RELAY_ATTACKS), default="flood",
+    p.add_argument("--attack", choices=("flood", *SWARM_ATTACKS, *RELAY_ATTACKS, *DHT_ATTACKS), default="flood",
                    help="flood: useless or hostile groups into the pool; level-hijack: subscribe-only strangers; level-grind: "
                    "strangers ground into a node's level-8 shard publishing there; "
                    "px-aim: peer-exchange answers aiming dials at one host; relay-squat: strangers taking relay "
                    "slots; relay-abuse: strangers pushing bytes through a training node's relay; dialback-relayed: "
-                   "a dial-back asked through a relay (these four in a network lab of namespaces: root)")
+                   "a dial-back asked through a relay (these four in a network lab of namespaces: root); dht-eclipse, "
+                   "dht-flood: three hostile DHT servers near the rendezvous key; level-forward: one stranger forwarding "
+                   "12 ground ids' messages; dialback-liar: a peer lying to dial-back requests (lab)")
     p.add_argument("--slots", type=count, default=4, help="relay-squat: the relay's p2p.relay_slots")
     p.add_argument("--pose-nat", action="store_true", help="relay-squat: each stranger first asks for a dial-back on "
                    "a closed port, passing for a peer behind NAT")
@@ -721,7 +859,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache", type=Path, default=default_cache_dir(), help="model cache (tiny-a is built there)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    if (args.attack in RELAY_ATTACKS or args.attack == "px-aim" or args.lab) and (why := netlab.unavailable()):
+    if (args.attack in (*RELAY_ATTACKS, "px-aim", "dialback-liar") or args.lab) and (why := netlab.unavailable()):
         p.error(f"--attack {args.attack} needs the network lab: {why}")
     return args
 
@@ -731,7 +869,8 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_stop_signals()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.code, capture_output=True,
                             text=True).stdout.strip()
-    attacks = relay_attacks if args.attack in RELAY_ATTACKS else swarm_attacks if args.attack in SWARM_ATTACKS else floods
+    attacks = relay_attacks if args.attack in RELAY_ATTACKS else swarm_attacks if args.attack in SWARM_ATTACKS else \
+        dht_attacks if args.attack in DHT_ATTACKS else floods
     return save(args, {"command": shlex.join(sys.argv), "code": commit, "attack": args.attack,
                        **attacks(args, commit)})
 
@@ -760,11 +899,24 @@ def relay_attacks(args: argparse.Namespace, commit: str) -> dict:
     return {"runs": runs}
 
 
+def dht_attacks(args: argparse.Namespace, commit: str) -> dict:
+    if args.attack == "dialback-liar":
+        runs = each_run(args, lambda work, seed, lie: run_dialback_liar(lie, args.window, args.code, work),
+                        range(args.seeds), ["reached", "unreached"])
+        dialback_report(runs, commit, args.window)
+        return {"runs": runs}
+    runs = each_run(args, lambda work, seed: run_dht(args.attack == "dht-flood", args.window, args.code, work),
+                    range(args.seeds))
+    dht_report(runs, commit, args.window)
+    return {"runs": runs}
+
+
 def swarm_attacks(args: argparse.Namespace, commit: str) -> dict:
     def one(work: Path, seed: int, size: int, h: int) -> dict:
-        if args.attack in ("level-hijack", "level-grind"):
+        if args.attack in ("level-hijack", "level-grind", "level-forward"):
             return run_level_hijack(size, h, args.window, seed, args.code, args.cache, work, args.rule,
-                                    grind=args.attack == "level-grind", computable=args.computable, in_lab=args.lab)
+                                    grind=args.attack == "level-grind", computable=args.computable, in_lab=args.lab,
+                                    forward=args.attack == "level-forward")
         return run_px_aim(size, h, args.window, args.code, work, args.after or args.window)
     runs = each_run(args, one, range(args.seeds), args.sizes, args.hostile)
     summary = (px_aim_report if args.attack == "px-aim" else level_hijack_report)(runs, commit, args.window)

@@ -17,7 +17,11 @@ agree), with the levels of those of its 8 nearest peers by shard key whose shard
 hints it may probe (what shard-sorted peer exchange finds), reading its probes' topics too; each
 topic's subscribers form a GossipSub mesh (random, degree D..2D, rebuilt at most every 10 s while its
 subscribers change), and a message reaches every subscriber of its topics
-in the mesh components its author's sends enter (TCP: no loss). A subscriber receives a message about
+in the mesh components its author's sends enter (TCP: no loss). A node is connected to the `max_peers` joined
+peers nearest it by shard key (the order it dials hints in and peer exchange answers in); it hears an author
+as `ShardLevel` counts it in the node, vouched for by the author's own connection when they are connected
+or the author sent it the message, else by the mesh neighbour that brought it (each node its own address
+block). A subscriber receives a message about
 deg - 1 times (once from each mesh peer but the one it forwarded to first); a message's first copy is
 validated, every copy costs transport. CPU per copy is taken from the real 2-node gossip benchmark
 (docs/bench/gossip-20msgs-2cpu.json: CPU per message handled, minus the validation share); control
@@ -115,6 +119,7 @@ class Mesh:
     members: list[int]
     built: float
     degree: dict[int, int]
+    neighbours: dict[int, list[int]]
     component: dict[int, int]  # node -> component id
     size: Counter[int]  # component id -> nodes
     carried: Counter[int] = field(default_factory=Counter)  # component id -> measured messages that reached it
@@ -143,7 +148,8 @@ class Mesh:
                         component[u] = cid
                         stack.append(u)
             cid += 1
-        return cls(order, t, {v: len(a) for v, a in adj.items()}, component, Counter(component.values()))
+        return cls(order, t, {v: len(a) for v, a in adj.items()}, {v: sorted(a) for v, a in adj.items()}, component,
+                   Counter(component.values()))
 
     def settle(self, totals: list["Totals"]) -> None:
         """Charge every member for the messages the mesh carried to it: each is received about deg - 1
@@ -175,6 +181,7 @@ class Swarm:
     def __init__(self, n: int, pinned: int | None, args: argparse.Namespace, seed: int):
         self.n, self.args, self.rng = n, args, random.Random(seed)
         self.d = P2PConfig.model_fields["mesh_degree"].default
+        self.max_peers = P2PConfig.model_fields["max_peers"].default
         shards = ShardConfig(level="auto" if pinned is None else pinned)
         self.ids = [hashlib.sha256(f"{seed}/{i}".encode()).digest() for i in range(n)]  # stand for peer ids
         self.level = [shards.level_of(peer, EPOCH_S, 0.0) for peer in self.ids]
@@ -235,6 +242,24 @@ class Swarm:
         mine = self.level[i].key
         return [self.level[j].level for key, j in near
                 if j != i and prefix(key, self.level[j].level) == prefix(mine, self.level[j].level)]
+
+    def connected(self, v: int, i: int) -> bool:
+        """Whether either node is among the other's `max_peers` nearest joined peers by shard key (sorted keys:
+        as in `hinted_levels`, the nearest are the neighbours in that order)."""
+        at = {j: bisect.bisect_left(self.joined, (shard_key(self.ids[j], self.epoch), j)) for j in (v, i)}
+
+        def near(j: int, k: int) -> bool:
+            lo = max(0, min(at[j] - self.max_peers // 2, len(self.joined) - self.max_peers - 1))
+            return lo <= at[k] <= lo + self.max_peers
+
+        return near(v, i) or near(i, v)
+
+    def voucher(self, v: int, i: int, entry: list[int], mesh: Mesh) -> int:
+        """Whose connection vouches for author `i`'s message at `v`: the author's, when they are connected or it
+        sent the message to `v` itself, else the mesh neighbour whose copy came first (any of them)."""
+        if v in entry or self.connected(v, i) or not mesh.neighbours[v]:
+            return i
+        return self.rng.choice(mesh.neighbours[v])
 
     def run(self) -> None:
         a = self.args
@@ -301,7 +326,8 @@ class Swarm:
             for v in (mesh.members if not self.pinned else self.tracked & self.members[topic]):
                 if v == i or mesh.component.get(v) not in reached or v not in self.members[topic]:
                     continue
-                self.level[v].hear(self.ids[i], t, topic_level(BASE, topic))
+                self.level[v].hear(self.ids[i], t, topic_level(BASE, topic),
+                                   group=self.ids[self.voucher(v, i, entry, mesh)])
                 if v in heard:
                     continue
                 heard.add(v)

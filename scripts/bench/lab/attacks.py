@@ -18,6 +18,7 @@ from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from multiaddr import Multiaddr
 
 from p2p.host import GossipHost
+from p2p.reach import NONCE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ async def reserve_slot(gh: GossipHost, relay: ID, closed_port: int | None = None
         with trio.move_on_after(CONNECT_TIMEOUT_S):
             try:
                 stream = await gh.host.new_stream(relay, [gh.reach.dialback_protocol])
-                await stream.write(msgpack.packb({"ports": [closed_port]}))
+                await stream.write(msgpack.packb({"ports": [closed_port], "nonce": os.urandom(NONCE_BYTES)}))
                 log.info("dial-back on closed port %d: %s", closed_port, msgpack.unpackb(await stream.read(1024)))
                 await stream.close()
             except Exception as e:
@@ -118,3 +119,22 @@ async def ask_dialback(gh: GossipHost, circuit: str, ports: list[int]) -> dict:
         except Exception as e:
             return {"error": f"{type(e).__name__}: {e}"}
     return {"error": "timed out"}
+
+
+async def lie_dialback(gh: GossipHost, reached: bool) -> None:
+    """Answer every dial-back request, of either protocol version, without dialing: "reached" on every port asked
+    (a NAT'd node that believed it would call itself public) or on none (a public node would call itself private)."""
+    async def answer(stream) -> None:
+        try:
+            request = msgpack.unpackb(await stream.read(1024))
+            ports = request.get("ports", []) if isinstance(request, dict) else []
+            await stream.write(msgpack.packb({"reached": ports if reached else []}))
+            gh.counts["dialback_lies"] += 1
+        except Exception as e:
+            log.info("lying to a dial-back failed: %s", e)
+        finally:
+            await stream.close()
+
+    base = str(gh.reach.dialback_protocol).rsplit("/", 1)[0]
+    for version in ("1.0.0", "2.0.0"):
+        gh.host.set_stream_handler(TProtocol(f"{base}/{version}"), answer)

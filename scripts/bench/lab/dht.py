@@ -3,7 +3,9 @@ hostile ones that answer `/ipfs/kad/1.0.0` by hand.
 
 `DHTServers(n)` runs them on a trio thread of the calling process (on 127.0.0.1); `python -m scripts.bench.lab.dht
 --listen-ip IP [--servers N] [--peer ADDR ...]` runs them as a process of their own (in a lab namespace), prints one
-JSON line with their full multiaddrs once listening, and runs until SIGTERM/SIGINT. `HostileDHT(n, key, ...)` runs `n`
+JSON line with their full multiaddrs once listening, and runs until SIGTERM/SIGINT. `JsDHTServer` runs a js-libp2p one
+(tests/interop/dht.mjs, whose packages `npm ci` installs there), which like kubo keeps only DHT servers in its routing
+table: two clients meet through it only by provider records. `HostileDHT(n, key, ...)` runs `n`
 servers whose ids are ground near a key (`GROUND_BITS`) and that answer every FIND_NODE and GET_PROVIDERS with made-up
 closer peers, made-up providers or both, at addresses of the caller's choosing, and drop every ADD_PROVIDER.
 """
@@ -14,7 +16,9 @@ import argparse
 import hashlib
 import json
 import random
+from pathlib import Path
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -35,6 +39,7 @@ from multiaddr import Multiaddr
 
 from p2p.kad import PROTOCOL as KAD
 
+INTEROP = Path(__file__).resolve().parents[3] / "tests" / "interop"  # dht.mjs and its npm packages
 GROUND_BITS = 8  # leading bits a hostile server's id shares with the key (about 256 key generations each)
 
 
@@ -59,6 +64,29 @@ async def serve(n: int, listen_ip: str, peers: list[str], started: Callable[[lis
             await dhts[0].add_peer(info.peer_id)
         started([str(h.get_addrs()[0]) for h in hosts], dhts)
         await stop.wait()
+
+
+class JsDHTServer:
+    """A js-libp2p Kademlia DHT server (`INTEROP`/dht.mjs, run by `node`) that knows `peers`, on 127.0.0.1 or at
+    `listen` inside `prefix` (a lab namespace's `ip netns exec`); its log goes to `log`."""
+
+    def __init__(self, node: str, peers: list[str], log: Path, listen: str = "/ip4/127.0.0.1/tcp/0",
+                 prefix: list[str] = ()):
+        args = [arg for p in peers for arg in ("--peer", p)]
+        self.proc = subprocess.Popen([*prefix, node, str(INTEROP / "dht.mjs"), "--seconds", "3600", "--listen", listen,
+                                      *args], cwd=INTEROP, stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the js DHT server exited: {log.read_text()[-2000:]}")
+        self.addr = json.loads(line)["addr"]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class TrioThread:

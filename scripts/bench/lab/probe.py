@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import random
@@ -25,15 +26,19 @@ from typing import IO
 
 import msgpack
 import multihash
+import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
 from pydantic import ValidationError
 
 from p2p.config import P2PConfig
 from p2p.config_errors import describe
+from p2p.host import GossipHost
 from p2p.identity import IdentityError
 from p2p.service import Gossip, P2PError
-from p2p.shards import MAX_LEVEL, epoch_of, shard_key, shard_topic
+from p2p.shards import MAX_LEVEL, epoch_of, prefix, shard_key, shard_topic
 from p2p.wire import WireGroup, WireMessage, pack_groups
 from rewards import TaskRef, regenerate
 from rewards.scoring import group_carries_signal
@@ -43,6 +48,7 @@ log = logging.getLogger("sapo.probe")
 ROOT = Path(__file__).resolve().parents[3]
 UNPACED_KIB_PER_S = 1 << 30  # a budget no flood reaches
 PAD = "12 + 9 = 21. 21 - 9 = 12. "  # the length flood's filler before each answer: working, right but needless
+SIGNERS, SIGNER_LEVEL, SIGNER_EVERY_S = 12, 8, 2.0  # --forward-signers: ids ground into the target's level-8 shard
 FLOOD_ARGS = {"junk": ["--junk"], "answers": ["--wrong"], "length": ["--pad", PAD, "--chars", "2000"]}  # a flood's flags
 
 
@@ -85,6 +91,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--claim-shards-of", metavar="PEER_ID", type=_peer_id,
                    help="also subscribe (without reading) to every level of this peer's shard this epoch: a peer "
                    "claiming to listen where the target would hear it")
+    p.add_argument("--forward-signers", metavar="PEER_ID", type=_peer_id,
+                   help=f"subscribe (without reading) to this peer's level-{SIGNER_LEVEL} shard and send there, every "
+                   f"{SIGNER_EVERY_S:g} s, one valid message of each of {SIGNERS} ids ground into that shard, signed by "
+                   "them and sent over this probe's connections alone: Sybils whose messages a forwarder launders")
+    p.add_argument("--lie-dialback", choices=("reached", "unreached"), help="answer every dial-back request with "
+                   "this, without dialing: a peer lying about a node's reachability")
     p.add_argument("--lie-peers", metavar="IP[,IP...]", help="answer peer exchange with 32 made-up peers, each at a "
                    "random port of one of these IPs: a peer aiming the swarm's dials at hosts")
     p.add_argument("--squat", action="store_true", help="ask the first bootstrap peer for a relay slot at once, "
@@ -163,6 +175,31 @@ def lying_peer_list(ips: str) -> Callable:
     return answer
 
 
+async def forward_signers(gh: GossipHost, target: ID, args: argparse.Namespace, cfg: P2PConfig) -> None:
+    """--forward-signers, on the trio thread: the ground ids never connect; their signed messages go out as if this
+    probe forwarded them (straight to the router: nothing here reads them)."""
+    epoch = epoch_of(time.time(), cfg.profile().shard_epoch_s)
+    want = prefix(shard_key(target.to_bytes(), epoch), SIGNER_LEVEL)
+    signers = []
+    while len(signers) < SIGNERS:  # about 2^SIGNER_LEVEL key generations each
+        pair = create_new_key_pair()
+        if prefix(shard_key(ID.from_pubkey(pair.public_key).to_bytes(), epoch), SIGNER_LEVEL) == want:
+            signers.append(pair)
+    topic = shard_topic(cfg.rollout_topic_base(), shard_key(target.to_bytes(), epoch), SIGNER_LEVEL)
+    await gh.pubsub.subscribe(topic)  # where the target hears it listen: a level it probes
+    rng = random.Random(0)
+    for k in itertools.count():
+        for pair in signers:
+            author = ID.from_pubkey(pair.public_key)
+            data = pack_groups(author.to_base58(), "probe", k, time.time(), synthetic_groups(
+                rng, k, args.groups, args.completions, args.chars, args.task), cfg.limits)[0][0]
+            msg = rpc_pb2.Message(from_id=author.to_bytes(), data=data, seqno=rng.randbytes(8), topicIDs=[topic])
+            msg.signature = pair.private_key.sign(PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString())
+            await gh.gossipsub.publish(gh.me, msg)
+            gh.counts["forwarded_signed"] += 1
+        await trio.sleep(SIGNER_EVERY_S)
+
+
 def usage() -> dict[str, float]:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     with open("/proc/self/statm") as f:
@@ -193,8 +230,12 @@ async def run(args: argparse.Namespace, cfg: P2PConfig, out: IO[str]) -> None:
         key = shard_key(args.claim_shards_of.to_bytes(), epoch_of(time.time(), cfg.profile().shard_epoch_s))
         await asyncio.to_thread(gossip.subscribe_only,
                                 [shard_topic(cfg.rollout_topic_base(), key, lv) for lv in range(MAX_LEVEL + 1)])
+    if args.forward_signers:
+        gossip.spawn(forward_signers, args.forward_signers, args, cfg)
     if args.lie_peers:
         await asyncio.to_thread(gossip.answer_peer_exchange, lying_peer_list(args.lie_peers))
+    if args.lie_dialback:
+        await asyncio.to_thread(gossip.call, attacks.lie_dialback, args.lie_dialback == "reached")
     emit("ready", peer_id=gossip.peer_id, addrs=gossip.addrs)
     if args.sink:
         await asyncio.to_thread(gossip.call, attacks.serve_sink)
