@@ -133,7 +133,8 @@ GEMMA_STEP = "round-gemma3-270m-own-prompts-mb8-2cpu.json"
 CONTENTION = ("contention-smollm2-135m-2cpu.json", "contention-repeat-smollm2-135m-2cpu.json")
 ONE_THREAD = "contention-one-thread-smollm2-135m-2cpu.json"
 HOSTILE = {case: (f"hostile-{case}-before-2cpu.json", f"hostile-{case}-after-2cpu.json")
-           for case in ("relay-computable", "relay-ids", "level-computable", "px-aim-redials")}
+           for case in ("relay-computable", "relay-ids", "level-computable", "px-aim-redials", "dht-eclipse", "dht-flood",
+                        "dialback-liar", "level-forward")}
 
 # --- figures that take more than a line ----------------------------------------------------------------------------
 
@@ -300,6 +301,37 @@ def redials(before: dict, after: dict) -> str:
             f"left {b['attempts_at_hinted_host_after']} -> {a['attempts_at_hinted_host_after']}")
 
 
+def dht_meet(before: dict, after: dict) -> str:
+    """When the second node first heard the first, beside three hostile DHT servers flooding providers."""
+    (b,), (a,) = before["runs"], after["runs"]
+    met = lambda r: "never" if r["met_s"] is None else f"after {r['met_s']:.1f} s"  # noqa: E731
+    return f"two nodes beside three hostile DHT servers near the key meet {met(b)} -> {met(a)}"
+
+
+def dht_dials(kind: str):
+    """The most connections one node opened to the hostile servers' made-up hosts in the run."""
+    def figure(before: dict, after: dict) -> str:
+        (b,), (a,) = before["runs"], after["runs"]
+        most = lambda r: max(r["connections_by_node"].values())  # noqa: E731
+        return (f"connections by one node to their made-up hosts in {the(r['window_s'] / 60 for r in (b, a)):.0f} "
+                f"minutes ({kind}) {most(b)} -> {most(a)}")
+    return figure
+
+
+def liar_believed(before: dict, after: dict) -> str:
+    """How long a node behind NAT believed a dial-back liar's "reached"."""
+    b, a = ([r for r in d["runs"] if r["lie"] == "reached"][0] for d in (before, after))
+    return (f"a node behind NAT believes a dial-back liar's \"reached\" for {b['believed_public_s']} -> "
+            f"{a['believed_public_s']} of {the(r['window_s'] for r in (b, a)):.0f} s")
+
+
+def forwarded(before: dict, after: dict) -> str:
+    """The deepest level twelve forwarded ground ids took a training node to."""
+    (b,), (a,) = before["summary"], after["summary"]
+    return (f"12 ground ids forwarded by one stranger take a node to level {b['deepest_level_attack']} -> "
+            f"{a['deepest_level_attack']}")
+
+
 # --- the table, row by row: (text of the row's "what" cell, [(file or files, the figure as the README prints it)]) --
 
 RESULTS = [
@@ -392,6 +424,12 @@ RESULTS = [
         (HOSTILE["relay-ids"], lambda b, a: f"4 peer ids on one address relay {relay_ids(b, 4):.3f} -> {relay_ids(a, 4):.3f} MiB/s"),
         (HOSTILE["level-computable"], level_grind),
         (HOSTILE["px-aim-redials"], redials)]),
+    ("free answers against discovery", [
+        (HOSTILE["dht-flood"], dht_meet),
+        (HOSTILE["dht-flood"], dht_dials("flood")),
+        (HOSTILE["dht-eclipse"], dht_dials("eclipse")),
+        (HOSTILE["dialback-liar"], liar_believed),
+        (HOSTILE["level-forward"], forwarded)]),
     (PARAGRAPH, [
         (EXP, lambda d: f"about a fifth ({pct(arm(d, 'homogeneous 4/4 signal')['vs_silo'])} at 4/4"),
         (GUARDED, lambda d: f"{pct(arm(d, 'homogeneous 4/4 guarded')['vs_silo'])} under `guarded`)"),

@@ -192,7 +192,8 @@ async def forward_signers(gh: GossipHost, target: ID, args: argparse.Namespace, 
         for pair in signers:
             author = ID.from_pubkey(pair.public_key)
             data = pack_groups(author.to_base58(), "probe", k, time.time(), synthetic_groups(
-                rng, k, args.groups, args.completions, args.chars, args.task), cfg.limits)[0][0]
+                rng, k, args.groups, args.completions, args.chars, args.task, args.junk, args.wrap, args.wrong, args.pad),
+                cfg.limits)[0][0]
             msg = rpc_pb2.Message(from_id=author.to_bytes(), data=data, seqno=rng.randbytes(8), topicIDs=[topic])
             msg.signature = pair.private_key.sign(PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString())
             await gh.gossipsub.publish(gh.me, msg)
