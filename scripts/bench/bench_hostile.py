@@ -64,6 +64,9 @@ which never connect: forwarded Sybils.
 `--attack dialback-liar` (lab): a relay, an honest peer and a liar that answers every dial-back request without
 dialing, "reached" to a node behind NAT and "unreached" to a public one; each second, what the node believes.
 
+`--attack mdns-spoof` (lab): on one LAN, made-up peer ids announced by mDNS at the addresses two nodes then listen on;
+when each first hears the other.
+
 `--attack relay-squat --computable`: each stranger publishes groups anyone can compute before it asks for a slot;
 `--relay-after S` sets the relay's `p2p.relay_after_s` (relay-squat, relay-abuse).
 
@@ -750,6 +753,48 @@ def run_dialback_liar(lie: str, window: float, code: Path, work: Path) -> dict:
             "timeline": timeline, **procs.outcome(["relay", "honest", "node"])}
 
 
+def run_mdns_spoof(window: float, code: Path, work: Path) -> dict:
+    """mdns-spoof: on one lab LAN, a spoofer announces made-up peer ids at the addresses two nodes will listen on
+    (`lab/mdns_spoof.py`); then the nodes start, a second apart, with no bootstrap peer and no DHT. When each first
+    hears the other, within `window`."""
+    procs = Procs(work, code)
+    with netlab.Lab(work / "lab") as lab:
+        a_host, b_host, s_host = lab.add_lan(3)
+        addrs = {n: f"/ip4/{h.ip}/tcp/{RELAY_PORT}" for n, h in (("a", a_host), ("b", b_host))}
+        base = P2PConfig(network="testnet").rollout_topic_base()
+        try:
+            procs.start("spoofer", "scripts.bench.lab.mdns_spoof", "--topic-base", base, "--ip", s_host.ip,
+                        *[arg for addr in addrs.values() for arg in ("--addr", addr)], cwd=ROOT, prefix=s_host.cmd())
+            time.sleep(3)  # announced before the nodes listen
+            nodes = {}
+            for name, host in (("a", a_host), ("b", b_host)):
+                nodes[name] = procs.probe(name, "--listen", addrs[name], "--network", "testnet", "--rate", "1", "--groups",
+                                          "1", prefix=host.cmd())
+                time.sleep(1)
+            start, met = time.time(), {}
+            while time.time() < start + window and len(met) < 2:
+                for name, other in (("a", "b"), ("b", "a")):
+                    if name not in met and any(e["peer"] == nodes[other].peer_id for e in nodes[name].events("received")):
+                        met[name] = round(time.time() - start, 1)
+                time.sleep(1)
+            stats = {n: p.stats() for n, p in nodes.items()}
+        finally:
+            procs.stop()
+    return {"attack": "mdns-spoof", "window_s": window, "heard_after_s": {n: met.get(n) for n in ("a", "b")},
+            "nodes": {n: {k: st.get(k) for k in ("mdns_heard", "dials", "hints_failed", "peers")} for n, st in stats.items()},
+            **procs.outcome(["a", "b"])}
+
+
+def mdns_report(runs: list[dict], commit: str, window: float) -> None:
+    table = Table(title=f"made-up mDNS records at two nodes' addresses (code {commit}, {window:.0f} s)")
+    for col in ("a heard b after (s)", "b heard a after (s)", "hints failed (a / b)", "ERROR lines / lost"):
+        table.add_column(col)
+    for r in runs:
+        table.add_row(*(str(r["heard_after_s"][n] or "never") for n in ("a", "b")),
+                      " / ".join(str(r["nodes"][n]["hints_failed"]) for n in ("a", "b")), f"{error_lines(r)} / {lost(r)}")
+    print_table(Console(), table)
+
+
 def dialback_report(runs: list[dict], commit: str, window: float) -> None:
     table = Table(title=f"one dial-back liar among the peers asked (code {commit}, {window:.0f} s)")
     for col in ("the node", "lie", "first verdict (s)", "seconds believed public", "final", "most relays", "ERROR lines / lost"):
@@ -761,7 +806,7 @@ def dialback_report(runs: list[dict], commit: str, window: float) -> None:
     print_table(Console(), table)
 
 
-DHT_ATTACKS = ("dht-eclipse", "dht-flood", "dialback-liar")
+DHT_ATTACKS = ("dht-eclipse", "dht-flood", "dialback-liar", "mdns-spoof")  # discovery
 RELAY_ATTACKS = ("relay-squat", "relay-abuse", "dialback-relayed")
 SWARM_ATTACKS = ("level-hijack", "level-grind", "level-forward", "px-aim")  # honest swarms of --sizes nodes
 
@@ -831,7 +876,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "slots; relay-abuse: strangers pushing bytes through a training node's relay; dialback-relayed: "
                    "a dial-back asked through a relay (these four in a network lab of namespaces: root); dht-eclipse, "
                    "dht-flood: three hostile DHT servers near the rendezvous key; level-forward: one stranger forwarding "
-                   "12 ground ids' messages; dialback-liar: a peer lying to dial-back requests (lab)")
+                   "12 ground ids' messages; dialback-liar: a peer lying to dial-back requests (lab); mdns-spoof: made-up "
+                   "mDNS records at two nodes' addresses (lab)")
     p.add_argument("--slots", type=count, default=4, help="relay-squat: the relay's p2p.relay_slots")
     p.add_argument("--pose-nat", action="store_true", help="relay-squat: each stranger first asks for a dial-back on "
                    "a closed port, passing for a peer behind NAT")
@@ -859,7 +905,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache", type=Path, default=default_cache_dir(), help="model cache (tiny-a is built there)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    if (args.attack in (*RELAY_ATTACKS, "px-aim", "dialback-liar") or args.lab) and (why := netlab.unavailable()):
+    if (args.attack in (*RELAY_ATTACKS, "px-aim", "dialback-liar", "mdns-spoof") or args.lab) and (why := netlab.unavailable()):
         p.error(f"--attack {args.attack} needs the network lab: {why}")
     return args
 
@@ -900,6 +946,10 @@ def relay_attacks(args: argparse.Namespace, commit: str) -> dict:
 
 
 def dht_attacks(args: argparse.Namespace, commit: str) -> dict:
+    if args.attack == "mdns-spoof":
+        runs = each_run(args, lambda work, seed: run_mdns_spoof(args.window, args.code, work), range(args.seeds))
+        mdns_report(runs, commit, args.window)
+        return {"runs": runs}
     if args.attack == "dialback-liar":
         runs = each_run(args, lambda work, seed, lie: run_dialback_liar(lie, args.window, args.code, work),
                         range(args.seeds), ["reached", "unreached"])
