@@ -175,8 +175,8 @@ class KadClient:
                 nursery.start_soon(self._walk, key, path, servers, region)
         answered = sorted((s for s in servers.values() if s.state == "asked"), key=lambda s: distance(key, s.info.peer_id))
         near = sorted((s for s in servers.values() if s.state == "new"), key=lambda s: distance(key, s.info.peer_id))
-        for server in near:  # the region's servers no path reached: asked too, closest first
-            if len(answered) >= REGION or distance(key, server.info.peer_id) > distance(key, answered[-1].info.peer_id):
+        for server in near:  # the servers no path reached, closest first, while the region has room
+            if len(answered) >= REGION:
                 break
             await self._ask(key, server, servers, region, grow=False)
             if server.state == "asked":

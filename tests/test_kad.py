@@ -20,6 +20,7 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
+from p2p import kad
 from p2p.hints import HintBudget
 from p2p.host import NoBackgroundDials
 from p2p.kad import FAILURES_PER_MINUTE, DialBudget, KadClient, Region, key_bytes
@@ -123,6 +124,22 @@ def test_our_lookup_dials_few_made_up_servers_keeps_none_and_still_reaches_the_h
     assert counter.count <= FAILURES_PER_MINUTE and region.failed <= FAILURES_PER_MINUTE
     assert stored == 0
     assert {i.peer_id for i in known(honest + hostile.addrs)} <= set(region.servers)  # all five answered
+
+
+def test_servers_no_path_reached_are_asked_while_the_region_has_room(dht, monkeypatch):
+    """A path stops after `PATH_QUERIES`; the known servers it did not reach are asked after the walk. With no path
+    asking anything, that step alone finds the region (it indexed an empty list of answers and raised)."""
+    honest, hostile, _ = dht()
+    monkeypatch.setattr(kad, "PATH_QUERIES", 0)
+
+    async def scenario() -> Region:
+        async with AsyncExitStack() as stack:
+            (host,) = await clients(1, honest + hostile.addrs, stack)
+            client = KadClient(host, DialBudget(host, HintBudget(60.0)), lambda info: info.addrs)
+            return await client.lookup(key_bytes(KEY), known(honest + hostile.addrs))
+
+    region = trio.run(scenario)
+    assert set(region.servers) == {i.peer_id for i in known(honest + hostile.addrs)}
 
 
 @pytest.mark.parametrize("flood", [0, 32], ids=["eclipse", "provider-flood"])
