@@ -8,12 +8,15 @@ past `TOTAL_FAILURES` failed addresses no hint is dialed until the oldest leaves
 
 A hinted peer is dialed address by address, at most `ADDRS_PER_PEER` of them (py-libp2p dials one TCP address per
 peer): each attempt is charged to its own address, so an honest peer's second address is tried after its first
-fails, and a made-up peer listing 8 addresses costs the ones dialed, not the whole budget for the window."""
+fails, and a made-up peer listing 8 addresses costs the ones dialed, not the whole budget for the window.
+Addresses being dialed count against `TOTAL_FAILURES` until they are reached (`HintBudget.dialing`): peer exchange,
+the DHT and mDNS dial at once, and each would otherwise see the same room left."""
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 
 HOST_FAILURES = 4  # failed dials to one host within a window before its hints are left alone
 SOURCE_FAILURES = 4  # failed hints from one peer within a window before it is not asked again
@@ -53,6 +56,7 @@ class HintBudget:
     def __init__(self, window_s: float):
         self._addrs, self._hosts, self._sources = Recent(window_s), Recent(window_s), Recent(window_s)
         self._unproven = Recent(window_s)  # failures of every unproven source's hints, under one key
+        self._in_flight = 0  # unproven hints' addresses chosen for a dial that has not ended
 
     def may_dial(self, key: str, now: float) -> bool:
         return not self._addrs.count(key, now) and self._hosts.count(host_of(key), now) < HOST_FAILURES
@@ -60,8 +64,19 @@ class HintBudget:
     def allowance(self, now: float, proven: bool) -> int:
         """How many addresses the next hinted dial may try: `ADDRS_PER_PEER`, within what is left of `TOTAL_FAILURES`
         unless the hint comes from a proven source (a bootstrap peer, whom the operator named)."""
-        left = REMEMBERED if proven else TOTAL_FAILURES - self._unproven.count(None, now)
+        left = REMEMBERED if proven else TOTAL_FAILURES - self._unproven.count(None, now) - self._in_flight
         return max(0, min(ADDRS_PER_PEER, left))
+
+    @contextmanager
+    def dialing(self, addrs: int, proven: bool) -> Iterator[None]:
+        """`addrs` addresses the caller chose within `allowance` and will dial: held from the rest of the allowance
+        until the dial ends. Enter it before the next await, and record the failures before leaving it."""
+        held = 0 if proven else addrs
+        self._in_flight += held
+        try:
+            yield
+        finally:
+            self._in_flight -= held
 
     def may_ask(self, source: Hashable, now: float) -> bool:
         return self._sources.count(source, now) < SOURCE_FAILURES

@@ -616,22 +616,26 @@ class GossipHost:
             keys = [k for k in by_key if budget.may_dial(k, now)][:budget.allowance(now, proven)]
             if info.peer_id == self.me or info.peer_id in connected or not keys:
                 continue
-            if not await self._make_room(shared_bits(self.shard.key, self.shard.key_of(info.peer_id.to_bytes()))):
-                return  # hints are sorted: the rest are no nearer
-            dials += 1
-            missed = []
-            for key in keys:
-                if await self._dial(PeerInfo(info.peer_id, [by_key[key]])):
-                    break
-                missed.append(key)
-            if len(missed) < len(keys):
-                budget.missed(missed, trio.current_time(), proven)
+            with budget.dialing(len(keys), proven):
+                if not await self._make_room(shared_bits(self.shard.key, self.shard.key_of(info.peer_id.to_bytes()))):
+                    return  # hints are sorted: the rest are no nearer
+                dials += 1
+                missed = []
+                for key in keys:
+                    if await self._dial(PeerInfo(info.peer_id, [by_key[key]])):
+                        break
+                    missed.append(key)
+                reached = len(missed) < len(keys)
+                if reached:
+                    budget.missed(missed, trio.current_time(), proven)
+                else:
+                    budget.failed(keys, responder, trio.current_time(), proven)
+            if reached:
                 self._book_heard(responder, [PeerInfo(info.peer_id, [by_key[k] for k in keys])])
                 log.info("discovered peer %s", info.peer_id)
                 continue
             self.host.get_peerstore().clear_addrs(info.peer_id)  # nothing else dials a failed hint (DHT, identify)
             self.book.failed(info.peer_id.to_base58(), time.time())  # ... nor the address book's rejoin
-            budget.failed(keys, responder, trio.current_time(), proven)
             self.counts["hints_failed"] += 1
             for key in (k for k in keys if k not in self._logged_hints):
                 self._logged_hints.add(key, 0.0)

@@ -131,25 +131,32 @@ class Region:
 class DialBudget:
     """What DHT lookups may dial: addresses the hint budget allows, `ADDRS_TRIED` a server, one at a time, and
     `FAILURES_PER_MINUTE` failures a minute over all lookups. A failure is charged to its address, its host and the
-    server that named it (`HintBudget.failed`); not to the budget unproven hints share, which is the providers'."""
+    server that named it (`HintBudget.failed`); not to the budget unproven hints share, which is the providers'.
+    An attempt in flight counts as a failure until it succeeds: the paths dial at once, and each would otherwise see
+    the same room left and overdraw it."""
 
     def __init__(self, host: IHost, hints: HintBudget):
         self.host, self.hints = host, hints
         self.failures = Recent(60.0)
+        self.in_flight = 0
 
     def exhausted(self, now: float) -> bool:
-        return self.failures.count(None, now) >= FAILURES_PER_MINUTE
+        return self.failures.count(None, now) + self.in_flight >= FAILURES_PER_MINUTE
 
     async def dial(self, server: Server) -> bool:
         for addr in [a for a in server.info.addrs if self.hints.may_dial(str(a), trio.current_time())][:ADDRS_TRIED]:
             if self.exhausted(trio.current_time()):
                 return False
-            with trio.move_on_after(QUERY_TIMEOUT_S):
-                try:
-                    await self.host.connect(PeerInfo(server.info.peer_id, [addr]))
-                    return True
-                except Exception as e:  # noqa: BLE001 - a made-up server: one failed attempt
-                    log.debug("DHT server %s at %s: %s", server.info.peer_id, addr, e)
+            self.in_flight += 1
+            try:
+                with trio.move_on_after(QUERY_TIMEOUT_S):
+                    try:
+                        await self.host.connect(PeerInfo(server.info.peer_id, [addr]))
+                        return True
+                    except Exception as e:  # noqa: BLE001 - a made-up server: one failed attempt
+                        log.debug("DHT server %s at %s: %s", server.info.peer_id, addr, e)
+            finally:
+                self.in_flight -= 1
             now = trio.current_time()
             self.failures.add(None, now)
             self.hints.failed([str(addr)], server.named_by, now, proven=True)

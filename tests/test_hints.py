@@ -71,6 +71,22 @@ def test_failed_hints_of_unproven_sources_are_bounded_all_together_but_a_bootstr
     assert budget.allowance(60.5, proven=False) == 2  # the first hint's two left the window; the bootstrap's never counted
 
 
+def test_addresses_being_dialed_hold_their_share_of_the_allowance_until_the_dial_ends():
+    """Peer exchange, the DHT and mDNS dial hints at once: each chose its addresses from the same room left, and
+    between them they overdrew `TOTAL_FAILURES`. Chosen addresses are held until their dial ends."""
+    budget = HintBudget(window_s=60)
+    for k in range(TOTAL_FAILURES - 3):
+        budget.failed([f"/ip4/198.18.0.{k}/tcp/1"], source=f"liar{k}", now=0.0)
+    with budget.dialing(ADDRS_PER_PEER, proven=False):
+        assert budget.allowance(1.0, proven=False) == 1  # 3 left, 2 of them being dialed
+        with budget.dialing(1, proven=False):
+            assert budget.allowance(1.0, proven=False) == 0
+            with budget.dialing(ADDRS_PER_PEER, proven=True):  # a bootstrap peer's hints hold nothing
+                assert budget.allowance(1.0, proven=False) == 0 and budget.allowance(1.0, proven=True) == ADDRS_PER_PEER
+        budget.failed(["/ip4/198.18.1.1/tcp/1", "/ip4/198.18.1.2/tcp/1"], source="liar", now=2.0)
+    assert budget.allowance(2.0, proven=False) == 1  # the two failures replaced what they held, the third came back
+
+
 def gossip_host() -> GossipHost:
     cfg = P2PConfig(network="local", listen=["/ip4/127.0.0.1/tcp/0"])
     return GossipHost(cfg, create_new_key_pair(), MessagePolicy(cfg.limits, cfg.rollout_topic_base(),
