@@ -185,6 +185,14 @@ def families(s: dict) -> list[Metric]:
            [({}, {"public": 1, "private": 0}.get(p2p.get("reachability")))])
     metric("relays", "gauge", "relays this node holds a reservation with (behind NAT)", [({}, p2p.get("relays"))])
     metric("relayed_peers", "gauge", "peers connected through a relay", [({}, p2p.get("relayed_peers"))])
+    metric("punched_peers", "gauge", "peers first reached through a relay, now over a direct connection hole punching "
+           "opened", [({}, p2p.get("punched_peers"))])
+    metric("punches_total", "counter", "hole punches (DCUtR): succeeded, failed, refused (a CONNECT over a direct "
+           "connection, or no address the hint budget allowed)",
+           [({"result": r}, p2p.get(k, 0)) for r, k in (("succeeded", "punches"), ("failed", "punches_failed"),
+                                                        ("refused", "punches_refused"))])
+    metric("gossip_streams_moved_total", "counter", "gossip streams reopened because the connection under them closed "
+           "while another to the peer stayed open (a punch, a relay's limit)", [({}, p2p.get("gossip_streams_moved", 0))])
     metric("relay_refused_total", "counter", "relay reservations refused: the asker is not a participant this node "
            "dialed back and could not reach, has taken part for less than p2p.relay_after_s, its address holds its "
            "share, or every slot is taken", [({}, p2p.get("relay_refused", 0))])

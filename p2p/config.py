@@ -129,6 +129,8 @@ class P2PConfig(Section):
                                    "(12 authors sending 10 KB a second come to 72 MB in 10 minutes, over all of a peer's connections)")
     relay_kib_per_s: int = Field(256, ge=1, description="most bytes a second this node relays in all: relaying costs "
                                  "it CPU (6.3 MiB/s made a tiny-a round 3.2x as long, 512 KiB/s 1.20x, 256 KiB/s 1.06x: bench_hostile relay-abuse)")
+    hole_punching: bool = Field(True, description="upgrade a peer reached through a relay to a direct connection by "
+                                "hole punching (DCUtR); its dials count against the hint budget")
     max_peers: int = Field(32, ge=1, description="stop dialing discovered peers beyond this many connections")
     mesh_degree: int = Field(4, ge=1, le=32, description="GossipSub D: peers each message is pushed to (low D-D/3, high 2D)")
     heartbeat_s: float = Field(1.0, gt=0, le=60, description="GossipSub heartbeat interval")

@@ -38,6 +38,7 @@ from p2p.lan import QUEUED, LanDiscovery
 from p2p.peerstore import OrderedPeerStore
 from p2p.policy import MessagePolicy
 from p2p.portmap import PortMap, private_port
+from p2p.punch import Punch
 from p2p.pubsub import GuardedPubsub, gossipsub_router
 from p2p.reach import Reach, is_circuit, remote_ip
 from p2p.rendezvous import Rendezvous, rendezvous_key
@@ -137,6 +138,7 @@ class GossipHost:
         # retried, and py-libp2p's 3 retries made each failed hint 4 connections to a host it may not know
         self.host.get_network().retry_config = RetryConfig(max_retries=0)
         self.host.get_network().auto_connector = NoBackgroundDials(self.host.get_network())
+        self.host.get_addrs = self._addrs  # what identify and our provider record tell peers
         self.reach = Reach(cfg, self.host, self.counts)
         self.me = self.host.get_id()
         self.base = cfg.rollout_topic_base()
@@ -146,12 +148,26 @@ class GossipHost:
         self.topic = shard_topic(self.base, self.shard.key, self.shard.level)
         self.gossipsub = gossipsub_router(self.counts, cfg)
         self.pubsub = GuardedPubsub(self.host, self.gossipsub, strict_signing=True, counts=self.counts)
+        # DCUtR for peers reached through a relay, its dials charged as hints; relayed connections closed once direct
+        self.punch = Punch(self.host, self.counts, self.hints,
+                           lambda info: self.reach.dialable(info, advertised(self.host.get_transport_addrs())))
         self.outbox_send, self.outbox_recv = trio.open_memory_channel[bytes](64)
         self.publishing = False
         self.last_published: float | None = None  # trio time
         limits = cfg.limits  # receivers allow an author two of the largest messages at once: one is ours
         self.own_budget = Bucket(limits.max_author_kib_per_s * 1024, limits.max_message_bytes)
         self.book = book if book is not None else AddressBook()
+
+    def _addrs(self) -> list[Multiaddr]:
+        """Our addresses as peers dial them, each ending in /p2p/<us>. py-libp2p's `get_addrs` strips the first /p2p/
+        component of each address before appending ours, which cuts a circuit address at its relay's id: peers were
+        told the relay's own address as ours (tests/test_punch.py)."""
+        candidates = self.host.get_transport_addrs()
+        if (observed := getattr(self.host, "_observed_addr_manager", None)) is not None:
+            candidates += [a for a in observed.addrs() if a not in candidates]
+        own = [Multiaddr(a) for a in self.cfg.announce] or self._advertised(candidates)
+        me = Multiaddr(f"/p2p/{self.me}")
+        return [a if str(a).endswith(str(me)) else a.encapsulate(me) for a in own]
 
     def _advertised(self, addrs: list[Multiaddr]) -> list[Multiaddr]:
         """What identify tells peers to dial (py-libp2p asks before `self.reach` exists)."""
@@ -202,6 +218,8 @@ class GossipHost:
             if self.cfg.mdns:
                 nursery.start_soon(self._lan)
             nursery.start_soon(self.reach.run, self._connected, nursery)
+            if self.cfg.hole_punching:
+                await nursery.start(self.punch.run)
             nursery.start_soon(self._keep_book)
             task_status.started()
             await stop.wait()
@@ -271,8 +289,9 @@ class GossipHost:
 
     def stats(self) -> dict[str, object]:
         now = time.time()
+        reached = Counter(self.punch.how_reached(p) for p in self._connected())
         return {"reachability": self.reach.state.value, "relays": len(self.reach.reserved),
-                "relayed_peers": len(self._connected() - self.reach.direct_peers()),
+                "relayed_peers": reached["relayed"], "punched_peers": reached["punched"],
                 "shard_level": self.shard.level, "shard_epoch": self.shard.epoch,
                 "shard_authors": self.shard.authors(now, self.shard.level),
                 "shard_topics": len(self.reading),  # own, probes, and for a while after a move the old one
@@ -566,7 +585,8 @@ class GossipHost:
         profile = self.cfg.profile()
         own = advertised(self.host.get_transport_addrs())
         self.rendezvous = Rendezvous(self.host, rendezvous_key(profile.namespace, profile.protocol), self.cfg.dht_peers(),
-                                     self.counts, self.hints, lambda info: self.reach.dialable(info, own))
+                                     self.counts, self.hints, lambda info: self.reach.dialable(info, own),
+                                     connect=self.punch.seen.connect)
 
         async def found(picks: list[tuple[ID, PeerInfo]]) -> None:
             tried = 0
@@ -577,7 +597,7 @@ class GossipHost:
                     tried += 1
                     await self._dial_hints(server, [info], self._connected())
 
-        await self.rendezvous.run(found, lambda: set(self.pubsub.peers))
+        await self.rendezvous.run(found, lambda: set(self.pubsub.peers), self.reach.keeps)
 
     async def _lan(self) -> None:
         """Peers announced on the LAN (`p2p.lan`), dialed as hints under the same budget as peer exchange."""

@@ -20,6 +20,7 @@ choosing in one lookup each, and 32 made-up providers in every answer kept two h
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import random
@@ -51,7 +52,8 @@ ADDRS_TRIED = 2  # addresses of one server tried, one connection attempt each
 QUERY_TIMEOUT_S = 10.0
 MAX_ANSWER_BYTES = 256 * 1024
 MAX_ENTRIES = 32  # closer peers and providers read from one answer
-MAX_ADDRS = 4  # addresses read per entry
+MAX_ADDRS = 4  # addresses kept per entry
+RAW_ADDRS = 16  # ... of the first this many it lists
 DIRECT_TCP = {"ip4", "ip6", "dns4", "dns6", "tcp", "p2p"}  # what an address may be made of for the host to dial it
 
 
@@ -67,16 +69,17 @@ def distance(target: bytes, peer: ID) -> int:
 
 
 def tcp_addrs(raw: list[bytes]) -> list[Multiaddr]:
-    """The dialable TCP addresses among an answer's raw ones, without a trailing /p2p; malformed ones skipped."""
+    """The dialable TCP addresses among an answer's raw ones, without a trailing /p2p; malformed ones skipped. A
+    circuit through a relay at a TCP address counts too, as `<relay addr>/p2p/<relay>/p2p-circuit` (a home node's
+    provider record lists them, and js-libp2p's servers add the address they saw the provider at, first)."""
     out: list[Multiaddr] = []
-    for data in raw[:MAX_ADDRS]:
-        try:
-            addr = Multiaddr(data)
-        except Exception:  # noqa: BLE001 - untrusted bytes
-            continue
-        if {p.name for p in addr.protocols()} <= DIRECT_TCP and "tcp" in {p.name for p in addr.protocols()}:
-            out.append(Multiaddr(str(addr).split("/p2p/")[0]))
-    return out
+    for data in raw[:RAW_ADDRS]:
+        with contextlib.suppress(Exception):  # noqa: BLE001 - untrusted bytes
+            relay, circuit, _ = str(Multiaddr(data)).partition("/p2p-circuit")
+            names = [p.name for p in Multiaddr(relay).protocols()]
+            if set(names) <= DIRECT_TCP and "tcp" in names and (not circuit or names[-1] == "p2p"):
+                out.append(Multiaddr(f"{relay}/p2p-circuit" if circuit else relay.split("/p2p/")[0]))
+    return list({str(a): a for a in out}.values())[:MAX_ADDRS]
 
 
 def entries(peers) -> list[PeerInfo]:
@@ -230,7 +233,8 @@ class KadClient:
         peer = server.info.peer_id
         if peer == self.me:
             return
-        if not self.host.get_network().get_connections(peer):
+        dialed = not self.host.get_network().get_connections(peer)
+        if dialed:
             if region.dialed >= LOOKUP_DIALS or self.budget.exhausted(trio.current_time()):
                 server.state = "skipped"  # the budget said no, not the server
                 return
@@ -240,15 +244,26 @@ class KadClient:
                 return
         answer = await self._query(peer, Message(type=Message.MessageType.GET_PROVIDERS, key=key))
         if answer is None:
+            if dialed:
+                await self._leave(peer)
             return
         server.state = "asked"
         if providers := [p for p in entries(answer.providerPeers) if p.peer_id != self.me]:
             region.providers[peer] = providers
         if grow:
             new = [c for c in entries(answer.closerPeers) if c.peer_id not in servers and c.peer_id != self.me]
-            new = [PeerInfo(c.peer_id, addrs) for c in new if (addrs := self.dialable(c))]
+            new = [PeerInfo(c.peer_id, addrs) for c in new
+                   if (addrs := [a for a in self.dialable(c) if "/p2p-circuit" not in str(a)])]  # a server is dialed
             for info in sorted(new, key=lambda c: distance(key, c.peer_id))[:CLOSER_PER_ANSWER]:
                 servers[info.peer_id] = Server(info, server.path, peer)
+
+    async def _leave(self, peer: ID) -> None:
+        """Close the connection to a peer a server named as a server that does not answer as one (a client the server
+        saw, say a node behind NAT at the address its listening port is mapped to): the walk met it, no provider
+        record named it, and our gossip does not use it."""
+        with contextlib.suppress(Exception):
+            if not any(p.startswith("/meshsub/") for p in self.host.get_peerstore().get_protocols(peer)):
+                await self.host.disconnect(peer)
 
     async def _query(self, peer: ID, message: Message) -> Message | None:
         """One request and its answer, or None (no stream, a timeout, bytes that do not parse)."""

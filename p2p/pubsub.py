@@ -10,7 +10,7 @@ from collections import Counter
 
 import trio
 from google.protobuf.message import DecodeError
-from libp2p.abc import INetStream
+from libp2p.abc import INetConn, INetStream, INetwork, INotifee
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
@@ -104,6 +104,7 @@ class GuardedPubsub(Pubsub):
         super().__init__(*args, **kwargs)
         self.counts = counts
         self._write_locks: weakref.WeakKeyDictionary[INetStream, trio.Lock] = weakref.WeakKeyDictionary()
+        self.host.get_network().register_notifee(MoveOnDisconnect(self))
 
     def _is_subscribed_to_msg(self, msg: rpc_pb2.Message) -> bool:
         """py-libp2p drops a message on a topic we do not read before any validator sees it; count it."""
@@ -116,6 +117,22 @@ class GuardedPubsub(Pubsub):
         async with self._write_locks.setdefault(stream, trio.Lock()):
             return await super().write_msg(stream, rpc_msg)
 
+    def drop_stale_stream(self, peer: ID) -> None:
+        """Reopen our gossip stream to `peer` when the connection it rode is gone while another is open: after a
+        hole punch, or when a relay ends its circuit. py-libp2p skips a disconnect while the peer has another
+        connection, and its read loop ends quietly on the dead connection, so the dead stream stayed in `peers` until
+        a write into it failed. That message was lost, and the failure made py-libp2p forget the peer's
+        subscriptions, which it learns again only when the peer reopens its own stream, which the peer does only
+        when a write into its own dead stream fails: a peer with nothing to send us was sent nothing again, with no
+        error (tests/test_punch.py). Here both ends reopen at once, each telling its subscriptions anew."""
+        stream = self.peers.get(peer)
+        live = {c.muxed_conn for c in self.host.get_network().get_connections(peer)
+                if not getattr(c.muxed_conn, "is_closed", False)}
+        if stream is None or not live or stream.muxed_conn in live:
+            return  # no stream, no other connection (the disconnect handler's case), or it rides a live one
+        self.counts["gossip_streams_moved"] += 1
+        self._handle_dead_peer(peer)  # py-libp2p reopens it on a connection still open, with our subscriptions
+
     async def continuously_read_stream(self, stream: INetStream) -> None:
         try:
             await super().continuously_read_stream(stream)
@@ -126,3 +143,19 @@ class GuardedPubsub(Pubsub):
             with contextlib.suppress(Exception):
                 await stream.reset()
             self._handle_dead_peer(peer)
+
+
+class MoveOnDisconnect(INotifee):
+    """Tells `GuardedPubsub` of every closed connection (py-libp2p's own notifee ignores one while another is open)."""
+
+    def __init__(self, pubsub: GuardedPubsub):
+        self.pubsub = pubsub
+
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
+        self.pubsub.drop_stale_stream(conn.muxed_conn.peer_id)
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None: ...
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None: ...
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None: ...
+    async def listen(self, network: INetwork, multiaddr) -> None: ...
+    async def listen_close(self, network: INetwork, multiaddr) -> None: ...

@@ -6,11 +6,11 @@ listen ports, on a connection of its own, and hands the nonce over it; only a no
 py-libp2p 0.8.1's AutoNAT cannot answer this (its dial-back reuses the connection already open, so every node
 looks public: measured), hence this small protocol of our own. A verdict needs the agreement of peers in two
 network groups (`verdict`), so one peer that lies cannot move it either way. A node nobody can dial reserves a
-slot on `relays` public peers (circuit relay v2, py-libp2p's implementation) and is then reached through them at
-`<relay addr>/p2p/<relay>/p2p-circuit/p2p/<us>`; its outbound connections are direct as always. Public nodes
+slot on `relays` public peers (circuit relay v2: py-libp2p's client, and any relay v2 server, a sapo node's or a stock
+js-libp2p or kubo one) and is then reached through them at `<relay addr>/p2p/<relay>/p2p-circuit/p2p/<us>`; it renews
+each slot at half its lifetime itself; its outbound connections are direct as always. Public nodes
 serve as relays (`relay_slots` reservations each) and tell askers of their peer list how to reach the peers that
-reserved with them. Hole punching (DCUtR) is not used: on py-libp2p 0.8.1 the punched connection replaced the
-relayed one and GossipSub stopped on it (measured).
+reserved with them. A relayed pair then punches a direct connection (`p2p.punch`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import ipaddress
 import logging
 import random
 import secrets
+import time
 from collections import Counter
 from enum import Enum
 
@@ -56,6 +57,8 @@ NONCE_BYTES = 16  # the dial-back's proof: only a connection that really reached
 EARLY_RECHECK_S = 75.0  # after a change of verdict or a check that settled nothing (past a server's one dial-back a minute)
 RELAY_RETRY_S = 4.0  # a first refusal is mostly a peer that has not yet learned it is public (a second after us, seen)
 RELAY_RETRY_MAX_S = 60.0  # ... later ones a relay waiting for us to have taken part long enough (p2p.relay_after_s)
+RENEW_MIN_S = 10.0  # a reservation is renewed at half the lifetime its relay granted, but no sooner than this
+RENEW_MAX_S = 1800.0  # ... and no later (half of kubo's and js-libp2p's hour; a relay's clock may be off)
 RECHECK_S = 600.0  # addresses change (a new lease, a new router): check again this often
 UNREACHABLE_S = 2 * RECHECK_S  # a peer our dial-back could not reach may reserve a relay slot this long after
 CIRCUIT = "p2p-circuit"
@@ -312,10 +315,13 @@ class Reach:
                              max_reservations=cfg.relay_slots)
         self.protocol = MeteredRelay(host, limits, RelayMeter(cfg.relay_kib_per_s << 10, counts))
         self.slots = self.protocol.resource_manager = ParticipantSlots(limits, host, counts, cfg.relay_after_s)
-        self.transport = CircuitV2Transport(host, self.protocol, RelayConfig(roles=RelayRole.STOP | RelayRole.CLIENT))
+        # without RelayRole.CLIENT: py-libp2p's client would reserve a slot on every relay it dials a circuit through
+        self.transport = CircuitV2Transport(host, self.protocol, RelayConfig(roles=RelayRole.STOP))
         self.dialback_protocol = TProtocol(f"/sapo/{cfg.profile().namespace}/dialback/2.0.0")
         self.nonce_protocol = TProtocol(f"/sapo/{cfg.profile().namespace}/dialback-nonce/2.0.0")
         self.reserved: dict[ID, Multiaddr] = {}  # relay -> our address through it (without /p2p/<us>)
+        self._renew_at: dict[ID, float] = {}  # relay -> when to renew our reservation there (trio time)
+        self.ask = AskAgain()  # relays that refused a reservation are not asked again for a while
         self._served = SeenKeys(60.0, 4096)  # askers answered in the last minute: one dial-back each
         self._asked: dict[bytes, bool] = {}  # nonce of a dial-back waiting for its answer -> whether it came in
         self.reached = False  # whether the last check with answers had one that proved a peer reached us
@@ -352,7 +358,7 @@ class Reach:
         if not relayed:
             local = {n for n in map(_private_net, own) if n is not None}
             return [a for a in info.addrs if _private_net(a) in local | {None}]
-        if self.state is Reachability.PRIVATE and self.host.get_id().to_bytes() < info.peer_id.to_bytes():
+        if self.behind_nat() and self.host.get_id().to_bytes() < info.peer_id.to_bytes():
             return relayed
         return []
 
@@ -375,7 +381,7 @@ class Reach:
         would only be refused: a relay grants a slot to a peer its own dial-back could not reach)."""
         self.set_handlers()
         await nursery.start(self._run_protocol)
-        ask = AskAgain()  # peers that refused a reservation are not asked again for a while
+        ask = self.ask
         due = 0.0
         while True:
             now = trio.current_time()
@@ -385,20 +391,30 @@ class Reach:
             if self.state is Reachability.PUBLIC and self.cfg.relay_slots and not self._hop:
                 self._serve_relay()
             if self.state is Reachability.PRIVATE or (self.state is Reachability.UNKNOWN and not self.reached):
-                await self._keep_reservations(peers, ask, nursery)
+                await self._keep_reservations(peers, ask)
             await trio.sleep(2.0)
 
-    async def _keep_reservations(self, peers: list[ID], ask: AskAgain, nursery: trio.Nursery) -> None:
-        """Forget relays we lost; ask connected peers for slots until we hold `relays` (each refusal backs off)."""
+    async def _keep_reservations(self, peers: list[ID], ask: AskAgain) -> None:
+        """Forget relays we lost and those that do not renew our reservation when it is due; ask connected peers for
+        slots until we hold `relays` (each refusal backs off)."""
         for relay in [r for r in self.reserved if r not in peers]:
-            del self.reserved[relay]
+            self._forget(relay)
             log.info("lost relay %s", relay)
         now = trio.current_time()
+        for relay in [r for r, due in self._renew_at.items() if due <= now]:
+            if not await self._reserve(relay):
+                self._forget(relay)
+                ask.refused(relay, now)
+                log.info("relay %s did not renew our reservation", relay)
         for relay in [p for p in peers if p not in self.reserved and ask.may_ask(p, now)][:self.cfg.relays - len(self.reserved)]:
-            if await self._reserve(relay, nursery):
+            if await self._reserve(relay):
                 ask.granted(relay)
             else:
                 ask.refused(relay, now)
+
+    def _forget(self, relay: ID) -> None:
+        del self.reserved[relay]
+        del self._renew_at[relay]
 
     def _serve_relay(self) -> None:
         self._hop = True
@@ -419,23 +435,55 @@ class Reach:
             self.state = found
             self.counts["reachability_changes"] += 1
 
+    def keeps(self, peer: ID) -> bool:
+        """Whether a peer that is not a swarm peer (a DHT server) stays connected: a relay we hold a slot on, or,
+        while we are not known to be dialable and hold fewer than `relays` slots, one that serves circuit relay v2
+        and has not just refused us. With no dialable sapo node in the swarm, the public DHT servers a home node
+        meets through the rendezvous are the relays it has (kubo's and js-libp2p's serve limited circuits), enough
+        to coordinate a hole punch."""
+        if peer in self.reserved:
+            return True
+        if self.state is Reachability.PUBLIC or len(self.reserved) >= self.cfg.relays:
+            return False
+        with contextlib.suppress(Exception):
+            return HOP_PROTOCOL in self.host.get_peerstore().get_protocols(peer) \
+                and self.ask.may_ask(peer, trio.current_time())
+        return False
+
+    def behind_nat(self) -> bool:
+        """Private, or not known either way while relays hold a slot for us (a relay grants one only to a peer its own
+        dial-back could not reach; a stock relay asks nothing, and no peer may have answered ours)."""
+        return self.state is Reachability.PRIVATE or (self.state is Reachability.UNKNOWN and bool(self.reserved))
+
     def direct_peers(self) -> set[ID]:
         """Peers we hold a connection to that does not go through a relay."""
         return {peer for peer, conns in self.host.get_network().connections.items()
                 if any(not any(map(is_circuit, c.get_transport_addresses())) for c in conns)}
 
-    async def _reserve(self, relay: ID, nursery: trio.Nursery) -> bool:
-        """Ask `relay` to dial us back first: a relay serves only peers it found it could not reach."""
+    async def _reserve(self, relay: ID) -> bool:
+        """Reserve a slot on `relay`, or renew ours. Ask it to dial us back first: a sapo relay serves only peers it
+        found it could not reach (another relay answers that it does not speak the protocol).
+
+        The renewal is ours, not py-libp2p's (`CircuitV2Transport.reserve` starts a refresher): that one retries a
+        failed renewal with no pause until the reservation expires, so a relay lost or refusing in its last 30 s
+        spun a core (measured: 63,041 ERROR records in 6 s after the relay stopped)."""
         await self._ask(relay, self._ports())
         with trio.move_on_after(DIALBACK_TIMEOUT_S * 2):
             try:
                 stream = await self.host.new_stream(relay, [HOP_PROTOCOL])
-                if await self.transport.reserve(stream, relay, nursery):
+                try:
+                    if not await self.transport._make_reservation(stream, relay):
+                        return False
                     remote = stream.get_remote_address()
-                    self.reserved[relay] = Multiaddr(f"/ip4/{remote[0]}/tcp/{remote[1]}/p2p/{relay}/{CIRCUIT}")
+                finally:
+                    await stream.close()
+                lifetime = self.transport._reservations[relay] - time.time()  # the relay's expiry, in unix seconds
+                self._renew_at[relay] = trio.current_time() + min(max(lifetime / 2, RENEW_MIN_S), RENEW_MAX_S)
+                if relay not in self.reserved:
                     self.counts["relay_reservations"] += 1
                     log.info("reachable through relay %s", relay)
-                    return True
+                self.reserved[relay] = Multiaddr(f"/ip4/{remote[0]}/tcp/{remote[1]}/p2p/{relay}/{CIRCUIT}")
+                return True
             except Exception as e:
                 log.debug("relay %s refused a reservation: %s", relay, e)
         return False

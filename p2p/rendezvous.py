@@ -53,19 +53,21 @@ class Rendezvous:
 
     def __init__(self, host: IHost, key: str, bootstrap: list[str], counts: Counter[str], hints: HintBudget,
                  dialable: Callable[[PeerInfo], list[Multiaddr]],
-                 resolve: Callable[[Multiaddr], Awaitable[list[Multiaddr]]] = resolve_dns):
+                 resolve: Callable[[Multiaddr], Awaitable[list[Multiaddr]]] = resolve_dns,
+                 connect: Callable[[PeerInfo], Awaitable[None]] | None = None):
         self.host, self.key, self.counts, self.resolve = host, key_bytes(key), counts, resolve
+        self.connect = connect or host.connect  # to a bootstrap DHT peer: the node's from its listen port
         self.bootstrap = [info_from_p2p_addr(Multiaddr(a)) for a in bootstrap]
         self.kad = KadClient(host, DialBudget(host, hints), dialable)
         self.named: set[ID] = set()  # providers the DHT named (at most `NAMED`): claims
         self.providers: set[ID] = set()  # ... of which completed our gossip handshake: found, for stats
 
     async def run(self, found: Callable[[list[tuple[ID, PeerInfo]]], Awaitable[None]],
-                  gossip_peers: Callable[[], set[ID]]) -> None:
+                  gossip_peers: Callable[[], set[ID]], keep: Callable[[ID], bool] = lambda peer: False) -> None:
         """Look up and provide, then hand `found` the providers as (server that named it, provider) picks; again in
         `RETRY_S`, doubling, while no peer speaks our gossip (a node alone on a network nobody else has joined asks
         less and less often), else in `REFRESH_S`. Every `RETRY_S` the connections DHT servers hold to us are closed
-        (a server may dial its table's peers, clients included)."""
+        (a server may dial its table's peers, clients included), but those to servers `keep` names (our relays)."""
         due, wait = 0.0, RETRY_S
         while True:
             if trio.current_time() >= due:
@@ -80,7 +82,7 @@ class Rendezvous:
                     due, wait = trio.current_time() + REFRESH_S, RETRY_S
                 else:
                     due, wait = trio.current_time() + wait, min(2 * wait, REFRESH_S)
-            await self._leave_dht_servers()
+            await self._leave_dht_servers(keep)
             self.proven(gossip_peers())
             await trio.sleep(RETRY_S)
 
@@ -97,7 +99,7 @@ class Rendezvous:
                 addrs = await self._addresses(info)
                 with trio.move_on_after(LOOKUP_TIMEOUT_S):
                     try:
-                        await self.host.connect(PeerInfo(info.peer_id, addrs))
+                        await self.connect(PeerInfo(info.peer_id, addrs))
                     except Exception as e:  # an unreachable DHT peer is one of several
                         log.debug("DHT bootstrap peer %s unreachable: %s", info.peer_id, e)
                         continue
@@ -142,9 +144,9 @@ class Rendezvous:
                 self.counts["dht_provide_failed"] += 1
         return region.picks({self.host.get_id()})
 
-    async def _leave_dht_servers(self) -> None:
-        """Close connections to peers that serve the DHT and not our gossip: they are not swarm peers. Those the
-        operator did not name leave the address book too."""
+    async def _leave_dht_servers(self, keep: Callable[[ID], bool]) -> None:
+        """Close connections to peers that serve the DHT and not our gossip, but those `keep` names: they are not
+        swarm peers. Those the operator did not name leave the address book too."""
         store = self.host.get_peerstore()
         named = {i.peer_id for i in self.bootstrap}
         for peer in self.host.get_connected_peers():
@@ -152,7 +154,7 @@ class Rendezvous:
                 protocols = set(store.get_protocols(peer))
             except Exception:  # not identified yet: not known to be a DHT server
                 continue
-            if KAD_PROTOCOL in protocols and not any(p.startswith("/meshsub/") for p in protocols):
+            if KAD_PROTOCOL in protocols and not any(p.startswith("/meshsub/") for p in protocols) and not keep(peer):
                 await self.host.disconnect(peer)
                 if peer not in named:
                     store.clear_addrs(peer)

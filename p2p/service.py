@@ -209,6 +209,8 @@ class _Libp2pLogFilter(logging.Filter):
         # a failed dial, a hint whose peer id does not match its address, a peer that does not speak
         # peer exchange: p2p.host logs each once, with what it does about it
         "Failed to open TCP stream", "failed to upgrade security", "Failed to open stream to peer",
+        # a hole punch's dial that did not meet the peer's (counted, `punches_failed`)
+        "Unexpected error opening TCP stream",
         # the relay's hop handler waits 30 s for a second message on every stream, and says so at
         # ERROR when the reservation's or the ended circuit's stream brings none
         "reading from hop stream",
@@ -236,7 +238,8 @@ class _Libp2pLogFilter(logging.Filter):
 
 RPC_TOO_LARGE = "Inbound pubsub RPC from peer %s exceeded size limit: %s"  # py-libp2p's record for its size cap
 LIBP2P_DROPS: Counter[str] = Counter()  # what py-libp2p reports only in its logs; process-wide
-RELAY_LOGGERS = ("libp2p.relay.circuit_v2.protocol", "libp2p.relay.circuit_v2.transport")  # relay, and its client
+# the relay, its client, and hole punching over relayed connections
+RELAY_LOGGERS = ("libp2p.relay.circuit_v2.protocol", "libp2p.relay.circuit_v2.transport", "libp2p.relay.circuit_v2.dcutr")
 
 
 class _CountLibp2pRecords(logging.Filter):

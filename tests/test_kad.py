@@ -142,6 +142,18 @@ def test_servers_no_path_reached_are_asked_while_the_region_has_room(dht, monkey
     assert set(region.servers) == {i.peer_id for i in known(honest + hostile.addrs)}
 
 
+def test_an_answers_circuit_addresses_are_kept_as_the_relay_names_them_and_other_transports_left_out():
+    """A home node's provider record lists circuits through its relays; js-libp2p's servers put the address they saw
+    the provider at first. Kept: direct TCP addresses and TCP circuits, each once, at most `MAX_ADDRS`."""
+    relay = peer()
+    circuit = f"/ip4/198.18.1.2/tcp/4001/p2p/{relay}/p2p-circuit"
+    raw = ["/ip4/198.18.2.2/tcp/51000", f"{circuit}/p2p/{peer(1)}", circuit, "/ip4/198.18.1.2/tcp/4001/p2p-circuit",
+           "/ip4/198.18.2.2/udp/4001/quic-v1", f"/ip4/198.18.2.2/tcp/4001/p2p/{peer(1)}", "/ip4/198.18.2.3/tcp/1",
+           "/ip4/198.18.2.4/tcp/1"]
+    assert [str(a) for a in kad.tcp_addrs([Multiaddr(a).to_bytes() for a in raw] + [b"junk"])] == [
+        "/ip4/198.18.2.2/tcp/51000", circuit, "/ip4/198.18.2.2/tcp/4001", "/ip4/198.18.2.3/tcp/1"]
+
+
 def test_server_dials_in_flight_count_against_the_minutes_failures():
     """The three paths dial at once: each saw the same room left under `FAILURES_PER_MINUTE` and together they
     overdrew it. An attempt now holds its place until it succeeds."""

@@ -54,12 +54,13 @@ def node_log(level: int):
 def test_relay_errors_a_peer_causes_are_counted_and_shown_only_at_debug(node_level, shown):
     before = LIBP2P_DROPS["relay_stream_errors"]
     with node_log(node_level) as seen:
-        relay, client = (logging.getLogger(name) for name in RELAY_LOGGERS)
+        relay, client, punch = (logging.getLogger(name) for name in RELAY_LOGGERS)
         relay.error(f"Unexpected error handling hop stream from {PEER}: ")
         relay.error("Error sending status message: Cannot write to stream; stream is reset")
         client.error("Error refreshing reservation for relay %s: %s", PEER, "stream reset")
-    assert LIBP2P_DROPS["relay_stream_errors"] == before + 3
-    assert len(seen) == (3 if shown else 0)
+        punch.error("Error in DCUtR protocol with peer %s: %s", PEER, "stream reset")
+    assert LIBP2P_DROPS["relay_stream_errors"] == before + 4
+    assert len(seen) == (4 if shown else 0)
 
 
 

@@ -16,7 +16,7 @@ import pytest
 from p2p.identity import load_or_create, peer_id
 from lab.probe import ProbeProcess
 from lab import netlab
-from lab.dht import JsDHTServer
+from lab.dht import JsDHTServer, JsRelay
 from tests.conftest import ROOT
 from tests.test_gossip import log_lines, wait_heard
 from tests.test_interop import js_peer  # noqa: F401 - a fixture
@@ -336,3 +336,106 @@ def test_two_testnet_nodes_that_know_only_the_labs_dht_find_each_other_and_train
     for name in ("a", "b"):
         log = (tmp_path / f"{name}.log").read_text()
         assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
+
+
+def map_from_home(lab, kind: netlab.NatKind, port: int = 4001):
+    """A home host behind a `kind` router and two open hosts with observers; the home asks both what they see of one
+    port (`netlab map`, held open until its stdin closes). Returns the home, the observers' hosts, the running map
+    and the addresses the observers saw."""
+    observers = [lab.add_host(), lab.add_host()]
+    for host in observers:
+        lab.procs.append(netlab.observe(host))
+    home = lab.add_host(kind)
+    probe = subprocess.Popen(home.cmd(sys.executable, "-m", "scripts.bench.lab.netlab", "map", home.ip, str(port), "30",
+                                      *(f"{o.ip}:{netlab.OBSERVER_PORT}" for o in observers)),
+                             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    lab.procs.append(probe)
+    return home, observers, probe, json.loads(probe.stdout.readline())["seen"]
+
+
+@pytest.mark.parametrize("kind", list(netlab.NatKind))
+def test_each_router_kind_maps_one_home_port_as_it_claims_and_lets_nothing_unsolicited_in(lab, kind):
+    """What an observer sees of one home port from two open hosts: the same port, kept (masquerade) or moved by
+    EIM_SHIFT (eim), or a different port for each (symmetric); and neither a stranger nor an observer's host from a
+    new port gets through the mapped port to the listener the home keeps on it."""
+    home, observers, probe, seen = map_from_home(lab, kind)
+    assert {addr.split(":")[0] for addr in seen} == {home.seen_as}
+    ports = [int(addr.split(":")[1]) for addr in seen]
+    expected = {netlab.NatKind.MASQUERADE: [4001, 4001], netlab.NatKind.EIM: [netlab.eim_port(4001)] * 2}
+    if kind is netlab.NatKind.SYMMETRIC:
+        assert ports[0] != ports[1]
+    else:
+        assert ports == expected[kind]
+    stranger = lab.add_host()
+    for host in (stranger, observers[0]):
+        assert netlab.dial(host, f"{home.seen_as}:{ports[0]}", 2.0)["connected"] is False
+    out, _ = probe.communicate("", timeout=30)
+    assert json.loads(out) == {"accepted": []}
+
+
+@pytest.mark.parametrize("kind", list(netlab.NatKind))
+def test_a_raw_tcp_punch_between_two_homes_goes_through_eim_and_masquerade_and_not_symmetric(lab, kind):
+    """Two homes behind routers of one kind learn their external addresses from an observer and open towards each
+    other at once (TCP simultaneous open): a direct connection where the observed port is the one the peer meets,
+    none within the bound where every connection gets a port of its own."""
+    public, a, b = lab.add_host(), lab.add_host(kind), lab.add_host(kind)
+    lab.procs.append(netlab.observe(public))
+    start = time.monotonic()
+    sides = netlab.punch(a, b, f"{public.ip}:{netlab.OBSERVER_PORT}", 4001, "t", timeout_s=6.0)
+    elapsed = time.monotonic() - start
+    if kind is netlab.NatKind.SYMMETRIC:
+        assert [side["ok"] for side in sides] == [False, False] and all(side["errors"] for side in sides), sides
+        assert elapsed < 6.0 + 10
+    else:
+        assert [side["ok"] for side in sides] == [True, True], sides
+        port = 4001 if kind is netlab.NatKind.MASQUERADE else netlab.eim_port(4001)
+        assert [side["external"] for side in sides] == [f"{a.seen_as}:{port}", f"{b.seen_as}:{port}"]
+        assert max(side["seconds"] for side in sides) < 3.0
+
+
+def test_a_stealth_router_keeps_a_late_punch_alive_where_a_resetting_one_refuses_it(lab):
+    """One side opens 0.3 s late, after the other's SYN has reached its router (50 ms one way): a router that
+    resets unexpected SYNs (Linux with no firewall, OpenWrt's REJECT) refuses that first SYN, while a stealth one
+    (RFC 5382 REQ-4) drops it, and the late side's SYN, met by the early side's still open connect(), completes the
+    simultaneous open on the first attempt. A stranger's dial meets a reset, or silence."""
+    public, stranger = lab.add_host(), lab.add_host()
+    lab.procs.append(netlab.observe(public))
+    observer = f"{public.ip}:{netlab.OBSERVER_PORT}"
+    reset = netlab.punch(lab.add_host(True), lab.add_host(True), observer, 4001, "reset", 6.0, skew_s=0.3)
+    homes = [lab.add_host(True, stealth=True), lab.add_host(True, stealth=True)]
+    stealth = netlab.punch(*homes, observer, 4001, "stealth", 6.0, skew_s=0.3)
+    assert "Connection refused" in reset[0]["errors"], reset
+    assert [(side["ok"], side["attempts"]) for side in stealth] == [(True, 1), (True, 1)], stealth
+    assert netlab.dial(stranger, f"{homes[0].seen_as}:4001", 1.0) == {"connected": False, "error": "TimeoutError"}
+    refused = {"connected": False, "error": "ConnectionRefusedError"}
+    assert netlab.dial(stranger, reset[0]["external"], 1.0) == refused
+
+
+def test_two_homes_behind_nat_meet_through_a_stock_relay_and_punch_a_direct_connection(lab, js_peer, tmp_path):  # noqa: F811
+    """No sapo node is dialable: a stock js-libp2p node (DHT server and limited circuit relay, kubo's limits) is the
+    one public peer, and two homes behind routers of two kinds (masquerade keeps the port, eim moves it) know only
+    it. Each reserves a slot on it, finds the other's provider record (its circuit address through the relay), they
+    meet through the relay and DCUtR punches: the relayed connection is closed and rollouts flow over the direct one.
+    The routers drop an unexpected SYN (`stealth`), so the punch does not hang on the test machine's timing
+    (docs/bench/network.md measures routers that answer it with a reset)."""
+    public = lab.add_host()
+    homes = [lab.add_host(kind, stealth=True) for kind in (netlab.NatKind.MASQUERADE, netlab.NatKind.EIM)]
+    relay = JsRelay(js_peer[0], [], tmp_path / "js.log", f"/ip4/{public.ip}/tcp/4001", public.cmd())
+    probes = [ProbeProcess(tmp_path, f"home{i}", "--listen", f"/ip4/{h.ip}/tcp/4001", "--rate", "2", "--groups", "1",
+                           "--network", "testnet", "--dht-bootstrap", relay.addr, prefix=h.cmd())
+              for i, h in enumerate(homes)]
+    try:
+        for p in probes:
+            p.wait_for(lambda p=p: (p.stats().get("punched_peers"), p.stats().get("relayed_peers")) == (1, 0), 150,
+                       "a punched connection to the other home and no relayed one")
+        since = time.time()
+        for p in probes:
+            wait_heard(p, [q for q in probes if q is not p], since)
+            assert p.stats()["relays"] == 1 and p.stats()["peers"] == 2  # the relay and the other home
+        assert sum(p.stats().get("punches", 0) for p in probes) >= 1
+    finally:
+        for p in probes:
+            p.stop()
+        relay.close()
+    for p in probes:
+        assert log_lines(p, " ERROR ") == [] and "Traceback" not in p.log_path.read_text()

@@ -315,7 +315,7 @@ def run_checks(node: Reach, answer, seconds: float) -> tuple[list[float], list[R
     async def no_relay_service(task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
 
-    async def reserve(relay: ID, nursery: trio.Nursery) -> bool:
+    async def reserve(relay: ID) -> bool:
         reserved.append(trio.current_time())
         return False
 

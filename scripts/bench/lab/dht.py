@@ -5,7 +5,8 @@ hostile ones that answer `/ipfs/kad/1.0.0` by hand.
 --listen-ip IP [--servers N] [--peer ADDR ...]` runs them as a process of their own (in a lab namespace), prints one
 JSON line with their full multiaddrs once listening, and runs until SIGTERM/SIGINT. `JsDHTServer` runs a js-libp2p one
 (tests/interop/dht.mjs, whose packages `npm ci` installs there), which like kubo keeps only DHT servers in its routing
-table: two clients meet through it only by provider records. `HostileDHT(n, key, ...)` runs `n`
+table: two clients meet through it only by provider records; `JsRelay` runs one that is also a limited circuit relay
+v2 with kubo's limits (dht.mjs --relay): the public peer that is not a sapo node. `HostileDHT(n, key, ...)` runs `n`
 servers whose ids are ground near a key (`GROUND_BITS`) and that answer every FIND_NODE and GET_PROVIDERS with made-up
 closer peers, made-up providers or both, at addresses of the caller's choosing, and drop every ADD_PROVIDER.
 """
@@ -71,14 +72,18 @@ class JsDHTServer:
     `listen` inside `prefix` (a lab namespace's `ip netns exec`); its log goes to `log`."""
 
     def __init__(self, node: str, peers: list[str], log: Path, listen: str = "/ip4/127.0.0.1/tcp/0",
-                 prefix: list[str] = ()):
+                 prefix: list[str] = (), flags: list[str] = ()):
         args = [arg for p in peers for arg in ("--peer", p)]
-        self.proc = subprocess.Popen([*prefix, node, str(INTEROP / "dht.mjs"), "--seconds", "3600", "--listen", listen,
-                                      *args], cwd=INTEROP, stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True)
+        with open(log, "wb") as stderr:
+            self.proc = subprocess.Popen([*prefix, node, str(INTEROP / "dht.mjs"), "--seconds", "3600", "--listen",
+                                          listen, *args, *flags], cwd=INTEROP, stdout=subprocess.PIPE, stderr=stderr,
+                                         text=True)
         line = self.proc.stdout.readline()
         if not line:
+            self.proc.wait(10)
             raise RuntimeError(f"the js DHT server exited: {log.read_text()[-2000:]}")
         self.addr = json.loads(line)["addr"]
+        self.peer_id = ID.from_base58(self.addr.rsplit("/p2p/", 1)[1])
 
     def close(self) -> None:
         self.proc.terminate()
@@ -87,6 +92,21 @@ class JsDHTServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+class JsRelay(JsDHTServer):
+    """A `JsDHTServer` that is also a limited circuit relay v2 server, as a kubo node that finds itself public runs one:
+    reservations of `reservation_s` seconds, at most 128 and 8 per IP address; circuits of `circuit_s` seconds and
+    `circuit_bytes` bytes (both directions together, as js-libp2p counts them); kubo's 3600 s, 120 s and 128 KiB unless
+    a test shortens them. Circuit addresses through it: `<addr>/p2p-circuit/p2p/<peer>`."""
+
+    def __init__(self, node: str, peers: list[str], log: Path, listen: str = "/ip4/127.0.0.1/tcp/0",
+                 prefix: list[str] = (), circuit_s: int | None = None, circuit_bytes: int | None = None,
+                 reservation_s: int | None = None):
+        limits = {"--circuit-seconds": circuit_s, "--circuit-bytes": circuit_bytes,
+                  "--reservation-seconds": reservation_s}
+        flags = ["--relay", *(arg for flag, v in limits.items() if v is not None for arg in (flag, str(v)))]
+        super().__init__(node, peers, log, listen, prefix, flags)
 
 
 class TrioThread:
