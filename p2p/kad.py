@@ -233,8 +233,7 @@ class KadClient:
         peer = server.info.peer_id
         if peer == self.me:
             return
-        dialed = not self.host.get_network().get_connections(peer)
-        if dialed:
+        if not self.host.get_network().get_connections(peer):
             if region.dialed >= LOOKUP_DIALS or self.budget.exhausted(trio.current_time()):
                 server.state = "skipped"  # the budget said no, not the server
                 return
@@ -244,8 +243,6 @@ class KadClient:
                 return
         answer = await self._query(peer, Message(type=Message.MessageType.GET_PROVIDERS, key=key))
         if answer is None:
-            if dialed:
-                await self._leave(peer)
             return
         server.state = "asked"
         if providers := [p for p in entries(answer.providerPeers) if p.peer_id != self.me]:
@@ -256,14 +253,6 @@ class KadClient:
                    if (addrs := [a for a in self.dialable(c) if "/p2p-circuit" not in str(a)])]  # a server is dialed
             for info in sorted(new, key=lambda c: distance(key, c.peer_id))[:CLOSER_PER_ANSWER]:
                 servers[info.peer_id] = Server(info, server.path, peer)
-
-    async def _leave(self, peer: ID) -> None:
-        """Close the connection to a peer a server named as a server that does not answer as one (a client the server
-        saw, say a node behind NAT at the address its listening port is mapped to): the walk met it, no provider
-        record named it, and our gossip does not use it."""
-        with contextlib.suppress(Exception):
-            if not any(p.startswith("/meshsub/") for p in self.host.get_peerstore().get_protocols(peer)):
-                await self.host.disconnect(peer)
 
     async def _query(self, peer: ID, message: Message) -> Message | None:
         """One request and its answer, or None (no stream, a timeout, bytes that do not parse)."""
