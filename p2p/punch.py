@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import weakref
 from collections import Counter
 from collections.abc import Callable
@@ -38,8 +39,9 @@ from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
-from p2p.hints import ADDRS_PER_PEER, HintBudget
+from p2p.hints import ADDRS_PER_PEER, REMEMBERED, HintBudget
 from p2p.reach import is_circuit
+from p2p.seen import SeenKeys
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,7 @@ class GuardedDCUtR(DCUtRProtocol):
         self.seen = seen or ListenPortSeen(host)
         self.allowed: dict[ID, set[str]] = {}  # the addresses of each punch under way, the only ones `_dial_peer` dials
         self.punched: set[ID] = set()  # peers first reached through a relay, now over a direct connection
+        self.told = SeenKeys(math.inf, REMEMBERED)  # peers whose failed punch was logged (once each)
 
     async def _handle_dcutr_stream(self, stream: INetStream) -> None:
         if stream.swarm_conn is None or not relayed(stream.swarm_conn):  # DCUtR runs over the relayed connection
@@ -154,6 +157,11 @@ class GuardedDCUtR(DCUtRProtocol):
         self.counts["punches" if ok else "punches_failed"] += 1
         if ok:
             self.punched.add(peer_id)
+        elif peer_id not in self.told:
+            self.told.add(peer_id, 0.0)
+            log.info("hole punch to %s failed (a router on the way gives each connection its own port, or drops what "
+                     "it did not ask for): it stays reached through the relay, whose limits may cut the circuit; "
+                     "it is punched again when next dialed", peer_id)
         return ok
 
     async def _dial_peer(self, peer_id: ID, addr: Multiaddr, source: tuple[str, int] | None = None,

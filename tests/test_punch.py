@@ -4,6 +4,7 @@ connected only through a third that serves circuit relay v2, as p2p/reach.py set
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import Counter
 
 import pytest
@@ -166,7 +167,7 @@ def test_after_a_punch_gossip_flows_both_ways_over_the_direct_connection_past_a_
     trio.run(scenario)
 
 
-def test_a_stranger_makes_a_punch_dial_only_what_the_hint_budget_allows(monkeypatch):
+def test_a_stranger_makes_a_punch_dial_only_what_the_hint_budget_allows(monkeypatch, caplog):
     """A punch dials the addresses the peer sent in CONNECT: a stranger's word. py-libp2p dialed all 20 it read, and
     every address its book held for the peer, in 3 rounds a punch and 3 punches a peer (and a plain dial of the book's
     addresses first). Here each punch dials at most `ADDRS_PER_PEER` of them, never the book's, all punches together
@@ -190,11 +191,14 @@ def test_a_stranger_makes_a_punch_dial_only_what_the_hint_budget_allows(monkeypa
         assert not await dcutr._try_unilateral_upgrade(strangers[0])  # step 0 dials nothing
         assert not await dcutr._perform_hole_punch(strangers[1], made_up[10:])
 
-    trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))
+    with caplog.at_level(logging.INFO, logger="p2p.punch"):
+        trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))
     assert set(dialed) == {str(a) for a in made_up[:ADDRS_PER_PEER]}  # never the book's, nor step 0's
     assert SOURCE_FAILURES * ADDRS_PER_PEER <= TOTAL_FAILURES  # so the budget's end is reached here
     assert counts["punches_failed"] == SOURCE_FAILURES  # then the stranger is not punched again...
     assert counts["punches_refused"] == 2  # ... nor the next one, the window's budget spent
+    told = [r.getMessage() for r in caplog.records if r.getMessage().startswith("hole punch to")]
+    assert len(told) == 1 and str(strangers[0]) in told[0] and "stays reached through the relay" in told[0]
 
 
 def test_a_connect_over_a_direct_connection_is_refused():
