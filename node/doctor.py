@@ -104,7 +104,17 @@ def network(cfg: NodeConfig) -> list[tuple[str, str]]:
     rows.append(("DHT rendezvous", dht_line(cfg)))
     rows.append(("mDNS (LAN)", mdns_line(cfg)))
     rows.append(("port mapping (UPnP, NAT-PMP)", upnp_line(cfg)))
+    rows.append(("hole punching (DCUtR)", punch_line(cfg)))
     return rows
+
+
+def punch_line(cfg: NodeConfig) -> str:
+    """Whether a peer reached through a relay is upgraded to a direct connection (p2p/punch.py); how each peer is
+    reached, and how punches went, is known only once the node runs."""
+    if not cfg.p2p.hole_punching:
+        return "off (--p2p.hole_punching false): peers behind NAT stay reached through relays"
+    return ("on: a peer reached through a relay is punched to a direct connection from the listening port, the relay "
+            "then dropped; the status page's relayed_peers, punched_peers and punches say how peers are reached")
 
 
 def upnp_line(cfg: NodeConfig) -> str:

@@ -31,7 +31,7 @@ def test_doctor_reports_the_machine_and_the_plan_for_this_cpu(tiny_a, cache_dir,
     assert r.returncode == 0, r.stderr[-2000:]
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in r.stdout.splitlines() if line.count("│") == 3}
     for row in ("cpu", "torch", "host memory", "cuda", "cpu bfloat16", "mps", "vllm", "peft (LoRA)", "bitsandbytes", "p2p.listen", "addresses",
-                "DHT rendezvous", "mDNS (LAN)", "port mapping (UPnP, NAT-PMP)"):
+                "DHT rendezvous", "mDNS (LAN)", "port mapping (UPnP, NAT-PMP)", "hole punching (DCUtR)"):
         assert row in rows, row
     # piped, the table keeps its own width: each row one line, not wrapped to 80 columns
     assert rows["cpu"].endswith(f"({os.cpu_count()} cores)") and not rows["cpu"].startswith("unknown")
@@ -41,6 +41,7 @@ def test_doctor_reports_the_machine_and_the_plan_for_this_cpu(tiny_a, cache_dir,
     assert "a node with no run.memory_gb plans in " in r.stdout
     assert not (tmp_path / "node.key").exists()  # it inspects; it creates nothing
     assert rows["DHT rendezvous"].startswith("off: the local network profile lists no DHT peers")
+    assert rows["hole punching (DCUtR)"].startswith("on: a peer reached through a relay is punched")
 
 
 DHT_PEER = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWNm6CjiRDYcvCyd7yRpUp8zBmJhJWAsQ6aDiezxFwCM8o"
