@@ -135,10 +135,10 @@ def test_a_gossip_stream_left_on_a_closed_relayed_connection_stops_gossip_unless
 
 
 @pytest.mark.slow
-def test_after_a_punch_gossip_flows_both_ways_over_the_direct_connection_past_a_minute():
+def test_after_a_punch_gossip_flows_both_ways_over_the_direct_connection():
     """DCUtR (through `Punch`) upgrades a relayed pair; the relayed connection is closed within a second of the
-    direct one and both gossip streams ride the direct connection. Both sides publish once a second for 70 s, past
-    the 60 s after which py-libp2p closed the relayed connection under the streams: every message arrives."""
+    direct one (py-libp2p closed it 60 s later, under the streams) and both gossip streams ride the direct
+    connection. Both sides publish once a second for 20 s: every message arrives."""
     async def scenario() -> None:
         async with relayed_pair(True) as (nursery, a, b):
             punches = [Punch(n.host, n.counts, HintBudget(60.0), lambda info: info.addrs) for n in (a, b)]
@@ -152,7 +152,7 @@ def test_after_a_punch_gossip_flows_both_ways_over_the_direct_connection_past_a_
                 assert x.stream_conn(y) in {c.muxed_conn for c in x.conns(y)}  # ... which are direct: see above
                 assert punches[0].how_reached(b.host.get_id()) == "punched"
             sent = []
-            for i in range(70):
+            for i in range(20):
                 for n, name in ((a, b"a"), (b, b"b")):
                     sent.append((n, name + str(i).encode()))
                     await n.pubsub.publish(TOPIC, sent[-1][1])
