@@ -632,7 +632,7 @@ class GossipHost:
                 return
             now = trio.current_time()
             by_key = {_addr_key(a, info.peer_id if responder == LAN_SOURCE else None): a
-                      for a in self.reach.dialable(info, own)}
+                      for a in self.reach.dialable(info, own, alone=not self.pubsub.peers)}
             keys = [k for k in by_key if budget.may_dial(k, now)][:budget.allowance(now, proven)]
             if info.peer_id == self.me or info.peer_id in connected or not keys:
                 continue

@@ -345,7 +345,7 @@ class Reach:
         return {peer: [f"{a}/p2p/{self.host.get_id()}/{CIRCUIT}" for a in mine]
                 for peer in list(self.slots._reservations) if self.slots.has_reservation(peer)}
 
-    def dialable(self, info: PeerInfo, own: list[Multiaddr]) -> list[Multiaddr]:
+    def dialable(self, info: PeerInfo, own: list[Multiaddr], alone: bool = False) -> list[Multiaddr]:
         """Which of a peer-exchange hint's addresses we should dial, given our own addresses.
 
         A private address (a home network's, loopback) only from inside that network: another home's
@@ -353,12 +353,14 @@ class Reach:
         A peer that lists circuits cannot be dialed directly; we dial it through its relays only when
         we cannot be dialed either and our peer id sorts first: a dialable node waits for the private
         one to dial out to it, and two circuits between one pair (both dialing at once) broke both
-        nodes' connections to the relay (measured)."""
+        nodes' connections to the relay (measured). A node with no swarm peer (`alone`) dials whatever the order: the
+        peer that sorts first may have peers of its own and look nobody up for the rendezvous' refresh, and a node
+        behind a symmetric NAT, reached only through limited relays, was cut off when their circuits ended."""
         relayed = [a for a in info.addrs if is_circuit(a)]
         if not relayed:
             local = {n for n in map(_private_net, own) if n is not None}
             return [a for a in info.addrs if _private_net(a) in local | {None}]
-        if self.behind_nat() and self.host.get_id().to_bytes() < info.peer_id.to_bytes():
+        if self.behind_nat() and (alone or self.host.get_id().to_bytes() < info.peer_id.to_bytes()):
             return relayed
         return []
 

@@ -66,8 +66,10 @@ class Rendezvous:
                   gossip_peers: Callable[[], set[ID]], keep: Callable[[ID], bool] = lambda peer: False) -> None:
         """Look up and provide, then hand `found` the providers as (server that named it, provider) picks; again in
         `RETRY_S`, doubling, while no peer speaks our gossip (a node alone on a network nobody else has joined asks
-        less and less often), else in `REFRESH_S`. Every `RETRY_S` the connections DHT servers hold to us are closed
-        (a server may dial its table's peers, clients included), but those to servers `keep` names (our relays)."""
+        less and less often), else in `REFRESH_S`, or in `RETRY_S` once the node is alone again (its peers left, or
+        a limited relay ended the circuits it was reached through: it was cut off for the rest of `REFRESH_S`).
+        Every `RETRY_S` the connections DHT servers hold to us are closed (a server may dial its table's peers,
+        clients included), but those to servers `keep` names (our relays)."""
         due, wait = 0.0, RETRY_S
         while True:
             if trio.current_time() >= due:
@@ -82,6 +84,8 @@ class Rendezvous:
                     due, wait = trio.current_time() + REFRESH_S, RETRY_S
                 else:
                     due, wait = trio.current_time() + wait, min(2 * wait, REFRESH_S)
+            elif not gossip_peers() and due > trio.current_time() + wait:
+                due = trio.current_time() + wait  # alone again
             await self._leave_dht_servers(keep)
             self.proven(gossip_peers())
             await trio.sleep(RETRY_S)

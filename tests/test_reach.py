@@ -63,17 +63,22 @@ def test_a_private_hint_address_is_dialed_only_from_its_own_network():
     assert [str(a) for a in node.dialable(hint, on_loopback)] == ["/ip4/198.18.5.2/tcp/7420", "/ip4/127.0.0.1/tcp/7420"]
 
 
-@pytest.mark.parametrize("state, sorts_first, dialed", [
-    (Reachability.PUBLIC, True, False),  # a dialable node waits for the private one to dial out
-    (Reachability.UNKNOWN, True, False),
-    (Reachability.PRIVATE, True, True),  # two private nodes: the lower peer id dials, through the relay
-    (Reachability.PRIVATE, False, False),
+@pytest.mark.parametrize("state, sorts_first, alone, reserved, dialed", [
+    (Reachability.PUBLIC, True, False, False, False),  # a dialable node waits for the private one to dial out
+    (Reachability.UNKNOWN, True, False, False, False),
+    (Reachability.UNKNOWN, True, False, True, True),  # a relay holds a slot for it: behind NAT, as far as it can tell
+    (Reachability.PRIVATE, True, False, False, True),  # two private nodes: the lower peer id dials, through the relay
+    (Reachability.PRIVATE, False, False, False, False),
+    (Reachability.PRIVATE, False, True, False, True),  # ... or one with no swarm peer: the other may not look it up
+    (Reachability.PUBLIC, False, True, False, False),
 ])
-def test_a_peer_behind_nat_is_dialed_through_its_relay_by_one_side_only(state, sorts_first, dialed):
+def test_a_peer_behind_nat_is_dialed_through_its_relay_by_one_side_only(state, sorts_first, alone, reserved, dialed):
     node = reach(state)
+    if reserved:
+        node.reserved[peer(after=node)] = Multiaddr(CIRCUIT)
     other = peer(after=node) if sorts_first else peer(before=node)
     hint = PeerInfo(other, [Multiaddr(CIRCUIT), Multiaddr("/ip4/192.168.3.5/tcp/7420")])  # its leaked private address
-    got = node.dialable(hint, HOME)
+    got = node.dialable(hint, HOME, alone)
     assert got == ([Multiaddr(CIRCUIT)] if dialed else [])
     assert all(is_circuit(a) for a in got)
 

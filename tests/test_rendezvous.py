@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
@@ -67,6 +68,42 @@ def test_a_dnsaddr_dht_peer_is_dialed_at_the_tcp_addresses_its_dns_records_give_
     assert addresses(records)[0] == ["/ip4/198.51.100.7/tcp/4001"] and asked == [boot]  # its TCP address only
     assert addresses(offline) == ([], Counter(dht_resolve_failed=1))
     assert P2PConfig(network="testnet").dht_peers() and P2PConfig(dht_bootstrap=[boot]).dht_peers() == [boot]
+
+
+def test_a_node_alone_again_looks_up_within_the_retry_not_at_the_refresh(monkeypatch):
+    """A node with swarm peers looks up every `REFRESH_S`; one whose peers all left (or whose relayed peers a limited
+    relay cut off) looks up again within `RETRY_S`, where it waited out the refresh, alone."""
+    from p2p import rendezvous as rdv
+
+    lookups: list[float] = []
+    peers = {ID.from_pubkey(create_new_key_pair().public_key)}
+    r = Rendezvous(new_host(key_pair=create_new_key_pair()), rendezvous_key("testnet", 3), [], Counter(), HintBudget(60.0),
+                   lambda info: info.addrs)
+
+    async def joined() -> bool:
+        return True
+
+    async def looked_up() -> list:
+        lookups.append(trio.current_time())
+        return []
+
+    async def left(keep) -> None:
+        pass
+
+    monkeypatch.setattr(r, "_join", joined)
+    monkeypatch.setattr(r, "_lookup", looked_up)
+    monkeypatch.setattr(r, "_leave_dht_servers", left)
+
+    async def scenario() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(r.run, lambda picks: trio.sleep(0), lambda: set(peers))
+            await trio.sleep(100.0)
+            peers.clear()  # everyone left at 100 s
+            await trio.sleep(100.0)
+            nursery.cancel_scope.cancel()
+
+    trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert lookups[0] == 0.0 and 100.0 < lookups[1] <= 100.0 + 2 * rdv.RETRY_S < rdv.REFRESH_S
 
 
 @pytest.mark.slow
