@@ -265,7 +265,8 @@ def train_until(out, nodes: list[subprocess.Popen], trainers: list[str], homes: 
     rows = {name: metrics(out / name) for name in trainers}
     for name in trainers:
         used = sum(m["n_external_used"] for m in rows[name])
-        assert used > 0 and max(m["external_peers"] for m in rows[name]) == 1, f"{name} never trained on another's groups"
+        assert used > 0 and 1 <= max(m["external_peers"] for m in rows[name]) < len(trainers), \
+            f"{name} never trained on another's groups"
     for h in homes:
         assert rows[h][-1]["p2p"]["reachability"] == "private" and rows[h][-1]["p2p"]["relays"] == 1
     return rows
@@ -439,3 +440,32 @@ def test_two_homes_behind_nat_meet_through_a_stock_relay_and_punch_a_direct_conn
         relay.close()
     for p in probes:
         assert log_lines(p, " ERROR ") == [] and "Traceback" not in p.log_path.read_text()
+
+
+def test_three_homes_behind_three_kinds_of_router_train_on_each_others_groups_through_a_stock_relay(
+        lab, tiny_a, cache_dir, js_peer, tmp_path):  # noqa: F811
+    """The issue's swarm with no dialable member: three training nodes behind a masquerading router, an
+    endpoint-independent one that moves ports and a symmetric one, and one public peer that is not a sapo node (a
+    stock js-libp2p DHT server and limited relay). Each knows only the relay as its DHT; all three train on others'
+    groups. The first two punch a direct connection; the symmetric one does not (a punch there fails, in about 20 s,
+    as in docs/bench/network.md) and is reached through the relay."""
+    public = lab.add_host()
+    relay = JsRelay(js_peer[0], [], tmp_path / "js.log", f"/ip4/{public.ip}/tcp/4001", public.cmd())
+    names = [f"home-{kind.value}" for kind in netlab.NatKind]
+    try:
+        common = ["--network", "testnet", "--p2p.dht_bootstrap", json.dumps([relay.addr]), "--model.cache_dir",
+                  str(cache_dir), *TRAIN]
+        nodes = [lab_node(lab.add_host(kind, stealth=True), tmp_path, name, *common)
+                 for kind, name in zip(netlab.NatKind, names)]
+        rows = train_until(tmp_path, nodes, names, [])
+    finally:
+        relay.close()
+    p2p = {name: [r.get("p2p") or {} for r in rows[name]] for name in names}
+    for name in names[:2]:
+        assert max(r.get("punched_peers") or 0 for r in p2p[name]) >= 1, name
+    symmetric = p2p[names[2]]
+    assert max(r.get("punched_peers") or 0 for r in symmetric) == 0  # what it learned came through the relay
+    assert max(r.get("relayed_peers") or 0 for r in symmetric) >= 1 and max(r.get("relays") or 0 for r in symmetric) == 1
+    for name in names:
+        log = (tmp_path / f"{name}.log").read_text()
+        assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
