@@ -447,8 +447,8 @@ def test_three_homes_behind_three_kinds_of_router_train_on_each_others_groups_th
     """The issue's swarm with no dialable member: three training nodes behind a masquerading router, an
     endpoint-independent one that moves ports and a symmetric one, and one public peer that is not a sapo node (a
     stock js-libp2p DHT server and limited relay). Each knows only the relay as its DHT; all three train on others'
-    groups. The first two punch a direct connection; the symmetric one does not (a punch there fails, in about 20 s,
-    as in docs/bench/network.md) and is reached through the relay."""
+    groups, whether or not the first two have punched yet (the test above waits for that); the symmetric one never
+    punches (a punch there fails, in about 20 s, as in docs/bench/network.md) and is reached through the relay."""
     public = lab.add_host()
     relay = JsRelay(js_peer[0], [], tmp_path / "js.log", f"/ip4/{public.ip}/tcp/4001", public.cmd())
     names = [f"home-{kind.value}" for kind in netlab.NatKind]
@@ -461,8 +461,6 @@ def test_three_homes_behind_three_kinds_of_router_train_on_each_others_groups_th
     finally:
         relay.close()
     p2p = {name: [r.get("p2p") or {} for r in rows[name]] for name in names}
-    for name in names[:2]:
-        assert max(r.get("punched_peers") or 0 for r in p2p[name]) >= 1, name
     symmetric = p2p[names[2]]
     assert max(r.get("punched_peers") or 0 for r in symmetric) == 0  # what it learned came through the relay
     assert max(r.get("relayed_peers") or 0 for r in symmetric) >= 1 and max(r.get("relays") or 0 for r in symmetric) == 1
