@@ -185,16 +185,21 @@ def test_a_limited_circuit_is_cut_at_its_data_and_time_limits_and_both_ends_drop
 
 @pytest.mark.slow
 def test_the_stock_relay_refuses_a_ninth_slot_from_one_address_and_a_circuit_to_a_peer_without_one(js_peer, tmp_path,
-                                                                                                  caplog, monkeypatch):
+                                                                                                  monkeypatch):
     """What the relay refuses our client, and the status it says: a reservation from a ninth peer at one IP address,
     PERMISSION_DENIED (kubo's per-IP limit), while a peer at another address still gets one; and a circuit to a peer
     that holds no slot, NO_RESERVATION, at once rather than at the dial's timeout. The crowd's connections all come
     from 127.0.0.1 (the kernel's source address on loopback, whatever address a host listens on); the home's comes
     from its own address because the relay dials it."""
-    caplog.set_level(logging.WARNING, logger="libp2p.relay.circuit_v2.transport")
-    # a node run earlier in this process (p2p.service.quiet_libp2p_logs) put a counting filter on this logger that
-    # drops its warnings: the refusal's status is read from the record here
-    monkeypatch.setattr(logging.getLogger("libp2p.relay.circuit_v2.transport"), "filters", [])
+    # the refusal's status is read from py-libp2p's record, caught on its own logger: a node run earlier in this
+    # process (p2p.service.quiet_libp2p_logs) left filters and levels there that keep it from the root's handlers
+    logger, seen = logging.getLogger("libp2p.relay.circuit_v2.transport"), []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = seen.append
+    monkeypatch.setattr(logger, "filters", [])
+    monkeypatch.setattr(logger, "handlers", [handler])
+    level, logger.disabled = logger.level, False
+    logger.setLevel(logging.WARNING)
     crowd, home, dialer = [home_node() for _ in range(PER_IP + 1)], home_node(), listening()
 
     async def scenario() -> None:
@@ -214,8 +219,11 @@ def test_the_stock_relay_refuses_a_ninth_slot_from_one_address_and_a_circuit_to_
             finally:
                 relay.close()
 
-    trio.run(scenario)
-    refusals = [r.args[1] for r in caplog.records if r.msg.startswith("Reservation failed")]
+    try:
+        trio.run(scenario)
+    finally:
+        logger.setLevel(level)
+    refusals = [r.args[1] for r in seen if r.msg.startswith("Reservation failed")]
     assert refusals == [StatusCode.PERMISSION_DENIED]
 
 
