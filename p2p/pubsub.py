@@ -18,6 +18,7 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.score import ScoreParams, TopicScoreParams
 
 from p2p.config import P2PConfig
+from p2p.reach import is_open
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +127,7 @@ class GuardedPubsub(Pubsub):
         when a write into its own dead stream fails: a peer with nothing to send us was sent nothing again, with no
         error (tests/test_punch.py). Here both ends reopen at once, each telling its subscriptions anew."""
         stream = self.peers.get(peer)
-        live = {c.muxed_conn for c in self.host.get_network().get_connections(peer)
-                if not getattr(c.muxed_conn, "is_closed", False)}
+        live = {c.muxed_conn for c in self.host.get_network().get_connections(peer) if is_open(c)}
         if stream is None or not live or stream.muxed_conn in live:
             return  # no stream, no other connection (the disconnect handler's case), or it rides a live one
         self.counts["gossip_streams_moved"] += 1

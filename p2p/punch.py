@@ -40,7 +40,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
 from p2p.hints import ADDRS_PER_PEER, REMEMBERED, HintBudget
-from p2p.reach import is_circuit
+from p2p.reach import is_circuit, is_open
 from p2p.seen import SeenKeys
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,6 @@ def relayed(conn: INetConn) -> bool:
     with contextlib.suppress(Exception):
         return any(map(is_circuit, conn.get_transport_addresses()))
     return False
-
-
-def is_open(conn: INetConn) -> bool:
-    return not getattr(conn.muxed_conn, "is_closed", False)
 
 
 class ListenPortSeen:

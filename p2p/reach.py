@@ -241,6 +241,11 @@ def is_circuit(addr: Multiaddr) -> bool:
     return CIRCUIT in str(addr)
 
 
+def is_open(conn) -> bool:
+    """Whether a swarm connection is still up (py-libp2p keeps a closed one in its table for a while)."""
+    return not getattr(conn.muxed_conn, "is_closed", False)
+
+
 PRIVATE_NETS = [ipaddress.ip_network(n) for n in (
     "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "fc00::/7", "fe80::/10")]
 

@@ -29,8 +29,8 @@ from multiaddr import Multiaddr
 from p2p.config import P2PConfig
 from p2p.hints import ADDRS_PER_PEER, SOURCE_FAILURES, TOTAL_FAILURES, HintBudget
 from p2p.pubsub import GuardedPubsub, gossipsub_router
-from p2p.punch import GuardedDCUtR, Punch, is_open, relayed
-from p2p.reach import Reachability
+from p2p.punch import GuardedDCUtR, Punch, relayed
+from p2p.reach import Reachability, is_open
 from tests.test_hints import gossip_host
 
 TOPIC = "t"
