@@ -136,3 +136,13 @@ def test_sigterm_to_a_benchmark_stops_the_processes_it_started(tmp_path):
         for p in probes:
             if alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("script, writes", [("gen_config_docs.py", "docs/CONFIG.md"),
+                                            ("gen_protocol_vectors.py", "docs/protocol-vectors.json")])
+def test_a_generators_help_prints_its_usage_and_writes_nothing(script, writes):
+    before = (ROOT / writes).stat().st_mtime_ns
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "tools" / script), "--help"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith(f"usage: {script}") and "wrote" not in r.stdout, r.stdout + r.stderr
+    assert (ROOT / writes).stat().st_mtime_ns == before

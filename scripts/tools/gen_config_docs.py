@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 
+from node.argtypes import script_parser
 from node.flags import ALIASES
 from node.config import NodeConfig, leaf_fields, shown_default
 
@@ -42,8 +43,10 @@ def render() -> str:
 
 
 if __name__ == "__main__":
-    text = render()
-    if "--check" in sys.argv:
+    parser = script_parser(__doc__)
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if docs/CONFIG.md is stale")
+    args, text = parser.parse_args(), render()
+    if args.check:
         sys.exit(0 if DOC.exists() and DOC.read_text() == text else 1)
     DOC.write_text(text)
     print(f"wrote {DOC}")

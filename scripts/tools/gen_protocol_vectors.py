@@ -25,6 +25,7 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
 
+from node.argtypes import script_parser
 from p2p.config import Limits, P2PConfig
 from p2p.policy import MessagePolicy
 from p2p.shards import EPOCH_S, epoch_of, prefix, shard_key, shard_topic, shared_bits, topic_level
@@ -196,4 +197,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    script_parser(__doc__).parse_args()  # no flags: --help prints this, and nothing is written
     sys.exit(main())
