@@ -450,6 +450,11 @@ def test_the_gpu_guide_tables_the_largest_model_each_card_fits_as_doctor_plans_i
     guide = (ROOT / "docs" / "gpu.md").read_text()
     rows = largest_per_card(paper_inputs)
     assert all(row in guide.splitlines() for row in rows), "\n".join(rows)
+    cards: dict[str, list[str]] = {}  # the guide's opening answer: each largest model and the cards it is for
+    for row in rows:
+        cards.setdefault(row.split(" | ")[1].split(" (")[0], []).append(row.split(" GB")[0].strip("| "))
+    said = ", ".join(f"{name} on {' and '.join(gbs)} GB" for name, gbs in cards.items())
+    assert f"the largest model a card trains is {said} (" in " ".join(guide.split()), said
     r = paper_inputs["Qwen2.5-7B"].round
     assert f"64 sequences of up to {r.prompt_tokens + r.completion_tokens:,} tokens" in guide, r
     decoding = guide_plan(Device.card(12), paper_inputs["Qwen2.5-1.5B"]).generation_rows
@@ -487,3 +492,37 @@ def test_a_262k_vocabulary_is_counted_in_the_weights_and_its_logits_in_chunks():
     assert 0.5 * LOGIT_COPIES * LOGITS_CHUNK_BYTES < logits <= LOGIT_COPIES * LOGITS_CHUNK_BYTES * 1.01
     sampling_logits = kv_cache_bytes(m, r) - kv_cache_bytes(replace(m, vocab=0), r)
     assert sampling_logits == 64 * 2 * 262144 * 4  # last-position logits of every decoding row
+
+
+def smallest_full_fine_tuning_card(got) -> int:
+    """The smallest whole-GB card on which the guide's plan fine-tunes every weight (what `Wants(lora=False)` fits)."""
+    from node.planner import plan_tokens
+
+    full = replace(got, wants=replace(got.wants, lora=False, bnb_installed=True, peft_installed=True, vllm_installed=False))
+    return next(gb for gb in range(1, 641) if not _refused(lambda: plan_tokens(Device.card(gb), full)))
+
+
+def _refused(build) -> bool:
+    try:
+        build()
+    except MemoryPlanError:
+        return True
+    return False
+
+
+def test_the_gpu_guide_gives_the_smallest_card_for_full_fine_tuning_and_what_runs_without_bitsandbytes(paper_inputs):
+    """The answers a user comes for, opening the guide: the smallest card that fine-tunes every weight of each size,
+    and what the NF4 cells become without the quant extra (the 8 GB 1.5B cell falls back to plain LoRA; the 12 GB
+    7B cell is refused)."""
+    from node.planner import plan_tokens
+    from tests.conftest import ROOT
+
+    guide = " ".join((ROOT / "docs" / "gpu.md").read_text().split())
+    smallest = {size: smallest_full_fine_tuning_card(paper_inputs[f"Qwen2.5-{size}"]) for size in GUIDE_MODELS}
+    said = ", ".join(f"Qwen2.5-{size} {gb} GB" for size, gb in smallest.items())
+    assert f"fine-tunes every weight from: {said}" in guide, said
+    got = paper_inputs["Qwen2.5-1.5B"]
+    plain = plan_tokens(Device.card(8), replace(got, wants=replace(got.wants, bnb_installed=False, peft_installed=True,
+                                                                    vllm_installed=False)))[0]
+    how = f"{plain.training}{' with gradient checkpointing' if plain.checkpointing else ''}, micro-batch {plain.micro_batch}"
+    assert f"without bitsandbytes the 8 GB card plans Qwen2.5-1.5B as {how}" in guide, how
