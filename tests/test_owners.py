@@ -98,6 +98,16 @@ def test_a_familys_question_space_is_estimated_from_its_distinct_questions():
     assert (small["distinct"], small["space"]) == (25, 25)
     large = owners.question_space({"name": "arith", "config": {"max_operand": 99, "ops": "+"}}, draws=2000)
     assert 5000 < large["space"] < 20000  # 10,000 questions, most draws distinct
+    assert 0.9 < small["space_by_repeats"] / 25 < 1.1 and small["top_share"] == 1.0  # uniform: repeats agree
+
+
+def test_a_family_whose_draws_crowd_a_few_questions_is_measured_by_its_repeats_not_its_distinct_count():
+    """`rg/chain_sum` with 1-2 digit terms has ~12,000 distinct questions, but its 200 one-digit sums and differences
+    take half its draws: its repeats are those of a uniform space of under a thousand, and an evaluation's 100
+    questions catch a tenth of fresh draws."""
+    chain = owners.question_space(next(f for f in grids.OWNER_FAMILIES if f["name"] == "rg/chain_sum"), draws=10000)
+    assert chain["distinct"] > 3000 and chain["space_by_repeats"] < 1000  # thousands seen, repeating as hundreds
+    assert 0.4 < chain["top_share"] < 0.6 and 0.08 < chain["eval_hit"] < 0.2
 
 
 def test_a_seed_whose_two_runs_ran_other_numerics_is_left_out_of_their_comparison_and_levels_are_kept_by_numerics(tmp_path):

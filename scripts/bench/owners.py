@@ -38,18 +38,28 @@ MEASURES = {"expected": "expected_by_dataset_last", "greedy": "eval_by_dataset_l
 FAMILIES = [f["name"] for f in OWNER_FAMILIES]
 THIRDS = 3
 SIZE_DRAWS = 40_000
+TOP = 200  # a family's most frequent questions, whose share of the draws says how uneven it is
+EVAL_PER_FAMILY = 100  # the grid's evaluation: 400 questions over the four families (OWNERS_EVAL)
 MOST_TRAINED = {"owner alone (4 groups a round)": 4, "a node that never draws it (2 peers' groups a round at most)": 2}
 
 
-def question_space(family: dict, draws: int = SIZE_DRAWS, seed: int = 12345) -> dict:
+def question_space(family: dict, draws: int = SIZE_DRAWS, seed: int = 12345, eval_n: int = EVAL_PER_FAMILY) -> dict:
     """A family's question space, estimated from the distinct questions among `draws`: the size S of a uniform space
-    that would give as many (S (1 - exp(-draws / S)) = distinct), exact where the draws exhaust it."""
-    distinct = len({content_key(t.question) for t in TaskSource([DatasetMix(family["name"], family["config"])], seed=seed).draw(draws)})
+    that would give as many (S (1 - exp(-draws / S)) = distinct), exact where the draws exhaust it. A family's draws
+    need not be uniform, so its spread is measured too: the chance that two draws ask the same question (`repeat`,
+    whose inverse is the uniform space with as many repeats), the share of draws taken by its `TOP` most frequent
+    questions, and the share of draws that ask one of `eval_n` questions drawn under another seed (an evaluation's)."""
+    counts = Counter(content_key(t.question) for t in TaskSource([DatasetMix(family["name"], family["config"])], seed=seed).draw(draws))
+    distinct = len(counts)
     low, high = float(distinct), 1e12
     for _ in range(200):
         mid = (low + high) / 2
         low, high = (mid, high) if mid * (1 - math.exp(-draws / mid)) < distinct else (low, mid)
-    return {"family": family, "draws": draws, "distinct": distinct, "space": round(low)}
+    repeat = sum(c * (c - 1) for c in counts.values()) / (draws * (draws - 1))
+    held = {content_key(t.question) for t in TaskSource([DatasetMix(family["name"], family["config"])], seed=seed + 1).draw(eval_n)}
+    return {"family": family, "draws": draws, "distinct": distinct, "space": round(low), "repeat": repeat,
+            "space_by_repeats": round(1 / repeat), "top": TOP, "top_share": round(sum(c for _, c in counts.most_common(TOP)) / draws, 3),
+            "eval_n": eval_n, "eval_hit": round(sum(counts[k] for k in held) / draws, 4)}
 
 
 def sizes(rounds: int = 30) -> list[dict]:
@@ -59,6 +69,7 @@ def sizes(rounds: int = 30) -> list[dict]:
         row = question_space(family)
         row["per_run"] = {who: per * rounds for who, per in MOST_TRAINED.items()}
         row["space_over_trained"] = {who: round(row["space"] / n, 1) for who, n in row["per_run"].items()}
+        row["space_by_repeats_over_trained"] = {who: round(row["space_by_repeats"] / n, 1) for who, n in row["per_run"].items()}
         rows.append(row)
     return rows
 
@@ -299,7 +310,8 @@ def main() -> None:
         rows = sizes()
         args.sizes.write_text(json.dumps(rows, indent=1))
         for r in rows:
-            print(f"{r['family']['name']}: ~{r['space']:,} questions; x{r['space_over_trained']}")
+            print(f"{r['family']['name']}: ~{r['space']:,} questions, repeating as ~{r['space_by_repeats']:,} would; "
+                  f"{r['top_share']:.0%} of draws in its {r['top']} most frequent, {r['eval_hit']:.1%} in {r['eval_n']} evaluation questions")
         return
     if args.out is None:
         parser.error("give the grid's folder as --out (or --sizes to estimate the families' question spaces)")
