@@ -86,8 +86,9 @@ def node_record(node_dir: Path, summary: dict) -> dict:
                    "eval": [[r["round"], r["eval_accuracy"]] for r in evals],
                    # what a node took from peers, family by family, and what explains it: the groups it looked at, why
                    # the rest went unused, and its support gate's cut-off
+                   # and the rate each step took (the step-size controller's path)
                    **{key: [r.get(key) for r in trained] for key in ("external_families", "external_inspected",
-                                                                      "external_dropped", "support_cutoff")}},
+                                                                      "external_dropped", "support_cutoff", "lr")}},
     }
 
 

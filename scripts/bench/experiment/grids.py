@@ -38,14 +38,14 @@ ARITHMETIC = RECIPES["smollm2-135m"]["tasks"]["datasets"]
 SPECIALISTS_EVAL = ["--tasks.eval_datasets", json.dumps([{**d, "weight": 2 if d["name"] == "rg/products" else 1} for d in ARITHMETIC]),
                     "--tasks.eval_size", "400", *POWERED]
 # four owners: one family each, every family large enough that a node that never draws it trains on at most a
-# thirtieth of its questions (sizes from 40,000 draws and pass rates before training: docs/bench/learning.md);
+# thirteenth of what its draws spread over (sizes from 40,000 draws and pass rates before training: docs/bench/learning.md);
 # every node is evaluated on all four, 100 tasks each, whose questions no node trains on (rewards/held_out.py)
 OWNER_FAMILIES = [
     {"name": "arith", "config": {"max_operand": 9, "max_second": 199, "ops": "*"}},  # 2,000 questions, pass rate 0.14
-    {"name": "rg/chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}},  # ~12,000; 0.31
-    {"name": "rg/basic_arithmetic", "config": {"min_terms": 3, "max_terms": 4, "min_digits": 1, "max_digits": 1,  # ~35,000; 0.07
+    {"name": "rg/chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}},  # ~12,000 distinct, repeating as ~780 would; 0.31
+    {"name": "rg/basic_arithmetic", "config": {"min_terms": 3, "max_terms": 4, "min_digits": 1, "max_digits": 1,  # ~34,000; 0.07
                                                "operators": ["+", "-"], "allow_parentheses": False, "allow_negation": False}},
-    {"name": "rg/decimal_arithmetic", "config": {"min_terms": 2, "max_terms": 2, "min_num_decimal_places": 1,  # ~80,000; 0.05
+    {"name": "rg/decimal_arithmetic", "config": {"min_terms": 2, "max_terms": 2, "min_num_decimal_places": 1,  # ~82,000; 0.05
                                                  "max_num_decimal_places": 1, "precision": 3}},
 ]
 OWNERS_EVAL = ["--tasks.eval_datasets", json.dumps(OWNER_FAMILIES), "--tasks.eval_size", "400", *POWERED, *PINNED]
@@ -203,8 +203,9 @@ GRIDS: dict[str, Grid] = {
                    *(("smollm2-sweep", lr) for lr in (1e-5, 3e-5, 1e-4)), *(("smollm2-sweep-lora", lr) for lr in (1e-4, 3e-4))),
                flag="lr-sweep"),
     "step-size": Grid("the step-size controller: SmolLM2-135M and Gemma 3 270M alone at their recipes' rate fixed, "
-                      "against the controller from that rate, and both from a rate that destroyed them fixed (1e-4, "
-                      "6.7e-6); pair it with --nodes 1 and --accept-license gemma", silos(
+                      "against the controller from that rate, both from a rate that destroyed them fixed (1e-4, "
+                      "6.7e-6), and SmolLM2 from 1e-3, whose tenth (the controller's first step) destroys it; pair it "
+                      "with --nodes 1 and --accept-license gemma", silos(("smollm2-adapt", 1e-3),
                           ("smollm2-adapt", 1e-4), ("gemma-adapt", 6.7e-6), ("smollm2-fixed", None), ("smollm2-adapt", None),
                           ("gemma-fixed", None), ("gemma-adapt", None), ("smollm2-fixed", 1e-4), ("gemma-fixed", 6.7e-6))),
     "specialists": Grid("two SmolLM2 owners splitting the arithmetic mix (A: arith and basic arithmetic, B: products): "
