@@ -139,16 +139,19 @@ def cmd_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides(args))
     if not args.as_given:
         cfg, said = with_model_settings(cfg)
-        print(f"sapo config: {said}", file=sys.stderr)
+        for line in said:
+            print(f"sapo config: {line}", file=sys.stderr)
     print(cfg.model_dump_json(indent=2))
     return 0
 
 
-def with_model_settings(cfg: NodeConfig) -> tuple[NodeConfig, str]:
+def with_model_settings(cfg: NodeConfig) -> tuple[NodeConfig, list[str]]:
     """The config a node would run with here: its model's settings (a recipe's, or by its size) and this machine's
-    plan in place, as `sapo run` settles them; the config as given where the model cannot be read without building,
+    plan in place, as `sapo run` settles them, with the rate the step-size controller starts at and stays within
+    (the JSON gives them as factors of grpo.lr); the config as given where the model cannot be read without building,
     downloading or failing, with a line saying why."""
     from node import planner
+    from node.doctor import step_size_line
     from node.preflight import model_problem, names_a_folder
     from trainer import presets
     from trainer.memory import MemoryPlanError
@@ -165,10 +168,14 @@ def with_model_settings(cfg: NodeConfig) -> tuple[NodeConfig, str]:
         why = f"{name} is read from the hub when a node starts"
     if why is None:
         try:
-            return planner.fit(cfg).cfg, f"with {name}'s own settings and this machine's plan (--as-given: before them)"
+            settled = planner.fit(cfg).cfg
         except (ModelLoadError, MemoryPlanError) as e:
             why = str(e)
-    return cfg, f"as given, before the model's own settings ({why}); sapo doctor shows them"
+        else:
+            return settled, [f"with {name}'s own settings and this machine's plan (--as-given: before them)",
+                             step_size_line(settled.grpo)]
+    return cfg, [f"as given, before the model's own settings ({why}): its learning rate, step size, sampling and tasks "
+                 "below are the config's, not the model's; sapo doctor shows the model's"]
 
 
 def cmd_id(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ from node.preflight import model_problem
 from node.progress import print_table
 from trainer.config import GRPOConfig
 from trainer.memory import GB, MemoryPlanError
-from trainer.step_size import INITIAL_SCALE
+from trainer.step_size import StepSize
 
 
 def _version(package: str) -> str | None:
@@ -211,10 +211,12 @@ def report(cfg: NodeConfig, card_gb: float | None = None, console: Console | Non
 
 
 def step_size_line(grpo: GRPOConfig) -> str:
-    """Whether the rate adapts, and toward what."""
+    """Whether the rate adapts, and toward what: the rate the first step takes and the range it stays in, which the
+    config gives only as factors of grpo.lr (`sapo doctor` and `sapo config` say it)."""
     if grpo.target_kl is None:
         return f"step size: fixed at grpo.lr {grpo.lr:g} (grpo.target_kl null)"
     low, high = grpo.lr_range
+    first = StepSize(grpo.target_kl, low, high).scale
     return (f"step size: adapts after every step toward a per-token KL of {grpo.target_kl:g} between the policy before "
-            f"and after it, from grpo.lr {grpo.lr:g} (approached from {grpo.lr * INITIAL_SCALE:g}) within "
+            f"and after it, from grpo.lr {grpo.lr:g} (approached from {grpo.lr * first:g}) within "
             f"{grpo.lr * low:g}-{grpo.lr * high:g}")

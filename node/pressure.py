@@ -32,6 +32,9 @@ def round_peak_reader(device: str) -> Callable[[], float | None]:
 REPORT_AFTER = 5  # rounds after which a node says how its peak compares with the plan, once
 OFF_BY = 0.20  # a peak this far above the plan's figure for such rounds makes that report a warning
 LOWERED_BY = 0.05  # a halving that did not lower the next round's peak by this share did not help
+# once the micro-batch can shrink no further, a peak past the plan is said again only this share above the highest said:
+# a round's peak drifts by a few hundredths of a GB with its completions, which is no news every round
+HIGHER_BY = 0.05
 MORE_MEMORY = "give the node more memory (run.memory_gb) or lower generation.batch_size or generation.max_new_tokens"
 
 
@@ -48,7 +51,7 @@ class MemoryWatch:
     largest: tuple[int, int] = (0, 0)  # (positions, rows) of their largest micro-batch
     _halved_at: float | None = None  # the peak of the last round, when it halved the micro-batch
     _fixed: bool = False  # a halving did not lower the peak: the micro-batch stays where it is
-    _warned_peak: float = 0.0  # the highest peak warned about since the micro-batch stopped halving
+    _warned_peak: float = 0.0  # the highest peak past the plan said since the micro-batch stopped halving
 
     def start(self) -> None:
         """Begin the first window at the first round: loading and the first evaluation are not a round's."""
@@ -75,9 +78,10 @@ class MemoryWatch:
                         "the plan does not shrink with the micro-batch, so it stays at %d; %s", past, halved_at / GB,
                         micro_batch, micro_batch, MORE_MEMORY)
         elif self._fixed or micro_batch == 1:
-            if peak > self._warned_peak:  # said again only when the peak rises, not every round
+            if peak > self._warned_peak * (1 + HIGHER_BY):  # said once, then only for a notably higher peak
                 self._warned_peak = peak
-                log.warning("memory: %s, at micro-batch %d; %s", past, micro_batch, MORE_MEMORY)
+                log.warning("memory: %s, at micro-batch %d; %s (said again only for a peak %d%% higher)", past,
+                            micro_batch, MORE_MEMORY, 100 * HIGHER_BY)
         else:
             self._halved_at = peak
             log.warning("memory: %s; the next rounds train in micro-batches of %d (was %d)", past, micro_batch // 2,

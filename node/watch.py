@@ -1,9 +1,9 @@
 """Whether the node is learning, said in one line when it is not. In its first rounds, per task family, the
-pass rate and the share of groups that carry signal: a family whose groups are all wrong (too hard, or the
-answer never closes within max_new_tokens) or all right (too easy) teaches nothing, and the line names the
-setting to change. At every evaluation, held-out accuracy against its start, overall and per task family: a
-fall beyond what two evaluations' noise explains, and large enough to matter, is said once, naming the family
-and the likely cause (most often a learning rate too high for the model); an overall fall to below half the
+pass rate and the share of groups that carry signal: a family whose groups are all wrong (too hard, the answer
+never closes within max_new_tokens, or the model writes no answer tag at all: untrained or random weights) or all
+right (too easy) teaches nothing, and the line names the setting to change, or what the model lacks. At every
+evaluation, held-out accuracy against its start, overall and per task family: a fall beyond what two evaluations'
+noise explains, and large enough to matter, is said once, naming the family and the likely cause (most often a learning rate too high for the model); an overall fall to below half the
 start is a collapse: `Collapsed`, which the node warns about and trains on, or with `run.stop_on_collapse` stops
 on, its earlier checkpoints and metrics kept. An evaluation too small to rest a stop on only warns. Before the
 first full evaluation an early probe (`probe_rounds`) measures a subset of the held-out tasks against its own
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from node.metrics import Evaluation
 from node.selection import informative
+from rewards.tasks import OPEN
 from trainer.groups import RolloutGroup
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ class Tally:
     completions: int = 0
     correct: int = 0
     truncated: int = 0
+    opened: int = 0  # completions that began an answer (its open tag): a model that never does has no format to lengthen
 
     def add(self, g: RolloutGroup) -> None:
         right = sum(g.correct)
@@ -125,6 +127,7 @@ class Tally:
         self.completions += len(g.correct)
         self.correct += right
         self.truncated += sum(g.truncated)
+        self.opened += sum(OPEN in c for c in g.completions)
 
 
 class LearningWatch:
@@ -163,6 +166,12 @@ class LearningWatch:
         head = f"tasks: {name} gave no signal in its first {t.groups} groups:"
         if t.all_wrong == t.groups:
             cut = t.truncated / t.completions
+            if not t.opened:
+                return (f"{head} every completion wrong, none with an {OPEN} tag ({cut:.0%} cut off at "
+                        f"generation.max_new_tokens {self.max_new_tokens}): the model does not write the answer format "
+                        "(an untrained or randomly initialised one never does), so nothing it writes can score; more "
+                        "tokens help only a model still reasoning at the cut: start from one that follows the prompt's "
+                        "format, or show it a worked example (model.plain_example)")
             if cut > TRUNCATED_MOST:
                 return (f"{head} every completion wrong, {cut:.0%} of them cut off at generation.max_new_tokens "
                         f"{self.max_new_tokens} before the answer closed: raise generation.max_new_tokens")

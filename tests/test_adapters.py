@@ -89,6 +89,53 @@ def test_each_family_gets_adapters_on_its_own_linear_layers_as_counted_and_takes
     assert all(torch.allclose(sent[k], merged[k], atol=1e-6) for k in merged)
 
 
+# mixtures of experts: (config class, widths, what the plan names as adapted); transformers 5 fuses each block's experts
+# into two 3-D weights and its router is no linear layer, so all-linear reaches neither
+MOE = {
+    "mixtral": ("MixtralConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=64, num_local_experts=4, num_experts_per_tok=2),
+                {"q_proj", "k_proj", "v_proj", "o_proj"}),
+    "qwen2-moe": ("Qwen2MoeConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         intermediate_size=64, moe_intermediate_size=16, shared_expert_intermediate_size=64,
+                                         num_experts=4, num_experts_per_tok=2),
+                  {"q_proj", "k_proj", "v_proj", "o_proj", "shared_expert.gate_proj", "shared_expert.up_proj",
+                   "shared_expert.down_proj", "shared_expert_gate"}),
+}
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_the_plan_says_a_mixtures_experts_and_router_get_no_adapters_as_peft_builds_it(family, tokenizer):
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_plan import BENCH_ROUND, CPU
+    from trainer.plan import Wants, plan
+    from trainer.policy import _with_lora
+
+    name, widths, labels = MOE[family]
+    config = getattr(transformers, name)(**widths, vocab_size=len(tokenizer), **TINY)
+    model = _with_lora(AutoModelForCausalLM.from_config(config), ModelConfig(lora={"enabled": True, "r": 4}), None)
+    counted = shape_from_config(config.to_dict(), lora_r=4)
+    assert set(counted.adapted) == labels and sum(adapted_layers(model).values()) == counted.trainable
+    # the experts' fused weights and the router: frozen, and counted as the plan says
+    untouched = {n: p for n, p in model.named_parameters() if ".mlp.experts." in n or n.endswith(".mlp.gate.weight")}
+    assert len(untouched) == 3 * 2 and not any(p.requires_grad for p in untouched.values())
+    assert sum(p.numel() for p in untouched.values()) == counted.frozen_weights
+    line = plan(CPU, config.to_dict(), BENCH_ROUND, Wants(lora=True, lora_r=4)).adapters()
+    share = counted.frozen_weights / counted.parameters
+    assert line.startswith(f"adapters on {', '.join(sorted(labels))}: {counted.trainable:,} trainable weights")
+    assert line.endswith(f"; the 4 routed experts and the router ({share:.1%} of the weights) get none and do not train")
+
+
+def test_a_mixture_whose_experts_are_linear_layers_is_said_to_train_them():
+    """A remote-code mixture (DeepSeek's) keeps one linear layer per expert and a linear router: adapters reach both."""
+    from trainer.memory import _unadapted_moe
+
+    layers = {"0.mlp.experts.0.gate_proj": (8, 4), "0.mlp.gate": (8, 4), "0.self_attn.q_proj": (8, 8)}
+    assert _unadapted_moe(layers, 4, 100, 10) == {}
+    assert _unadapted_moe({"0.self_attn.q_proj": (8, 8)}, 4, 100, 10) == {"the 4 routed experts": 100, "the router": 10}
+
+
 def test_a_list_of_names_matching_no_layer_is_refused_naming_the_layers_the_model_has(tokenizer):
     from transformers import AutoModelForCausalLM
 

@@ -102,7 +102,9 @@ def test_config_prints_what_a_folder_trains_with_and_as_given_what_its_sources_s
     missing = run_sapo("config", "--model", str(tmp_path / "none"))
     assert missing.returncode == 0 and json.loads(missing.stdout)["model"]["name"] == str(tmp_path / "none")
     assert missing.stderr.strip().splitlines() == [f"sapo config: as given, before the model's own settings (no such "
-                                                   f"folder: {tmp_path / 'none'}); sapo doctor shows them"]
+                                                   f"folder: {tmp_path / 'none'}): its learning rate, step size, sampling "
+                                                   "and tasks below are the config's, not the model's; sapo doctor shows "
+                                                   "the model's"]
 
 
 def test_a_derived_completion_length_is_halved_until_the_plan_fits_and_a_users_is_not(tiny_a, tmp_path):

@@ -17,10 +17,10 @@ from trainer.groups import RolloutGroup
 TASKS = TaskSource([DatasetMix("arith", {}, 1.0), DatasetMix("reverse", {}, 1.0)], seed=0)
 
 
-def group(dataset: str, right: int, g: int = 4, truncated: int = 0) -> RolloutGroup:
+def group(dataset: str, right: int, g: int = 4, truncated: int = 0, text: str = "<answer>x") -> RolloutGroup:
     task = next(t for t in TASKS.draw(8) if t.ref.dataset == dataset)
     correct = [k < right for k in range(g)]
-    return RolloutGroup(task, ["x"] * g, [float(c) for c in correct], [k < truncated for k in range(g)], correct=correct)
+    return RolloutGroup(task, [text] * g, [float(c) for c in correct], [k < truncated for k in range(g)], correct=correct)
 
 
 def watched(rounds: list[list[RolloutGroup]]) -> list[str]:
@@ -34,6 +34,7 @@ def test_a_family_with_no_signal_is_named_once_with_the_setting_to_change():
     assert "too hard" in too_hard[0] and "tasks.datasets" in too_hard[0]
     cut = watched([[group("arith", 0, truncated=3), group("reverse", 1)]] * (FIRST_ROUNDS + 3))
     assert len(cut) == 1 and "75% of them cut off at generation.max_new_tokens 64" in cut[0]
+    assert cut[0].endswith("before the answer closed: raise generation.max_new_tokens")
     easy = watched([[group("arith", 4), group("reverse", 4)]] * FIRST_ROUNDS)
     assert [w.split(":")[1] for w in easy] == [" arith gave no signal in its first 5 groups", " reverse gave no signal in its first 5 groups"]
     assert all("too easy" in w for w in easy)
@@ -41,6 +42,16 @@ def test_a_family_with_no_signal_is_named_once_with_the_setting_to_change():
     assert len(split) == 1 and "generation.completions_per_group" in split[0]
     assert watched([[group("arith", 1), group("reverse", 3)]] * FIRST_ROUNDS) == []
     assert watched([[group("arith", 0)]] * (FIRST_ROUNDS - 1)) == []  # not judged before its first rounds
+
+
+def test_a_model_that_never_writes_an_answer_tag_is_said_to_lack_the_format_not_tokens():
+    """An untrained or random model runs every completion to max_new_tokens without an <answer> tag: more tokens
+    would not help, and the family is not too hard, the model writes no answer at all."""
+    babble = watched([[group("arith", 0, truncated=4, text="the the of"), group("reverse", 0, truncated=3, text="")]]
+                     * FIRST_ROUNDS)
+    assert len(babble) == 2 and all("none with an <answer> tag" in w and "does not write the answer format" in w
+                                    and "raise generation.max_new_tokens" not in w and "too hard" not in w for w in babble)
+    assert "(100% cut off at generation.max_new_tokens 64)" in babble[0] and "(75% cut off" in babble[1]
 
 
 def held_out(overall: float | None, **families: float) -> Evaluation:

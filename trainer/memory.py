@@ -65,7 +65,10 @@ class ModelShape:
     checkpointing: bool = False  # activations recomputed in backward: each layer keeps only its input
     weight_bytes: int = FLOAT32  # per weight value of the policy (and of its activations)
     nf4: bool = False  # the projections held in NF4 (NF4_BYTES a weight), the rest in weight_bytes
-    adapted: tuple[str, ...] = ()  # under LoRA, the names (last part) of the layers that get adapters
+    adapted: tuple[str, ...] = ()  # under LoRA, the names (last part; a shared expert's named in it) of the adapted layers
+    # under LoRA on a mixture of experts, the parts no adapter reaches ("the 8 routed experts", "the router") and their weights
+    frozen_parts: tuple[str, ...] = ()
+    frozen_weights: int = 0
 
     @property
     def lora(self) -> bool:
@@ -126,6 +129,8 @@ def _experts(c: dict, mlp: int) -> tuple[int, int, int, int]:
     return experts, expert_mlp, shared, (_first(c, ACTIVE_EXPERTS) or 1) * expert_mlp + shared
 
 
+SHARED_EXPERT = "shared_expert"  # how a mixture's always-on expert is named (Qwen2-MoE's; DeepSeek's shared_experts)
+ROUTERS = ("gate", "router")  # a mixture's router, where it is a linear layer (transformers 5's are not)
 ALL_LINEAR = "all-linear"  # model.lora.target_modules: every linear layer but the output embedding (peft's shorthand)
 Targets = Sequence[str] | Literal["all-linear"]
 CONTEXT = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length", "n_ctx")
@@ -219,30 +224,52 @@ def shape_from_config(config: dict, lora_r: int | None = None, lora_targets: Tar
     if not d["gated"]:
         del mlp["gate_proj"]
     widths = attention | mlp
+    routed = router = 0
     if d["experts"]:  # the routed experts (gated), the shared ones and the router, in place of one MLP
-        e = d["expert_mlp"]
-        mlp_weights = (d["experts"] * 3 * hidden * e + 3 * hidden * d["shared"] + hidden * d["experts"])
+        routed, router = d["experts"] * 3 * hidden * d["expert_mlp"], hidden * d["experts"]
+        mlp_weights = routed + 3 * hidden * d["shared"] + router
     else:
         mlp_weights = sum(i * o for i, o in mlp.values())
     linear = layers * (sum(i * o for i, o in attention.values()) + mlp_weights)
     embeddings = (d["vocab"] * (1 if d["tied"] else 2) + d["positions"]) * hidden
     parameters = embeddings + linear + layers * 2 * hidden + hidden
-    trainable, frozen_inputs, names = parameters, 0, ()
+    trainable, frozen_inputs, names, labels, frozen = parameters, 0, (), (), {}
     if lora_r is not None:
-        every = config_linear_layers(config)
-        if every is None:
-            every = {f"{k}.{name}": w for k in range(layers) for name, w in widths.items()}
+        built = config_linear_layers(config)
+        every = built or {f"{k}.{name}": w for k in range(layers) for name, w in widths.items()}
         chosen = adapted(every, lora_targets)
         trainable = lora_r * sum(i + o for i, o in chosen.values())
-        parameters += trainable
         names = tuple(sorted({n.rsplit(".", 1)[-1] for n in chosen}))
+        labels = tuple(sorted({_label(n) for n in chosen}))
+        if d["experts"] and built:  # a model read by its widths alone: which of its layers are experts is not known
+            frozen = _unadapted_moe(chosen, d["experts"], layers * routed, layers * router)
+        parameters += trainable
         has = {n.rsplit(".", 1)[-1] for n in every}
         readers = [(hidden, ("q_proj", "k_proj", "v_proj")), (heads * head_dim, ("o_proj",)),
                    (hidden, ("gate_proj", "up_proj")), (d["active_mlp"], ("down_proj",))]  # each input, and the projections reading it
         # counted for Llama's names only: another family's untrained inputs are kept in the estimate (it errs high)
         frozen_inputs = sum(width for width, group in readers if set(group) & has and not set(group) & set(names))
     return ModelShape(parameters=parameters, trainable=trainable, layers=layers, hidden=hidden, mlp=d["active_mlp"],
-                      vocab=d["vocab"], kv_width=kv_width, linear=linear, frozen_inputs=frozen_inputs, adapted=names)
+                      vocab=d["vocab"], kv_width=kv_width, linear=linear, frozen_inputs=frozen_inputs, adapted=labels,
+                      frozen_parts=tuple(frozen), frozen_weights=sum(frozen.values()))
+
+
+def _label(layer: str) -> str:
+    """How the plan names an adapted layer: its last name, after the shared expert's where it sits in one (Qwen2-MoE's
+    shared_expert.gate_proj, not to be read as the routed experts' gate_proj)."""
+    *path, last = layer.split(".")
+    shared = next((p for p in path if p.startswith(SHARED_EXPERT)), None)
+    return f"{shared}.{last}" if shared else last
+
+
+def _unadapted_moe(chosen: dict[str, tuple[int, int]], experts: int, routed: int, router: int) -> dict[str, int]:
+    """The parts of a mixture of experts that adapters on the `chosen` linear layers leave frozen, with their weights
+    (`routed` and `router`, all layers): the routed experts where no layer of theirs is adapted (transformers 5
+    holds each block's experts as two 3-D weights, which are no linear layers; a remote-code model's per-expert
+    layers are), the router where it is no adapted linear layer."""
+    paths = [n.split(".") for n in chosen]
+    frozen = {} if any("experts" in p[:-1] for p in paths) else {f"the {experts} routed experts": routed}
+    return frozen | ({} if any(p[-1] in ROUTERS for p in paths) else {"the router": router})
 
 
 @dataclass(frozen=True)

@@ -146,15 +146,22 @@ class Plan:
 
     def adapters(self) -> str | None:
         """Under LoRA, the layers that get adapters and the weights they train (None under full fine-tuning): what
-        `sapo doctor` and a node's log say, so that a model whose layers are named otherwise is seen to be adapted."""
+        `sapo doctor` and a node's log say, so that a model whose layers are named otherwise is seen to be adapted, and
+        a mixture of experts whose experts get none (transformers fuses them into weights that are no linear layers)
+        is seen not to train them."""
         if not self.lora:
             return None
-        return (f"adapters on {', '.join(self.model.adapted)}: {self.model.trainable:,} trainable weights "
-                f"({self.model.trainable / self.model.parameters:.2%} of the model)")
+        m = self.model
+        line = f"adapters on {', '.join(m.adapted)}: {m.trainable:,} trainable weights ({m.trainable / m.parameters:.2%} of the model)"
+        if not m.frozen_parts:
+            return line
+        return (f"{line}; {' and '.join(m.frozen_parts)} ({m.frozen_weights / m.parameters:.1%} of the weights) get "
+                f"none and do not train")
 
     def record(self) -> dict:
         """What the plan chose and expected, in GB, for a run folder's plan.json and `sapo doctor --bench`."""
-        adapters = {"lora_targets": list(self.model.adapted), "trainable": self.model.trainable} if self.lora else {}
+        adapters = {"lora_targets": list(self.model.adapted), "trainable": self.model.trainable,
+                    "frozen": list(self.model.frozen_parts)} if self.lora else {}
         return {"summary": self.summary(), "device": str(self.device), "backend": self.backend, "dtype": self.dtype,
                 "lora": self.lora, **adapters, "nf4": self.nf4, "micro_batch": self.micro_batch,
                 "generation_rows": self.generation_rows,
