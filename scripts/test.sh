@@ -36,6 +36,28 @@ command -v npm >/dev/null || missing_js+=(npm)
 if [ ${#missing_js[@]} -gt 0 ]; then
   apt_install "the js-libp2p interop test's peer" "the interop test is skipped (fails under CI=true)" "${missing_js[@]}"
 fi
+# SAPO_TEST_LONG=1 (CI sets it): the tests marked `long`, minutes of mostly waiting (a punched pair over 10 minutes),
+# run in a lane of their own beside the suite, logged to runs/test-long.log.
+long=""
+if [ "${SAPO_TEST_LONG:-0}" = 1 ]; then
+  mkdir -p runs
+  .venv/bin/python -m pytest -p no:xdist -p no:cacheprovider --long -m long -q --basetemp=runs/test-long-tmp \
+    >runs/test-long.log 2>&1 &
+  long=$!
+  trap 'kill "$long" 2>/dev/null || true' EXIT
+fi
 # Two workers (tests/conftest.py): the slow tests one after another in one, the quick ones beside them in the other.
 # Arguments given after these win: `-n 0` runs everything in this process.
-exec .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
+status=0
+.venv/bin/python -m pytest -n 2 --dist loadgroup "$@" || status=$?
+if [ -n "$long" ]; then
+  if wait "$long"; then
+    echo "test: long lane: $(tail -n 1 runs/test-long.log)"
+  else
+    cat runs/test-long.log
+    echo "test: the long lane failed (log above, runs/test-long.log)" >&2
+    status=1
+  fi
+  trap - EXIT
+fi
+exit "$status"

@@ -28,12 +28,24 @@ def pytest_configure(config: pytest.Config) -> None:
                                 "pytest 9.2 and later (pytest-xdist issue 1386); scripts/setup.sh installs pytest<9.2")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--long", action="store_true",
+                     help="run the tests marked `long` too (minutes each; scripts/test.sh runs them in a lane of their own "
+                          "under SAPO_TEST_LONG=1, as CI does)")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook turns the mark into the test's group
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """scripts/test.sh runs two pytest-xdist workers with `--dist loadgroup`: every slow test goes to one of them,
     one at a time, and the quick tests run beside it on the other. Two slow tests side by side would start nodes that
     fight for the same cores and stretch the bounds each one asserts. A quick test beside one costs it little, and a
-    slow one marked `untimed` asserts no bound that a neighbour could stretch: those run in the other lane."""
+    slow one marked `untimed` asserts no bound that a neighbour could stretch: those run in the other lane. A test
+    marked `long` runs only with --long."""
+    if not config.getoption("long"):
+        long = [item for item in items if item.get_closest_marker("long")]
+        if long:
+            config.hook.pytest_deselected(items=long)
+            items[:] = [item for item in items if not item.get_closest_marker("long")]
     if getattr(config.option, "loadgroup", False):  # what pytest-xdist sets in a worker for `--dist loadgroup`
         for item in items:
             if item.get_closest_marker("slow") and not item.get_closest_marker("untimed"):

@@ -6,6 +6,8 @@ and verify rollouts (docs/PROTOCOL.md sections 1 and 7); this is the test that t
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import re
@@ -50,7 +52,7 @@ def _toolchain_missing(why: str) -> None:
 @pytest.fixture(scope="session")
 def js_peer() -> list[str]:
     """The command that starts tests/interop/peer.mjs, its packages installed from package-lock.json (`npm ci`) once
-    per session."""
+    for each version of the lock file."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         _toolchain_missing("node and npm are not installed: the js-libp2p interop test needs them")
@@ -58,8 +60,15 @@ def js_peer() -> list[str]:
     major = re.match(r"v(\d+)\.", version)
     if major is None or int(major[1]) < MIN_NODE_MAJOR:
         _toolchain_missing(f"Node.js {version or '?'} is older than {MIN_NODE_MAJOR}, which js-libp2p 3.x needs")
-    r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=INTEROP, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"npm ci in {INTEROP} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    lock = INTEROP / "package-lock.json"
+    stamp, want = INTEROP / "node_modules" / ".sapo-installed", hashlib.sha256(lock.read_bytes()).hexdigest()
+    with lock.open("rb") as held:  # another pytest process (a worker, the long lane) may install at the same time
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if not stamp.exists() or stamp.read_text() != want:
+            r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=INTEROP, capture_output=True, text=True,
+                               timeout=600)
+            assert r.returncode == 0, f"npm ci in {INTEROP} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+            stamp.write_text(want)
     return [node, str(INTEROP / "peer.mjs")]
 
 

@@ -3,6 +3,7 @@ through a middle namespace that delays and drops packets, and a node behind a ma
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -412,13 +413,12 @@ def test_a_stealth_router_keeps_a_late_punch_alive_where_a_resetting_one_refuses
     assert netlab.dial(stranger, reset[0]["external"], 1.0) == refused
 
 
-def test_two_homes_behind_nat_meet_through_a_stock_relay_and_punch_a_direct_connection(lab, js_peer, tmp_path):  # noqa: F811
-    """No sapo node is dialable: a stock js-libp2p node (DHT server and limited circuit relay, kubo's limits) is the
-    one public peer, and two homes behind routers of two kinds (masquerade keeps the port, eim moves it) know only
-    it. Each reserves a slot on it, finds the other's provider record (its circuit address through the relay), they
-    meet through the relay and DCUtR punches: the relayed connection is closed and rollouts flow over the direct one.
-    The routers drop an unexpected SYN (`stealth`), so the punch does not hang on the test machine's timing
-    (docs/bench/network.md measures routers that answer it with a reset)."""
+@contextlib.contextmanager
+def punched_homes(lab, js_peer, tmp_path):  # noqa: F811
+    """Two probes behind a masquerading and an eim router (stealth: an unexpected SYN is dropped, so a punch does not
+    hang on the test machine's timing; docs/bench/network.md measures routers that answer it with a reset), whose
+    only public peer is a stock js-libp2p node (DHT server and limited circuit relay, kubo's limits), once both
+    hold a punched connection to the other and no relayed one."""
     public = lab.add_host()
     homes = [lab.add_host(kind, stealth=True) for kind in (netlab.NatKind.MASQUERADE, netlab.NatKind.EIM)]
     relay = JsRelay(js_peer[0], [], tmp_path / "js.log", f"/ip4/{public.ip}/tcp/4001", public.cmd())
@@ -427,19 +427,53 @@ def test_two_homes_behind_nat_meet_through_a_stock_relay_and_punch_a_direct_conn
               for i, h in enumerate(homes)]
     try:
         for p in probes:
-            p.wait_for(lambda p=p: (p.stats().get("punched_peers"), p.stats().get("relayed_peers")) == (1, 0), 150,
-                       "a punched connection to the other home and no relayed one")
-        since = time.time()
-        for p in probes:
-            wait_heard(p, [q for q in probes if q is not p], since)
-            assert p.stats()["relays"] == 1 and p.stats()["peers"] == 2  # the relay and the other home
-        assert sum(p.stats().get("punches", 0) for p in probes) >= 1
+            p.wait_for(lambda p=p: direct_only(p.stats()), 150, "a punched connection to the other home and no relayed one")
+        yield probes
     finally:
         for p in probes:
             p.stop()
         relay.close()
     for p in probes:
         assert log_lines(p, " ERROR ") == [] and "Traceback" not in p.log_path.read_text()
+
+
+def direct_only(stats: dict) -> bool:
+    return (stats.get("punched_peers"), stats.get("relayed_peers")) == (1, 0)
+
+
+def test_two_homes_behind_nat_meet_through_a_stock_relay_and_punch_a_direct_connection(lab, js_peer, tmp_path):  # noqa: F811
+    """No sapo node is dialable: two homes behind routers of two kinds (masquerade keeps the port, eim moves it)
+    know only a stock relay. Each reserves a slot on it, finds the other's provider record (its circuit address
+    through the relay), they meet through the relay and DCUtR punches: the relayed connection is closed and
+    rollouts flow over the direct one."""
+    with punched_homes(lab, js_peer, tmp_path) as probes:
+        since = time.time()
+        for p in probes:
+            wait_heard(p, [q for q in probes if q is not p], since)
+            assert p.stats()["relays"] == 1 and p.stats()["peers"] == 2  # the relay and the other home
+        assert sum(p.stats().get("punches", 0) for p in probes) >= 1
+
+
+@pytest.mark.long
+def test_a_punched_pair_keeps_exchanging_rollouts_over_its_direct_connection_for_ten_minutes(lab, js_peer, tmp_path):  # noqa: F811
+    """The punched connection is the pair's only one for 10 minutes, and gossip on it never stops quietly: in every
+    minute each home hears the other, and at least 99% of the rounds one publishes reach the other (a stream that
+    outlived its connection, tests/test_punch.py's fault, loses everything after it). scripts/test.sh runs it in a lane of
+    its own under SAPO_TEST_LONG=1, as CI does."""
+    with punched_homes(lab, js_peer, tmp_path) as probes:
+        start = time.time()
+        for minute in range(1, 11):
+            time.sleep(max(0.0, start + 60 * minute - time.time()))
+            for p, other in zip(probes, probes[::-1]):
+                assert direct_only(p.stats()) and p.stats()["peers"] == 2, (minute, p.stats())
+                since = start + 60 * (minute - 1)
+                assert any(e["peer"] == other.peer_id and e["created"] > since for e in p.events("received")), \
+                    f"minute {minute}: {p.name} heard nothing from {other.name}"
+        time.sleep(10)  # what was published before the end has arrived
+        for p, other in zip(probes, probes[::-1]):
+            sent = {e["round"] for e in other.events("published") if start < e["created"] < start + 600}
+            got = {e["round"] for e in p.events("received") if e["peer"] == other.peer_id} & sent
+            assert len(sent) >= 1000 and len(got) >= 0.99 * len(sent), (p.name, len(got), len(sent))
 
 
 def test_three_homes_behind_three_kinds_of_router_train_on_each_others_groups_through_a_stock_relay(
