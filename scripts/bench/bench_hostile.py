@@ -629,14 +629,14 @@ def run_relay_abuse(hostile: int, window: float, seed: int, code: Path, cache: P
             **procs.outcome(["relay", "sink"], {"relay": work / "relay"})}
 
 
-def run_dialback_relayed(window: float, code: Path, work: Path, ports: list[int]) -> dict:
+def run_dialback_relayed(window: float, code: Path, work: Path, ports: list[int], relay_flags: list[str] = ()) -> dict:
     """A node behind NAT holds a slot on a public relay; a stranger reaches it through that relay and asks it
     to dial back `ports` (the relay listens on the first): the answer names the relay host's open ports
     unless the node refuses to dial over a relay."""
     procs = Procs(work, code)
     with netlab.Lab(work / "lab") as lab:
         try:
-            addr = relay_node(procs, lab, work / "relay")
+            addr = relay_node(procs, lab, work / "relay", *relay_flags)
             home_host = lab.add_host(nat=True)
             home = procs.probe("home", "--listen", f"/ip4/{home_host.ip}/tcp/{RELAY_PORT}", "--bootstrap", addr,
                                "--rate", "1", "--groups", "1", prefix=home_host.cmd())  # a participant: slots need one
@@ -884,8 +884,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--computable", action="store_true", help="level-grind: the strangers publish groups of bare right "
                    "and wrong answers, which anyone can compute and a node's selection finds useful; relay-squat: they "
                    f"publish such groups for {COMPUTABLE_S} s before asking")
-    p.add_argument("--relay-after", type=bounded(float, ge=0), help="relay-squat, relay-abuse: the relay's "
-                   "p2p.relay_after_s (the checkout under test must know it; default: its own default)")
+    p.add_argument("--relay-after", type=bounded(float, ge=0), help="relay-squat, relay-abuse, dialback-relayed: the "
+                   "relay's p2p.relay_after_s, how long a home takes part before its slot (the checkout under test must "
+                   "know it; default: its own default, 600 s, longer than a window)")
     p.add_argument("--lab", action="store_true", help="level-hijack, level-grind: each honest node on a lab host of its "
                    "own and the strangers on one more (root), not all on 127.0.0.1")
     p.add_argument("--after", type=positive, help="px-aim: seconds counted after the liars leave (default: --window)")
@@ -939,7 +940,7 @@ def relay_attacks(args: argparse.Namespace, commit: str) -> dict:
             return run_relay_squat(h, args.slots, args.window, args.code, work, args.pose_nat, args.computable, relay_flags)
         if args.attack == "relay-abuse":
             return run_relay_abuse(h, args.window, seed, args.code, args.cache, work, args.rule, relay_flags)
-        return run_dialback_relayed(args.window, args.code, work, [RELAY_PORT, 22, 80, 443])
+        return run_dialback_relayed(args.window, args.code, work, [RELAY_PORT, 22, 80, 443], relay_flags)
     runs = each_run(args, one, range(args.seeds), args.hostile)
     relay_report(runs, commit, args.window)
     return {"runs": runs}
