@@ -383,17 +383,18 @@ def test_the_expected_held_out_gap_is_paired_per_node_and_dataset_with_its_small
     assert reports.held_out_gap(wobble) == "+0.010 ± 0.050: no effect seen (detectable: 0.070)"
 
 
-def test_a_node_records_the_papers_cumulative_reward_its_dose_and_its_held_out_skips_from_its_metrics(tmp_path):
+def test_a_node_records_the_papers_cumulative_reward_its_dose_its_held_out_skips_and_its_rates_from_its_metrics(tmp_path):
     summary = {"name": "node0", "model": "smollm2-135m", "companion": False, "exit_code": 0, "cumulative_reward": 1.0,
                "tokens_generated": 960, "seconds": 9.0, "external_used": 2, "external_inspected": 4,
                "external_informative": 2, "local_groups": 6, "local_informative": 3}
     folder = node_folder(tmp_path / "node0", [4.0, 4.0, 4.0], [2.0, 2.0, 2.0], "cpu")
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    for row, batch, trained, skipped in zip(rows[1:], (0.5, 0.75, 1.0), (1, 3, 2), (2, 0, 1)):
-        row.update(batch_reward_mean=batch, groups_trained=trained, n_held_out_skipped=skipped)
+    for row, batch, trained, skipped, lr in zip(rows[1:], (0.5, 0.75, 1.0), (1, 3, 2), (2, 0, 1), (1e-6, 1.5e-6, 1e-6)):
+        row.update(batch_reward_mean=batch, groups_trained=trained, n_held_out_skipped=skipped, lr=lr)
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     record = driver.node_record(folder, summary)
     assert record["paper_cumulative_reward"] == pytest.approx(2.25) and record["dose_per_round"] == pytest.approx(2.0)
+    assert record["curves"]["lr"] == [1e-6, 1.5e-6, 1e-6]  # the step-size controller's path, a rate a round
     assert record["held_out_skipped"] == 3  # evaluation questions passed over, counted for the write-up
     del rows[2]["batch_reward_mean"]  # a run from before the nodes recorded it
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
