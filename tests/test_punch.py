@@ -229,3 +229,74 @@ def test_a_circuit_address_is_told_whole_where_py_libp2p_cut_it_at_the_relays_id
     node.reach.reserved[relay] = Multiaddr(f"/ip4/198.18.1.2/tcp/4001/p2p/{relay}/p2p-circuit")
     assert [str(a) for a in node.host.get_addrs()] == [f"/ip4/198.18.1.2/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{node.me}"]
     assert [str(a) for a in BasicHost.get_addrs(node.host)] == [f"/ip4/198.18.1.2/tcp/4001/p2p/{node.me}"]
+
+
+class _Stream:
+    def __init__(self, protocol: str):
+        self.protocol = protocol
+
+    def get_protocol(self) -> str:
+        return self.protocol
+
+
+class _Conn:
+    """A swarm connection as move_to_direct reads one: its address (a circuit or not), its streams, and close()."""
+
+    def __init__(self, addr: str, *protocols: str):
+        self.addr, self.streams, self.closed = Multiaddr(addr), [_Stream(p) for p in protocols], False
+        self.muxed_conn = self
+
+    @property
+    def is_closed(self) -> bool:
+        return self.closed
+
+    def get_transport_addresses(self) -> list[Multiaddr]:
+        return [self.addr]
+
+    def get_streams(self) -> tuple[_Stream, ...]:
+        return tuple(self.streams)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def test_a_relayed_connection_beside_a_direct_one_closes_once_its_requests_end_or_their_grace_is_up():
+    """A request under way on the relayed connection (a dial-back asked through the relay) is answered before the
+    connection closes, not cut by the punch; GossipSub's stream moves and waits for nothing; a request that never
+    ends holds the connection `CLOSE_GRACE_S` at most."""
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
+
+    from p2p.punch import CLOSE_GRACE_S
+
+    peer = ID.from_pubkey(create_new_key_pair().public_key)
+    circuit = f"/ip4/198.18.0.1/tcp/4001/p2p/{peer}/p2p-circuit"
+    punch = Punch(host(), Counter(), HintBudget(60.0), lambda info: info.addrs)
+
+    class Network:
+        connections: dict = {}
+
+    class Host:
+        def get_network(self):
+            return Network
+
+    punch.host = Host()
+
+    async def scenario() -> None:
+        direct, answering = _Conn("/ip4/198.18.0.2/tcp/4001"), _Conn(circuit, PROTOCOL_ID_V11, "/sapo/local/dialback/2.0.0")
+        Network.connections = {peer: [answering, direct]}
+        await punch.move_to_direct()
+        assert not answering.closed  # the dial-back is answered first
+        answering.streams = answering.streams[:1]  # answered: only GossipSub's stream is left, and it moves
+        await punch.move_to_direct()
+        assert answering.closed and punch.counts["relayed_closed_direct"] == 1
+        stuck = _Conn(circuit, "/sapo/local/dialback/2.0.0")
+        Network.connections = {peer: [stuck, _Conn("/ip4/198.18.0.2/tcp/4001")]}
+        await punch.move_to_direct()
+        await trio.sleep(CLOSE_GRACE_S - 1)
+        await punch.move_to_direct()
+        assert not stuck.closed
+        await trio.sleep(1)
+        await punch.move_to_direct()
+        assert stuck.closed
+
+    trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))
