@@ -35,8 +35,6 @@ import trio
 from libp2p.abc import IHost, INetConn, INetStream
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
-from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
-from libp2p.relay.circuit_v2.dcutr import PROTOCOL_ID as DCUTR_PROTOCOL_ID
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
@@ -48,18 +46,7 @@ from p2p.seen import SeenKeys
 log = logging.getLogger(__name__)
 
 MOVE_CHECK_S = 0.5  # how often connections are checked for a relayed one beside a direct one
-# a relayed connection beside a direct one waits this long at most for its streams other than GossipSub's (which move)
-# and DCUtR's to end: a request under way on it (a dial-back, a peer exchange) is answered, not cut
-CLOSE_GRACE_S = 10.0
-MOVING = (PROTOCOL_ID_V11, DCUTR_PROTOCOL_ID)  # streams that need not end before their relayed connection closes
 SEEN_KEPT = 2  # external addresses of our listen port remembered (the latest): the first addresses a CONNECT sends
-
-
-def busy(conn: INetConn) -> bool:
-    """Whether a stream that would be cut, not moved, is open on `conn`."""
-    with contextlib.suppress(Exception):
-        return any(stream.get_protocol() not in MOVING for stream in conn.get_streams())
-    return False
 
 
 def relayed(conn: INetConn) -> bool:
@@ -191,7 +178,6 @@ class Punch:
         self.seen = ListenPortSeen(host)
         self.dcutr = GuardedDCUtR(host, counts, hints, dialable, self.seen)
         self.punched = self.dcutr.punched
-        self.retiring: weakref.WeakKeyDictionary[INetConn, float] = weakref.WeakKeyDictionary()  # since when, each
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with background_trio_service(self.dcutr):
@@ -201,15 +187,11 @@ class Punch:
                 await trio.sleep(MOVE_CHECK_S)
 
     async def move_to_direct(self) -> None:
-        """Close the relayed connections of every peer that also has an open direct one, once their requests under
-        way have ended (`CLOSE_GRACE_S` at most), and move its stream."""
-        now = trio.current_time()
+        """Close the relayed connections of every peer that also has an open direct one, and move its stream."""
         for peer, conns in list(self.host.get_network().connections.items()):
             live = [c for c in conns if is_open(c)]
             circuits = [c for c in live if relayed(c)]
             if not circuits or len(circuits) == len(live):
-                continue
-            if any(busy(c) and now - self.retiring.setdefault(c, now) < CLOSE_GRACE_S for c in circuits):
                 continue
             for conn in circuits:
                 with contextlib.suppress(Exception):
