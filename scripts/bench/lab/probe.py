@@ -110,6 +110,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "the peer at this relayed address (<relay addr>/p2p-circuit/p2p/<peer>): a relay abused as a pipe")
     p.add_argument("--ask-dialback", metavar="CIRCUIT", help="reach the peer at this relayed address and ask it to "
                    "dial us back at --ports: a dial-back pointed at the relay's host")
+    p.add_argument("--no-hole-punching", action="store_true", help="p2p.hole_punching off: a peer reached through a "
+                   "relay stays reached through it (--ask-dialback: the request is not cut by a punch under way)")
     p.add_argument("--ports", type=int, nargs="+", default=[4001, 22, 80, 443], help="--ask-dialback: ports asked for")
     p.add_argument("--max-peers", type=int, default=P2PConfig.model_fields["max_peers"].default,
                    help="stop dialing discovered peers beyond this many connections")
@@ -301,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = P2PConfig(network=args.network, listen=[args.listen], bootstrap=args.bootstrap,
                         dht_bootstrap=args.dht_bootstrap, mesh_degree=args.mesh_degree,
-                        max_peers=args.max_peers, shards=args.shards,
+                        max_peers=args.max_peers, shards=args.shards, hole_punching=not args.no_hole_punching,
                         # a squatter asks for no dial-back of its own: the relay answers one a minute, and
                         # --closed-port's must be the one it dials
                         reachability="public" if args.squat else "auto",
