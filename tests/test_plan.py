@@ -496,10 +496,8 @@ def test_a_262k_vocabulary_is_counted_in_the_weights_and_its_logits_in_chunks():
 
 def smallest_full_fine_tuning_card(got) -> int:
     """The smallest whole-GB card on which the guide's plan fine-tunes every weight (what `Wants(lora=False)` fits)."""
-    from node.planner import plan_tokens
-
-    full = replace(got, wants=replace(got.wants, lora=False, bnb_installed=True, peft_installed=True, vllm_installed=False))
-    return next(gb for gb in range(1, 641) if not _refused(lambda: plan_tokens(Device.card(gb), full)))
+    full = replace(got, wants=replace(got.wants, lora=False))
+    return next(gb for gb in range(1, 641) if not _refused(lambda: guide_plan(Device.card(gb), full)))
 
 
 def _refused(build) -> bool:

@@ -49,14 +49,17 @@ def question_space(family: dict, draws: int = SIZE_DRAWS, seed: int = 12345, eva
     need not be uniform, so its spread is measured too: the chance that two draws ask the same question (`repeat`,
     whose inverse is the uniform space with as many repeats), the share of draws taken by its `TOP` most frequent
     questions, and the share of draws that ask one of `eval_n` questions drawn under another seed (an evaluation's)."""
-    counts = Counter(content_key(t.question) for t in TaskSource([DatasetMix(family["name"], family["config"])], seed=seed).draw(draws))
+    def questions(seed: int, n: int) -> list[str]:
+        return [content_key(t.question) for t in TaskSource([DatasetMix(family["name"], family["config"])], seed=seed).draw(n)]
+
+    counts = Counter(questions(seed, draws))
     distinct = len(counts)
     low, high = float(distinct), 1e12
     for _ in range(200):
         mid = (low + high) / 2
         low, high = (mid, high) if mid * (1 - math.exp(-draws / mid)) < distinct else (low, mid)
     repeat = sum(c * (c - 1) for c in counts.values()) / (draws * (draws - 1))
-    held = {content_key(t.question) for t in TaskSource([DatasetMix(family["name"], family["config"])], seed=seed + 1).draw(eval_n)}
+    held = set(questions(seed + 1, eval_n))
     return {"family": family, "draws": draws, "distinct": distinct, "space": round(low), "repeat": repeat,
             "space_by_repeats": round(1 / repeat), "top": TOP, "top_share": round(sum(c for _, c in counts.most_common(TOP)) / draws, 3),
             "eval_n": eval_n, "eval_hit": round(sum(counts[k] for k in held) / draws, 4)}
