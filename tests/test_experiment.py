@@ -391,10 +391,14 @@ def test_a_node_records_the_papers_cumulative_reward_its_dose_its_held_out_skips
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     for row, batch, trained, skipped, lr in zip(rows[1:], (0.5, 0.75, 1.0), (1, 3, 2), (2, 0, 1), (1e-6, 1.5e-6, 1e-6)):
         row.update(batch_reward_mean=batch, groups_trained=trained, n_held_out_skipped=skipped, lr=lr)
+    for k, row in enumerate(r for r in rows if r.get("eval_accuracy") is not None):
+        row["eval_by_dataset"] = {"arith": 0.1 * k, "rg/products": 0.5 + 0.1 * k}
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     record = driver.node_record(folder, summary)
     assert record["paper_cumulative_reward"] == pytest.approx(2.25) and record["dose_per_round"] == pytest.approx(2.0)
     assert record["curves"]["lr"] == [1e-6, 1.5e-6, 1e-6]  # the step-size controller's path, a rate a round
+    assert [by["arith"] for _, by in record["curves"]["eval_by_dataset"]] == [0.0, 0.1]  # each family's held-out path
+    assert record["curves"]["memory_peak_gb"] == [r.get("memory_peak_gb") for r in rows[1:]]
     assert record["held_out_skipped"] == 3  # evaluation questions passed over, counted for the write-up
     del rows[2]["batch_reward_mean"]  # a run from before the nodes recorded it
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -84,11 +84,14 @@ def node_record(node_dir: Path, summary: dict) -> dict:
                    "local_informative_share": share("local_informative", "n_local"),
                    "external_informative_share": share("external_informative", "external_inspected"),
                    "eval": [[r["round"], r["eval_accuracy"]] for r in evals],
+                   "eval_by_dataset": [[r["round"], r["eval_by_dataset"]] for r in evals],  # each family's path
                    # what a node took from peers, family by family, and what explains it: the groups it looked at, why
                    # the rest went unused, and its support gate's cut-off
-                   # and the rate each step took (the step-size controller's path)
+                   # the rate each step took (the step-size controller's path) and each round's peak memory (which
+                   # rounds a plan was short for)
                    **{key: [r.get(key) for r in trained] for key in ("external_families", "external_inspected",
-                                                                      "external_dropped", "support_cutoff", "lr")}},
+                                                                      "external_dropped", "support_cutoff", "lr",
+                                                                      "memory_peak_gb")}},
     }
 
 
