@@ -463,6 +463,7 @@ class Node:
     def _train(self, r: int, groups: list[RolloutGroup]) -> tuple[StepStats, float]:
         """One GRPO step, then the new weights into the generator; the step's stats and the push's seconds."""
         self.generator.release()
+        allocator.give_back_freed_memory()  # sampling's memory, before the step allocates its own
         try:
             stats = self.trainer.step(groups)
         except Exception as e:  # noqa: BLE001 - a step may have half-applied: stop without a checkpoint of it
