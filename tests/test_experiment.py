@@ -179,6 +179,15 @@ def test_the_real_model_grid_halves_the_round_of_the_tiny_one():
     assert not own[0] & own[1] and mixed["extra"] == ["--selection.accept", "any"]  # "own" would share nothing
 
 
+def test_the_step_size_grid_runs_gemma_from_its_destructive_rate_also_at_a_lower_target_kl():
+    arms = {c.name: c for c in grids.grid([], "step-size")}
+    low = arms["gemma-adapt 4/0 lr 6.7e-06 kl 0.001"]
+    args = low.node_args(80, 20)
+    assert args[args.index("--grpo.target_kl") + 1] == "0.001" and args[args.index("--grpo.lr") + 1] == "6.7e-06"
+    assert "--grpo.target_kl" not in arms["gemma-adapt 4/0 lr 6.7e-06"].node_args(80, 20)  # the recipe's target
+    assert low.silo == arms["gemma-adapt 4/0 lr 6.7e-06"].silo  # both weighed against the same fixed arm
+
+
 def test_a_companion_node_is_left_out_of_the_rows():
     silo, swarm = Config("smollm2", 4, 0), Config("smollm2+tiny", 2, 2, "signal")
     runs = [fake_run(silo, 0, [10.0, 10.0], models=("smollm2-135m",)),

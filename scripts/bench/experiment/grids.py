@@ -110,12 +110,14 @@ class Config:
     negatives: bool = False  # grpo.external_negatives: the ablation of learning only from peers' successes
     overdraw: float = 1.0  # selection.local_overdraw: local tasks sampled per local slot
     lr: float | None = None  # grpo.lr (None: the model's own)
+    target_kl: float | None = None  # grpo.target_kl (None: the testbed's)
     when_short: str = "fill_local"  # selection.when_short: peer_tasks samples unusable peer groups' tasks in empty slots
 
     @property
     def name(self) -> str:
         suffix = (" +negatives" if self.negatives else "") + (f" overdraw {self.overdraw:g}" if self.overdraw != 1 else "")
         suffix += f" lr {self.lr:g}" if self.lr is not None else ""
+        suffix += f" kl {self.target_kl:g}" if self.target_kl is not None else ""
         suffix += f" {self.when_short}" if self.when_short != "fill_local" else ""
         if self.control:
             return f"{self.testbed} control {self.local}+{self.external} own" + suffix
@@ -141,6 +143,7 @@ class Config:
                 "--selection.rule", self.rule, "--grpo.external_negatives", str(self.negatives).lower(),
                 "--selection.local_overdraw", str(self.overdraw), "--selection.when_short", self.when_short]
         args += ["--grpo.lr", f"{self.lr:g}"] if self.lr is not None else []
+        args += ["--grpo.target_kl", f"{self.target_kl:g}"] if self.target_kl is not None else []
         return args + (["--selection.self_external", "true"] if self.control else [])
 
     @property
@@ -170,9 +173,9 @@ def fixed(*configs: Config) -> Callable[[list[str], int], list[Config]]:
     return lambda rules, groups: list(configs)
 
 
-def silos(*arms: tuple[str, float | None]) -> Callable[[list[str], int], list[Config]]:
-    """Silos of 4 groups a round, each (testbed, grpo.lr or None for the model's own)."""
-    return fixed(*(Config(bed, 4, 0, lr=lr) for bed, lr in arms))
+def silos(*arms: tuple) -> Callable[[list[str], int], list[Config]]:
+    """Silos of 4 groups a round, each (testbed, grpo.lr or None for the model's own[, grpo.target_kl])."""
+    return fixed(*(Config(bed, 4, 0, lr=lr, target_kl=kl) for bed, lr, kl in (arm + (None,) * (3 - len(arm)) for arm in arms)))
 
 
 @dataclass(frozen=True)
@@ -204,9 +207,10 @@ GRIDS: dict[str, Grid] = {
                flag="lr-sweep"),
     "step-size": Grid("the step-size controller: SmolLM2-135M and Gemma 3 270M alone at their recipes' rate fixed, "
                       "against the controller from that rate, both from a rate that destroyed them fixed (1e-4, "
-                      "6.7e-6), and SmolLM2 from 1e-3, whose tenth (the controller's first step) destroys it; pair it "
-                      "with --nodes 1 and --accept-license gemma", silos(("smollm2-adapt", 1e-3),
-                          ("smollm2-adapt", 1e-4), ("gemma-adapt", 6.7e-6), ("smollm2-fixed", None), ("smollm2-adapt", None),
+                      "6.7e-6), SmolLM2 from 1e-3, whose tenth (the controller's first step) destroys it, and Gemma from "
+                      "6.7e-6 at a fifth of the target KL; pair it with --nodes 1 and --accept-license gemma",
+                      silos(("smollm2-adapt", 1e-3), ("smollm2-adapt", 1e-4), ("gemma-adapt", 6.7e-6),
+                          ("gemma-adapt", 6.7e-6, 1e-3), ("smollm2-fixed", None), ("smollm2-adapt", None),
                           ("gemma-fixed", None), ("gemma-adapt", None), ("smollm2-fixed", 1e-4), ("gemma-fixed", 6.7e-6))),
     "specialists": Grid("two SmolLM2 owners splitting the arithmetic mix (A: arith and basic arithmetic, B: products): "
                         "each alone, the pair at 2/2, and a silo on the union of their tasks; pair it with --nodes 2",
