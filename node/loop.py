@@ -463,7 +463,8 @@ class Node:
     def _train(self, r: int, groups: list[RolloutGroup]) -> tuple[StepStats, float]:
         """One GRPO step, then the new weights into the generator; the step's stats and the push's seconds."""
         self.generator.release()
-        allocator.give_back_freed_memory()  # sampling's memory, before the step allocates its own
+        if self.memory.giving_back:  # past its plan once: sampling's memory, before the step allocates its own
+            allocator.give_back_freed_memory()
         try:
             stats = self.trainer.step(groups)
         except Exception as e:  # noqa: BLE001 - a step may have half-applied: stop without a checkpoint of it
@@ -501,6 +502,8 @@ class Node:
         except ComponentFailed as e:
             log.error("%s; this evaluation is skipped", e)
             return Evaluation()
+        finally:  # what its many rows freed (trainer/allocator.py), once per evaluation: a round's sampling reuses less
+            allocator.give_back_freed_memory()
 
     def _starting_evaluation(self, stop: StopSignal) -> Evaluation | None:
         """Round 0's evaluation, from `run.eval_cache_dir` when a run of the same model already measured it."""

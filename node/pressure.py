@@ -52,6 +52,9 @@ class MemoryWatch:
     _halved_at: float | None = None  # the peak of the last round, when it halved the micro-batch
     _fixed: bool = False  # a halving did not lower the peak: the micro-batch stays where it is
     _warned_peak: float = 0.0  # the highest peak past the plan said since the micro-batch stopped halving
+    # past the plan once: from then on the heap's freed memory goes back to the system before each step
+    # (trainer/allocator.py), the first remedy, before any halving
+    giving_back: bool = False
 
     def start(self) -> None:
         """Begin the first window at the first round: loading and the first evaluation are not a round's."""
@@ -59,9 +62,10 @@ class MemoryWatch:
 
     def after_round(self, micro_batch: int, longest_completion: int = 0,
                     largest_part: tuple[int, int] = (0, 0)) -> tuple[float | None, int]:
-        """The round's measured peak, and the micro-batch for the next round: half of this one when the
-        peak went past the plan, unless the last halving did not lower it (what exceeds the plan is then not
-        the micro-batch's, and halving again would only slow the node down)."""
+        """The round's measured peak, and the micro-batch for the next round. The first round past the plan turns
+        `giving_back` on: a CPU node keeps what sampling freed for speed, and those pieces, not the step, grew a Gemma
+        3 270M node past its plan. A later round past it halves the micro-batch, unless the last halving did not lower
+        the peak (what exceeds the plan is then not the micro-batch's, and halving again would only slow the node)."""
         peak = self.read()
         self.rounds += 1
         self.highest = max(self.highest, peak or 0.0)
@@ -72,7 +76,12 @@ class MemoryWatch:
         if peak is None or peak <= self.planned_bytes:
             return peak, micro_batch
         past = f"this round peaked at {peak / GB:.2f} GB, past the plan's {self.planned_bytes / GB:.2f} GB"
-        if halved_at is not None and peak >= halved_at * (1 - LOWERED_BY):
+        if not self.giving_back:
+            self.giving_back = True
+            log.warning("memory: %s; from now on the memory sampling freed goes back to the system before each step "
+                        "(kept, it makes sampling faster), and only a round past the plan after that halves the "
+                        "micro-batch", past)
+        elif halved_at is not None and peak >= halved_at * (1 - LOWERED_BY):
             self._fixed, self._warned_peak = True, peak
             log.warning("memory: %s, no lower than the %.2f GB before the micro-batch was halved to %d: what exceeds "
                         "the plan does not shrink with the micro-batch, so it stays at %d; %s", past, halved_at / GB,

@@ -39,11 +39,13 @@ def keep_freed_memory() -> bool:
 
 def give_back_freed_memory() -> bool:
     """Returns the heap's free pages to the system (glibc's `malloc_trim`) where `keep_freed_memory` holds them;
-    whether it did. Kept between phases, what sampling freed (its KV cache, the 200 rows of an evaluation) stays
-    resident in pieces the training step cannot all reuse, so the process grows past what it holds: a Gemma 3 270M
-    node's trained rounds rose from 9.5 to 11.5 GB in 38 rounds, past its plan's 10.6 (docs/bench/step-size-80-2cpu,
-    gemma-adapt seed 0). Given back before each step, 18 rounds of SmolLM2-135M peaked at 5.07 GB, against 5.33 and
-    5.46 kept (docs/bench/heap-trim-smollm2-135m-2cpu.json). Called once a round, before the step."""
+    whether it did. Kept, what sampling freed (its KV cache; the many rows of an evaluation) stays resident in pieces
+    the training step cannot all reuse, and the process grows past what it holds: a Gemma 3 270M node's trained rounds
+    rose from 9.5 to 11.7 GB in 40 rounds, past its plan's 10.6 (docs/bench/step-size-80-2cpu, gemma-adapt seed 0);
+    given back before every step, the same model's rounds stayed at 6.9-10.4 GB over 80 (gemma-fixed seed 0). Giving
+    back costs the next step the faults of its pages: 294,000 more on SmolLM2-135M, 0.78 s of a 10.8 s step
+    (docs/bench/heap-step-smollm2-135m-2cpu.json). So a node gives back after each evaluation, and before each step
+    only once it went past its plan (node/pressure.py)."""
     if not _kept:
         return False
     return bool(ctypes.CDLL(None).malloc_trim(0))
