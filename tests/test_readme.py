@@ -31,6 +31,8 @@ NOT_RUN = {
     ".venv/bin/sapo init-model --preset smollm2-135m --out /tmp/smol": "experiment: three 10-round runs of the real model "
     "(half an hour); tests/test_recipes.py and tests/test_watch.py check what they rest on",
     ".venv/bin/python scripts/bench/bench_logprobs.py": "benchmark: minutes on the real model",
+    ".venv/bin/python scripts/bench/bench_heap.py": "benchmark: minutes of real-model steps; tests/test_allocator.py checks "
+    "the give-back it measures",
     ".venv/bin/python scripts/bench/sapo_experiment.py": "experiment: hours; tests/test_experiment.py runs its machinery",
     "mkdir -p runs/owners/eval-cache": "the four-owner grid's start, before hours of runs; tests/test_owners.py checks the "
     "kept evaluation is the one every float32 run of the grid started from",

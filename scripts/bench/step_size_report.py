@@ -7,7 +7,7 @@ the round after which it no longer moved.
 
     .venv/bin/python scripts/bench/sapo_experiment.py --step-size --accept-license gemma --nodes 1 --rounds 80 --eval-every 20 --seeds 3 --out runs/step-size-80 --resume \\
       --only "gemma-adapt 4/0 lr 6.7e-06" "gemma-fixed 4/0 lr 6.7e-06" "smollm2-adapt 4/0 lr 0.001" "gemma-adapt 4/0 lr 6.7e-06 kl 0.001"
-    .venv/bin/python scripts/bench/step_size.py --out runs/step-size-80
+    .venv/bin/python scripts/bench/step_size_report.py --out runs/step-size-80
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def figure(result: dict, path: Path) -> None:
 def report(out: Path, console: Console) -> dict:
     arms = load(out)
     if not arms:
-        raise SystemExit(f"step_size: no finished runs under {out} (run sapo_experiment.py --step-size --out {out})")
+        raise SystemExit(f"step_size_report: no finished runs under {out} (run sapo_experiment.py --step-size --out {out})")
     result = {"arms": arm_rows(arms), "pairs": pair_rows(arms)}
     (out / "step-size.json").write_text(json.dumps(result, indent=1))
     (out / "step-size.md").write_text(markdown(result))
