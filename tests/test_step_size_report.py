@@ -24,8 +24,10 @@ def save(out, arm: str, seed: int, evals: list[float], lrs: list[float | None], 
 
 
 def test_a_rate_settles_where_it_last_moved_and_rounds_without_a_step_carry_none():
-    path = step_size.rate_path({"curves": {"lr": [1e-7, None, 1e-7, 1.5e-7, None, 1.5e-7, 1.5e-7]}})
+    lrs = [1e-7, None, 1e-7, 1.5e-7, None, 1.5e-7, 1.5e-7]
+    path = step_size.rate_path({"curves": {"lr": lrs + [None] * (step_size.STILL - 3)}})
     assert path == {"first": 1e-7, "last": 1.5e-7, "settled_round": 4, "lowest": 1e-7, "highest": 1.5e-7, "steps": 5}
+    assert step_size.rate_path({"curves": {"lr": lrs}})["settled_round"] is None  # moved 3 rounds before the end
 
 
 def test_the_controller_is_weighed_against_the_same_rate_fixed_paired_by_seed(tmp_path):

@@ -3,7 +3,8 @@ controller against the same rate fixed, from the runs `sapo_experiment.py --step
 
 Each seed is one replicate; intervals are 95% t intervals over seeds of the paired (same seed) gaps, and a gap whose
 interval holds zero is given beside the smallest gap the seeds could have detected (80% power). A rate "settled" at
-the round after which it no longer moved.
+the round from which it no longer moved, if that was `STILL` rounds or more before the run's end; else it was still
+moving.
 
     .venv/bin/python scripts/bench/sapo_experiment.py --step-size --accept-license gemma --nodes 1 --rounds 80 --eval-every 20 --seeds 3 --out runs/step-size-80 --resume \\
       --only "gemma-adapt 4/0 lr 6.7e-06" "gemma-fixed 4/0 lr 6.7e-06" "smollm2-adapt 4/0 lr 0.001" "gemma-adapt 4/0 lr 6.7e-06 kl 0.001"
@@ -24,6 +25,7 @@ from node.argtypes import script_parser
 from node.progress import print_table
 
 # (controller arm, the arm it is weighed against), where both ran
+STILL = 20  # rounds a rate must not have moved, to the run's end, to count as settled
 PAIRS = [("gemma-adapt 4/0 lr 6.7e-06", "gemma-fixed 4/0 lr 6.7e-06"),
          ("gemma-adapt 4/0 lr 6.7e-06 kl 0.001", "gemma-fixed 4/0 lr 6.7e-06"),
          ("gemma-adapt 4/0 lr 6.7e-06 kl 0.001", "gemma-adapt 4/0 lr 6.7e-06")]
@@ -41,13 +43,15 @@ def load(out: Path) -> dict[str, dict[int, dict]]:
 
 def rate_path(node: dict) -> dict:
     """The rate of each step taken (rounds without a step carry none), where it started and ended, and the round from
-    which it stayed put."""
+    which it stayed put (None: it moved in the last `STILL` rounds)."""
+    rounds = len(node["curves"]["lr"])
     steps = [(r, lr) for r, lr in enumerate(node["curves"]["lr"], start=1) if lr is not None]
     settled = None
     for r, lr in reversed(steps):
         if lr != steps[-1][1]:
             break
         settled = r
+    settled = settled if settled is not None and rounds - settled >= STILL else None
     return {"first": steps[0][1] if steps else None, "last": steps[-1][1] if steps else None,
             "settled_round": settled, "lowest": min((lr for _, lr in steps), default=None),
             "highest": max((lr for _, lr in steps), default=None), "steps": len(steps)}
@@ -94,11 +98,11 @@ def rate(lr: float | None) -> str:
 
 def markdown(result: dict) -> str:
     lines = ["| arm | seeds | held-out at each evaluation (mean over seeds) | per family, at the same evaluations | "
-             "rate: first -> last, settled from round (per seed) | peak / planned GB |", "| --- | --- | --- | --- | --- | --- |"]
+             "rate: first -> last, where it settled (per seed) | peak / planned GB |", "| --- | --- | --- | --- | --- | --- |"]
     for r in result["arms"]:
         path = " -> ".join(f"{v:.3f} ({k})" for k, v in r["eval"])
         fams = "; ".join(f"{f} {' '.join(f'{v:.2f}' for _, v in c)}" for f, c in r["eval_by_dataset"].items())
-        rates = "; ".join(f"{rate(p['first'])} -> {rate(p['last'])} from {p['settled_round'] or '-'}" for p in r["rates"].values())
+        rates = "; ".join(f"{rate(p['first'])} -> {rate(p['last'])}, " + (f"settled from {p['settled_round']}" if p['settled_round'] else "still moving") for p in r["rates"].values())
         lines.append(f"| {r['arm']} | {len(r['seeds'])} | {path} | {fams} | {rates} | {r['peak_gb']:.2f} / {r['planned_gb']:.2f} |")
     lines += ["", "| arm | against | round | gap (95% CI) | per seed |", "| --- | --- | --- | --- | --- |"]
     for p in result["pairs"]:
