@@ -88,7 +88,7 @@ class Node:
             torch.set_num_threads(cfg.run.torch_threads)
         # unless set, the threads follow the cores other work leaves free (node/threads.py)
         self.threads = None if cfg.run.torch_threads else ThreadGovernor(torch.set_num_threads, threads=torch.get_num_threads())
-        allocator.keep_freed_memory()  # a CPU step's tensors reuse the last step's pages (trainer/allocator.py)
+        heap = allocator.keep_freed_memory()  # a CPU step's tensors reuse the last step's pages (trainer/allocator.py)
         out = cfg.run.out_dir
         out.mkdir(parents=True, exist_ok=True)
         self.cfg = cfg = with_seed(cfg)
@@ -110,7 +110,8 @@ class Node:
         planner.log_settings(fitted.settled)
         self.cfg = cfg = fitted.cfg
         self.plan = fitted.plan
-        self.memory = MemoryWatch(self.plan.peak_bytes, round_peak_reader(self.plan.device.kind), self.plan.peak_at)
+        self.memory = MemoryWatch(self.plan.peak_bytes, round_peak_reader(self.plan.device.kind), self.plan.peak_at,
+                                  heap=heap and self.plan.device.kind != "cuda")
         try:
             self.policy = load_policy(cfg.model, weights_from=resumed.model_dir if resumed else None,
                                       tokenizer=fitted.tokenizer, source=fitted.source)

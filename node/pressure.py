@@ -45,6 +45,9 @@ class MemoryWatch:
     # the plan's peak for a round of (rows, positions of its largest micro-batch, longest completion in tokens):
     # the rounds a node runs are far below the worst, so the self-check compares like with like (Plan.peak_at)
     expect: Callable[[int, int, int], float] | None = None
+    # the peak is of a host heap that keeps what sampling frees (trainer/allocator.py): giving it back is the first
+    # remedy; a card's peak (torch's reserve) is not, and a round past the plan there halves the micro-batch at once
+    heap: bool = False
     rounds: int = 0
     highest: float = 0.0
     longest: int = 0  # the longest completion of those rounds, in tokens
@@ -62,10 +65,11 @@ class MemoryWatch:
 
     def after_round(self, micro_batch: int, longest_completion: int = 0,
                     largest_part: tuple[int, int] = (0, 0)) -> tuple[float | None, int]:
-        """The round's measured peak, and the micro-batch for the next round. The first round past the plan turns
-        `giving_back` on: a CPU node keeps what sampling freed for speed, and those pieces, not the step, grew a Gemma
-        3 270M node past its plan. A later round past it halves the micro-batch, unless the last halving did not lower
-        the peak (what exceeds the plan is then not the micro-batch's, and halving again would only slow the node)."""
+        """The round's measured peak, and the micro-batch for the next round. On a heap that keeps what sampling
+        frees, the first round past the plan turns `giving_back` on: those pieces, not the step, grew a Gemma 3 270M
+        node past its plan. A round past it after that (on a card, any) halves the micro-batch, unless the last halving
+        did not lower the peak (what exceeds the plan is then not the micro-batch's, and halving again would only slow
+        the node)."""
         peak = self.read()
         self.rounds += 1
         self.highest = max(self.highest, peak or 0.0)
@@ -76,7 +80,7 @@ class MemoryWatch:
         if peak is None or peak <= self.planned_bytes:
             return peak, micro_batch
         past = f"this round peaked at {peak / GB:.2f} GB, past the plan's {self.planned_bytes / GB:.2f} GB"
-        if not self.giving_back:
+        if self.heap and not self.giving_back:
             self.giving_back = True
             log.warning("memory: %s; from now on the memory sampling freed goes back to the system before each step "
                         "(kept, it makes sampling faster), and only a round past the plan after that halves the "

@@ -22,7 +22,7 @@ def test_a_node_that_cannot_shrink_says_it_is_past_its_plan_once_then_only_for_a
     10.6 GB were 10 warnings, one for each new hundredth of a GB."""
     creeping = [11.0 + 0.3 * k / 39 for k in range(40)]
     peaks = iter([*creeping, 10.2, 11.3 * (1 + HIGHER_BY) + 0.01, 11.9])
-    watch = MemoryWatch(planned_bytes=10.6 * GB, read=lambda: next(peaks) * GB)
+    watch = MemoryWatch(planned_bytes=10.6 * GB, read=lambda: next(peaks) * GB, heap=True)
     with caplog.at_level(logging.WARNING, logger="node.pressure"):
         for _ in creeping:
             assert watch.after_round(1)[1] == 1
@@ -39,7 +39,7 @@ def test_a_node_that_cannot_shrink_says_it_is_past_its_plan_once_then_only_for_a
 
 def test_the_first_round_past_the_plan_gives_memory_back_and_only_a_later_one_halves_the_micro_batch(caplog):
     peaks = iter([9.0, 11.0, 11.0, 10.0, 10.9])
-    watch = MemoryWatch(planned_bytes=10.6 * GB, read=lambda: next(peaks) * GB)
+    watch = MemoryWatch(planned_bytes=10.6 * GB, read=lambda: next(peaks) * GB, heap=True)
     with caplog.at_level(logging.WARNING, logger="node.pressure"):
         assert watch.after_round(8)[1] == 8 and not watch.giving_back  # under the plan
         assert watch.after_round(8)[1] == 8 and watch.giving_back  # past it: the heap first
@@ -47,6 +47,12 @@ def test_the_first_round_past_the_plan_gives_memory_back_and_only_a_later_one_ha
         assert watch.after_round(4)[1] == 4  # under
         assert watch.after_round(4)[1] == 2  # past, and the halving had lowered the peak
     assert len(past_the_plan(caplog)) == 3
+
+
+def test_a_peak_that_is_not_a_heaps_halves_the_micro_batch_at_the_first_round_past_the_plan():
+    peaks = iter([11.0, 10.0])
+    watch = MemoryWatch(planned_bytes=10.6 * GB, read=lambda: next(peaks) * GB)  # a card's reserve
+    assert watch.after_round(8)[1] == 4 and not watch.giving_back
 
 
 @pytest.mark.slow
