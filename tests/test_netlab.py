@@ -138,10 +138,12 @@ def test_a_stranger_gets_no_relay_slot_and_no_dial_back_through_the_relay_while_
         probes.append(home := ProbeProcess(tmp_path, "home", "--listen", f"/ip4/{home_host.ip}/tcp/4001", "--rate", "1",
                                            "--groups", "1", "--bootstrap", addr, prefix=home_host.cmd()))
         home.wait_for(lambda: home.stats().get("relays", 0) > 0, 120, "a relay slot")  # after its first groups reach the relay
-        probes.append(asker := ProbeProcess(tmp_path, "asker", "--listen", f"/ip4/{stranger_host.ip}/tcp/4002",
+        # the asker listens where the home cannot reach it: a direct connection the home dialed to it would retire the
+        # relayed one under the ask (p2p/punch.py), and punching could open one too
+        probes.append(asker := ProbeProcess(tmp_path, "asker", "--listen", "/ip4/127.0.0.1/tcp/4002",
                                             "--bootstrap", addr, "--ask-dialback",
                                             f"{addr}/p2p-circuit/p2p/{home.peer_id}", "--ports", "4001", "22",
-                                            "--no-hole-punching", prefix=stranger_host.cmd()))  # a punch would cut the ask
+                                            "--no-hole-punching", prefix=stranger_host.cmd()))
         assert asker.wait_for(lambda: asker.events("dialback"), 60, "an answer")[0]["reply"] == {"relayed": True}
     finally:
         for p in probes:
