@@ -24,8 +24,8 @@ from experiment.report import held_out_gap
 from node.argtypes import script_parser
 from node.progress import print_table
 
-# (controller arm, the arm it is weighed against), where both ran
 STILL = 20  # rounds a rate must not have moved, to the run's end, to count as settled
+# (controller arm, the arm it is weighed against), where both ran
 PAIRS = [("gemma-adapt 4/0 lr 6.7e-06", "gemma-fixed 4/0 lr 6.7e-06"),
          ("gemma-adapt 4/0 lr 6.7e-06 kl 0.001", "gemma-fixed 4/0 lr 6.7e-06"),
          ("gemma-adapt 4/0 lr 6.7e-06 kl 0.001", "gemma-adapt 4/0 lr 6.7e-06")]
@@ -57,18 +57,23 @@ def rate_path(node: dict) -> dict:
             "highest": max((lr for _, lr in steps), default=None), "steps": len(steps)}
 
 
+def evals(node: dict) -> dict[int, float]:
+    """Round -> held-out accuracy, at each evaluation of the run."""
+    return {k: v for k, v in node["curves"]["eval"]}
+
+
 def arm_rows(arms: dict[str, dict[int, dict]]) -> list[dict]:
     rows = []
     for arm, seeds in arms.items():
         nodes = [seeds[s] for s in sorted(seeds)]
-        points = sorted(set.intersection(*({r for r, _ in n["curves"]["eval"]} for n in nodes)))
-        at = lambda n, k: dict(map(tuple, n["curves"]["eval"]))[k]  # noqa: E731
+        overall = [evals(n) for n in nodes]
+        by_round = [dict(n["curves"]["eval_by_dataset"]) for n in nodes]
+        points = sorted(set.intersection(*map(set, overall)))
         families = sorted(nodes[0]["eval_by_dataset_first"])
-        by_family = {f: [[k, mean([dict(map(tuple, ((r, by[f]) for r, by in n["curves"]["eval_by_dataset"])))[k]
-                                   for n in nodes])] for k in points] for f in families}
+        by_family = {f: [[k, mean([by[k][f] for by in by_round])] for k in points] for f in families}
         rows.append({"arm": arm, "model": nodes[0]["model"], "seeds": sorted(seeds),
-                     "eval": [[k, mean([at(n, k) for n in nodes])] for k in points],
-                     "eval_per_seed": {s: [at(seeds[s], k) for k in points] for s in sorted(seeds)},
+                     "eval": [[k, mean([e[k] for e in overall])] for k in points],
+                     "eval_per_seed": {s: [e[k] for k in points] for s, e in zip(sorted(seeds), overall)},
                      "eval_by_dataset": by_family,
                      "rates": {s: rate_path(seeds[s]) for s in sorted(seeds)},
                      "rate_curves": {s: seeds[s]["curves"]["lr"] for s in sorted(seeds)},
@@ -83,8 +88,7 @@ def pair_rows(arms: dict[str, dict[int, dict]]) -> list[dict]:
         seeds = sorted(set(arms.get(arm, {})) & set(arms.get(against, {})))
         if not seeds:
             continue
-        curves = [(dict(map(tuple, arms[arm][s]["curves"]["eval"])), dict(map(tuple, arms[against][s]["curves"]["eval"])))
-                  for s in seeds]
+        curves = [(evals(arms[arm][s]), evals(arms[against][s])) for s in seeds]
         points = sorted(set.intersection(*(set(a) & set(b) for a, b in curves)))
         rows.append({"arm": arm, "against": against, "seeds": seeds,
                      "gaps": [[k, gap_stats([a[k] - b[k] for a, b in curves])] for k in points if k > 0],
@@ -102,7 +106,9 @@ def markdown(result: dict) -> str:
     for r in result["arms"]:
         path = " -> ".join(f"{v:.3f} ({k})" for k, v in r["eval"])
         fams = "; ".join(f"{f} {' '.join(f'{v:.2f}' for _, v in c)}" for f, c in r["eval_by_dataset"].items())
-        rates = "; ".join(f"{rate(p['first'])} -> {rate(p['last'])}, " + (f"settled from {p['settled_round']}" if p['settled_round'] else "still moving") for p in r["rates"].values())
+        rates = "; ".join(f"{rate(p['first'])} -> {rate(p['last'])}, "
+                          + (f"settled from {p['settled_round']}" if p["settled_round"] else "still moving")
+                          for p in r["rates"].values())
         lines.append(f"| {r['arm']} | {len(r['seeds'])} | {path} | {fams} | {rates} | {r['peak_gb']:.2f} / {r['planned_gb']:.2f} |")
     lines += ["", "| arm | against | round | gap (95% CI) | per seed |", "| --- | --- | --- | --- | --- |"]
     for p in result["pairs"]:
