@@ -14,6 +14,7 @@ moving.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from rich.console import Console
@@ -31,14 +32,19 @@ PAIRS = [("gemma-adapt 4/0 lr 6.7e-06", "gemma-fixed 4/0 lr 6.7e-06"),
          ("gemma-adapt 4/0 lr 6.7e-06 kl 0.001", "gemma-adapt 4/0 lr 6.7e-06")]
 
 
-def load(out: Path) -> dict[str, dict[int, dict]]:
-    """Arm -> seed -> its one node's record, for every finished run under `out`."""
+def arms_of(runs: Iterable[dict]) -> dict[str, dict[int, dict]]:
+    """Arm -> seed -> its one node's record, for every finished run of `runs` (tests/results_figures.py reads the
+    docs' runs through this too)."""
     arms: dict[str, dict[int, dict]] = {}
-    for path in sorted(out.glob("*/seed*/result.json")):
-        run = json.loads(path.read_text())
+    for run in runs:
         if not run.get("failed") and run.get("nodes"):
             arms.setdefault(run["config"], {})[run["seed"]] = run["nodes"][0]
     return arms
+
+
+def load(out: Path) -> dict[str, dict[int, dict]]:
+    """`arms_of` every run saved under `out`."""
+    return arms_of(json.loads(path.read_text()) for path in sorted(out.glob("*/seed*/result.json")))
 
 
 def rate_path(node: dict) -> dict:
