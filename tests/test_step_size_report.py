@@ -43,6 +43,8 @@ def test_the_controller_is_weighed_against_the_same_rate_fixed_paired_by_seed(tm
     arms = {r["arm"]: r for r in result["arms"]}
     assert arms[FIXED]["peak_gb"] == 12.5 and arms[ADAPT]["eval"] == [[0, 0.3], [20, pytest.approx(0.55)], [40, pytest.approx(0.45)]]
     assert arms[ADAPT]["eval_by_dataset"]["arith"][-1] == [40, pytest.approx(0.225)]
+    assert arms[ADAPT]["kept_from"] == 20 and arms[ADAPT]["kept"]["gap"] == pytest.approx(-0.1)  # each seed 0.1 down
+    assert arms[FIXED]["kept"]["gap"] == pytest.approx((3 * -0.05 - 0.1) / 4)  # an arm's own seeds, paired or not
     assert (tmp_path / "step-size.png").stat().st_size > 0 and "| 40 | +0.267 ± " in (tmp_path / "step-size.md").read_text()
 
 

@@ -81,6 +81,10 @@ def arm_rows(arms: dict[str, dict[int, dict]]) -> list[dict]:
                      "eval": [[k, mean([e[k] for e in overall])] for k in points],
                      "eval_per_seed": {s: [e[k] for k in points] for s, e in zip(sorted(seeds), overall)},
                      "eval_by_dataset": by_family,
+                     # kept: the last evaluation minus the first after round 0, paired by seed (what the rate it
+                     # settled at did with what the model had learned early)
+                     "kept_from": points[1] if len(points) > 2 else None,
+                     "kept": gap_stats([e[points[-1]] - e[points[1]] for e in overall]) if len(points) > 2 else None,
                      "rates": {s: rate_path(seeds[s]) for s in sorted(seeds)},
                      "rate_curves": {s: seeds[s]["curves"]["lr"] for s in sorted(seeds)},
                      "peak_gb": max(n["timing"]["peak_gb"] for n in nodes), "planned_gb": nodes[0]["timing"]["planned_peak_gb"]})
@@ -108,14 +112,17 @@ def rate(lr: float | None) -> str:
 
 def markdown(result: dict) -> str:
     lines = ["| arm | seeds | held-out at each evaluation (mean over seeds) | per family, at the same evaluations | "
-             "rate: first -> last, where it settled (per seed) | peak / planned GB |", "| --- | --- | --- | --- | --- | --- |"]
+             "last evaluation minus the first after round 0 (paired) | rate: first -> last, where it settled (per seed) | "
+             "peak / planned GB |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["arms"]:
         path = " -> ".join(f"{v:.3f} ({k})" for k, v in r["eval"])
         fams = "; ".join(f"{f} {' '.join(f'{v:.2f}' for _, v in c)}" for f, c in r["eval_by_dataset"].items())
         rates = "; ".join(f"{rate(p['first'])} -> {rate(p['last'])}, "
                           + (f"settled from {p['settled_round']}" if p["settled_round"] else "still moving")
                           for p in r["rates"].values())
-        lines.append(f"| {r['arm']} | {len(r['seeds'])} | {path} | {fams} | {rates} | {r['peak_gb']:.2f} / {r['planned_gb']:.2f} |")
+        kept = f"{held_out_gap(r['kept'])} (from {r['kept_from']})" if r["kept"] else "-"
+        lines.append(f"| {r['arm']} | {len(r['seeds'])} | {path} | {fams} | {kept} | {rates} | "
+                     f"{r['peak_gb']:.2f} / {r['planned_gb']:.2f} |")
     lines += ["", "| arm | against | round | gap (95% CI) | per seed |", "| --- | --- | --- | --- | --- |"]
     for p in result["pairs"]:
         lines += [f"| {p['arm']} | {p['against']} | {k} | {held_out_gap(g)} | "
