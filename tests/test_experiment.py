@@ -170,6 +170,15 @@ def test_the_quantized_check_pairs_lora_on_an_nf4_base_with_full_fine_tuning_at_
     assert reports.versus_silo(rows["smollm2-nf4 4/0"]).startswith("-0.090 ± ")
 
 
+def test_a_row_whose_silo_did_not_run_says_so_instead_of_nan():
+    full, nf4 = grids.grid(["signal"], "quantized")
+    alone = [fake_run(nf4, s, [9.0 + s], models=("smollm2-135m",)) for s in range(2)]  # its silo, `full`, never ran
+    (row,) = paired.summarize(alone)
+    assert reports.reward_vs_silo(row) == "-" and "| - |" in reports.markdown([row])
+    (_, paired_row) = paired.summarize([fake_run(full, s, [10.0], models=("smollm2-135m",)) for s in range(2)] + alone)
+    assert reports.reward_vs_silo(paired_row) == "-5.0% ± 63.5"  # -10% and 0%: t(1) 12.71 x stdev 7.07 / sqrt(2)
+
+
 def test_the_real_model_grid_halves_the_round_of_the_tiny_one():
     names = [c.name for c in grids.grid(["signal", "guarded"], "real")]
     assert names == ["smollm2 4/0", "smollm2 2/2 signal", "smollm2 2/2 guarded", "smollm2+tiny 2/2 signal",

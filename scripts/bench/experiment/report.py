@@ -40,8 +40,7 @@ def report(out: Path, console: Console) -> None:
     for r in rows:
         ext = "-" if r["external_informative_share"] is None else f"{r['external_informative_share']:.2f}"
         table.add_row(r["config"], f"{r['cumulative_reward']:.2f} ± {r['cumulative_reward_ci95']:.2f}",
-                      f"{100 * r['vs_silo']:+.1f}% ± {100 * r['vs_silo_ci95']:.1f}",
-                      f"{r['eval_first']:.3f} -> {r['eval_last']:.3f}", versus_silo(r),
+                      reward_vs_silo(r), f"{r['eval_first']:.3f} -> {r['eval_last']:.3f}", versus_silo(r),
                       f"{r['local_informative_share']:.2f} / {ext}", f"{r['external_used_per_round']:.2f}",
                       f"{r['tokens_per_node']:,.0f}", f"{r['reward_per_1k_tokens']:.2f}", per_round(r), str(len(r["seeds"])))
     console.print(table)
@@ -54,6 +53,15 @@ def report(out: Path, console: Console) -> None:
     (out / "results.md").write_text("\n".join([markdown(rows), *(lines_markdown(columns, lines) for _, columns, lines in tables)]))
     figure(out / "results.json", out / "results.png")
     console.print(f"saved {out / 'results.json'}, {out / 'results.md'} (the table for a docs/bench page) and {out / 'results.png'}")
+
+
+def reward_vs_silo(row: dict) -> str:
+    """Cumulative reward against the paired silo (95% CI); '-' in a grid that ran no silo beside the row (the
+    step-size grids weigh their arms against each other instead)."""
+    if math.isnan(row["vs_silo"]):
+        return "-"
+    ci = "n/a" if math.isnan(row["vs_silo_ci95"]) else f"{100 * row['vs_silo_ci95']:.1f}"
+    return f"{100 * row['vs_silo']:+.1f}% ± {ci}"
 
 
 def versus_silo(row: dict) -> str:
@@ -73,7 +81,7 @@ def markdown(rows: list[dict]) -> str:
         ext = "-" if r["external_informative_share"] is None else f"{r['external_informative_share']:.2f}"
         ci = lambda x: "n/a" if math.isnan(x) else f"{x:.2f}"  # noqa: E731
         lines.append(f"| {r['config']} | {r['cumulative_reward']:.2f} ± {ci(r['cumulative_reward_ci95'])} | "
-                     f"{100 * r['vs_silo']:+.1f}% ± {ci(100 * r['vs_silo_ci95'])} | {r['eval_first']:.3f} -> {r['eval_last']:.3f} | "
+                     f"{reward_vs_silo(r)} | {r['eval_first']:.3f} -> {r['eval_last']:.3f} | "
                      f"{versus_silo(r)} | {r['local_informative_share']:.2f} / {ext} | {r['tokens_per_node']:,.0f} | "
                      f"{r['reward_per_1k_tokens']:.2f} | {per_round(r)} | {len(r['seeds'])} |")
     return "\n".join(lines) + "\n"
