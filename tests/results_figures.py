@@ -358,6 +358,61 @@ def step_size() -> list:
             f"{high['eval_last']:.3f}", spread(finals, "{:.3f}"), held(g["smollm2-adapt 4/0"])]
 
 
+WRONG = "step-size-80-2cpu"
+GEMMA_WRONG, GEMMA_WRONG_FIXED = "gemma-adapt 4/0 lr 6.7e-06", "gemma-fixed 4/0 lr 6.7e-06"
+GEMMA_WRONG_LOW, SMOLLM2_WRONG = "gemma-adapt 4/0 lr 6.7e-06 kl 0.001", "smollm2-adapt 4/0 lr 0.001"
+
+
+def wrong_rate() -> tuple[dict[str, dict], dict[tuple[str, str], dict]]:
+    """The wrong-rate grid's arms and pairs as scripts/bench/step_size_report.py computes them, from the per-run files."""
+    from step_size_report import arm_rows, arms_of, pair_rows
+
+    arms = arms_of(seed_runs(WRONG))
+    return {r["arm"]: r for r in arm_rows(arms)}, {(p["arm"], p["against"]): p for p in pair_rows(arms)}
+
+
+def held_at(arm: dict, k: int) -> str:
+    return f"{dict(arm['eval'])[k]:.3f}"
+
+
+def early_steps(arm: dict) -> tuple[int, float, list[float]]:
+    """How many steps each seed took at its first rate (one count for all), that rate, and every rate after them."""
+    curves = [[lr for lr in c if lr is not None] for c in arm["rate_curves"].values()]
+    counts = [next(i for i, lr in enumerate(c) if lr != c[0]) for c in curves]
+    return the(counts), the(c[0] for c in curves), [lr for c, n in zip(curves, counts) for lr in c[n:]]
+
+
+def wrong_rate_figures() -> dict[str, object]:
+    """Every figure the docs state of the wrong-rate grid, by name: its shape; Gemma from its size's rate fixed, with
+    the controller (against the fixed rate, its round 80 against its round 20, where its rate ended) and at a lower
+    target (the same, and against the default target); SmolLM2 from 1e-3: its first steps, the damage, where it ended."""
+    arms, pairs = wrong_rate()
+    gemma, fixed, low, smol = (arms[a] for a in (GEMMA_WRONG, GEMMA_WRONG_FIXED, GEMMA_WRONG_LOW, SMOLLM2_WRONG))
+    early, last = gemma["kept_from"], gemma["eval"][-1][0]
+    shapes = [shape(WRONG, arm) for arm in (GEMMA_WRONG, GEMMA_WRONG_FIXED, GEMMA_WRONG_LOW, SMOLLM2_WRONG)]
+    config = {arm: the((r["lr"], r.get("target_kl")) for r in seed_runs(WRONG) if r["config"] == arm) for arm in arms}
+    vs_fixed, vs_default = (dict(pairs[arm, against]["gaps"])[last]
+                            for arm, against in ((GEMMA_WRONG, GEMMA_WRONG_FIXED), (GEMMA_WRONG_LOW, GEMMA_WRONG)))
+    n, first, after = early_steps(smol)
+    ended, low_ended = ([p["last"] for p in arm["rates"].values()] for arm in (gemma, low))
+    return {"rounds": the(s["rounds"] for s in shapes), "seeds": the(s["seeds"] for s in shapes), "early": early,
+            "last": last, "gemma lr": rate(config[GEMMA_WRONG][0]), "fixed 0": held_at(fixed, 0),
+            "fixed last": held_at(fixed, last), "gemma 0": held_at(gemma, 0), "gemma early": held_at(gemma, early),
+            "gemma last": held_at(gemma, last), "vs fixed": stats(vs_fixed), "ended": rate(min(ended)),
+            "ended to": rate(max(ended)), "kept": stats(gemma["kept"]), "kept mde": f"{gemma['kept']['mde']:.3f}",
+            "low target": config[GEMMA_WRONG_LOW][1], "low kept": stats(low["kept"]), "low last": held_at(low, last),
+            "low ended": rate(min(low_ended)), "low ended to": rate(max(low_ended)), "vs default": stats(vs_default),
+            "vs default mde": f"{vs_default['mde']:.3f}", "smollm2 lr": rate(config[SMOLLM2_WRONG][0]),
+            "smollm2 early steps": n, "smollm2 first": rate(first), "smollm2 0": held_at(smol, 0),
+            "smollm2 early": held_at(smol, early), "smollm2 after": rate(min(after)),
+            "smollm2 after to": rate(max(after)), "smollm2 last": held_at(smol, last)}
+
+
+def wrong_rate_said(*names: str) -> list:
+    figures = wrong_rate_figures()
+    return [figures[name] for name in names]
+
+
 def specialists() -> list:
     g, s = grid(SPEC), shape(SPEC, SPEC_SWARM)
     a = g[SPEC_SWARM]["expected_vs_silo"]
@@ -514,7 +569,13 @@ CLAIMS = [
     Claim(README, "SmolLM2-135M round as a node runs it", doctor_round),
     Claim(README, "SmolLM2-135M's recipe round beside two busy loops", lambda: contention(percent=False)),
     Claim(README, "training step at micro-batch 8, every row its own prompt", lambda: steps(interleaved=False)),
-    Claim(README, "the step-size controller, each model alone", step_size),
+    Claim(README, "the step-size controller from a wrong rate", lambda: wrong_rate_said(
+        "rounds", "seeds", "gemma lr", "fixed 0", "fixed last", "gemma 0", "gemma early", "early", "gemma last", "last",
+        "vs fixed", "ended", "ended to", "last", "early", "kept", "kept mde", "low target", "early", "low kept",
+        "low last", "last", "low ended", "low ended to", "vs default", "vs default mde", "smollm2 lr",
+        "smollm2 early steps", "smollm2 first", "smollm2 0", "smollm2 early", "early", "smollm2 after",
+        "smollm2 after to", "smollm2 last", "last")),
+    Claim(README, "the step-size controller from each model's recipe rate", step_size),
     Claim(README, "two SmolLM2-135M specialists", specialists),
     Claim(README, "four SmolLM2-135M owners", lambda: owners(readme=True)),
     Claim(README, "SmolLM2-135M silo, LoRA on an NF4 base", nf4),
@@ -594,11 +655,16 @@ def seeds_first(figures: list) -> list:
 
 
 def step_size_short() -> list:
-    """The row's figures but the spread of finals, and the effect the recipe's seeds could have detected."""
+    """The wrong-rate grid's figures, then the recipe grid's: Gemma's path, and SmolLM2's recipe against the fixed
+    rate with the effect its seeds could have detected."""
     silo = runs(STEP, "smollm2-fixed 4/0")
-    _, last = held_out_vs_silo(sorted(runs(STEP, "smollm2-adapt 4/0").values(), key=lambda r: r["seed"]), silo, None)
+    _, recipe = held_out_vs_silo(sorted(runs(STEP, "smollm2-adapt 4/0").values(), key=lambda r: r["seed"]), silo, None)
     figures = step_size()
-    return [*seeds_first(figures[:8]), figures[9], f"{mde(last):.2f}"]
+    return [*wrong_rate_said("seeds", "rounds", "gemma lr", "fixed 0", "fixed last", "gemma 0", "gemma last", "vs fixed",
+                             "ended", "ended to", "last", "early", "kept", "kept mde", "low target", "low last",
+                             "vs default", "vs default mde", "smollm2 lr", "smollm2 early steps", "smollm2 first",
+                             "smollm2 0", "smollm2 early", "early", "smollm2 last"),
+            *seeds_first(figures[:2]), figures[2], figures[3], figures[9], f"{mde(recipe):.2f}"]
 
 
 def minutes(seconds: float) -> str:
