@@ -79,6 +79,16 @@ def anchors(page) -> set[str]:
             for m in re.findall(r"(?m)^#+ (.*)$", page.read_text())}
 
 
+# A checkout, home folder or output folder of the machine that wrote a file: it means nothing on a reader's machine.
+MACHINE_PATH = re.compile(rb"(?<![\w.~$/])/(?:work|root|home|Users)/[\w.-]")
+
+
+def test_no_file_under_docs_names_a_folder_of_the_machine_that_wrote_it():
+    files = subprocess.run(["git", "ls-files", "docs", "README.md"], cwd=ROOT, capture_output=True, text=True, check=True)
+    named = [f for f in files.stdout.split() if MACHINE_PATH.search((ROOT / f).read_bytes())]
+    assert files.stdout and not named, f"paths of one machine in {named}"
+
+
 def test_every_relative_link_leads_to_a_file_and_heading():
     broken = []
     for page in map(ROOT.joinpath, PAGES + ["docs/PROTOCOL.md", "docs/CONFIG.md"]):
