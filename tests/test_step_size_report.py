@@ -53,3 +53,12 @@ def test_a_folder_without_finished_runs_is_one_line(tmp_path):
     (tmp_path / "gemma-adapt-4-0-lr-6.7e-06" / "seed0" / "result.json").write_text(json.dumps({"config": ADAPT, "failed": ["x"]}))
     with pytest.raises(SystemExit, match="step_size_report: no finished runs under"):
         step_size.report(tmp_path, step_size.Console())
+
+
+def test_a_result_that_is_not_json_is_named_in_one_line(tmp_path):
+    save(tmp_path, ADAPT, 0, [0.3, 0.4], [1e-7, None])
+    broken = tmp_path / "gemma-fixed-4-0-lr-6.7e-06" / "seed0" / "result.json"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("{broken")
+    with pytest.raises(SystemExit, match=f"step_size_report: {broken} is not a run's result.json: Expecting"):
+        step_size.report(tmp_path, step_size.Console())

@@ -43,8 +43,14 @@ def arms_of(runs: Iterable[dict]) -> dict[str, dict[int, dict]]:
 
 
 def load(out: Path) -> dict[str, dict[int, dict]]:
-    """`arms_of` every run saved under `out`."""
-    return arms_of(json.loads(path.read_text()) for path in sorted(out.glob("*/seed*/result.json")))
+    """`arms_of` every run saved under `out`; a file that is not JSON stops the report, naming it."""
+    runs = []
+    for path in sorted(out.glob("*/seed*/result.json")):
+        try:
+            runs.append(json.loads(path.read_text()))
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"step_size_report: {path} is not a run's result.json: {e}") from None
+    return arms_of(runs)
 
 
 def rate_path(node: dict) -> dict:
